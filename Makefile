@@ -1,0 +1,52 @@
+# The two commands of the README are `make demo` and `make test`; both run `setup` first.
+# Every step is cached by a stamp file, so a second run takes seconds.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+CACHE := .cache
+KAFKA_LIBS := $(CACHE)/kafka/libs
+VENV_STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+KAFKA_STAMP := $(KAFKA_LIBS)/.complete-$(shell cat deploy/kafka/pom.xml 2>/dev/null | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench clean kafka-jars alertmanager venv
+
+setup: venv kafka-jars alertmanager
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+kafka-jars: $(KAFKA_STAMP)
+
+$(KAFKA_STAMP): deploy/kafka/pom.xml
+	@mkdir -p $(KAFKA_LIBS)
+	deploy/kafka/fetch-jars.sh $(KAFKA_LIBS)
+	@rm -f $(KAFKA_LIBS)/.complete-*
+	@touch $@
+
+alertmanager:
+	@deploy/alertmanager/install.sh
+
+demo: setup
+	$(BIN)/ttft demo $(DEMO_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+
+lint: venv
+	$(BIN)/ruff check streams schemas tests bench
+	$(BIN)/ruff format --check streams schemas tests bench
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf .ttft .pytest_cache .mypy_cache .ruff_cache

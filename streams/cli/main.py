@@ -1,0 +1,63 @@
+"""The ``ttft`` command. Sub-commands live in their own modules and load on first use."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+#: command name -> "module:attribute" of a click command or group.
+COMMANDS: dict[str, str] = {
+    "kafka": "streams.cli.kafka_cmd:kafka",
+    "worker": "streams.cli.worker_cmd:worker",
+    "db": "streams.cli.db_cmd:db",
+    "request": "streams.cli.request_cmd:request",
+    "breakdown": "streams.cli.breakdown_cmd:breakdown",
+    "simulate": "streams.cli.simulate_cmd:simulate",
+    "demo": "streams.cli.demo_cmd:demo",
+    "top": "streams.cli.top_cmd:top",
+    "report": "streams.cli.report_cmd:report",
+    "replay": "streams.cli.replay_cmd:replay",
+    "config": "streams.cli.config_cmd:config",
+    "grafana": "streams.cli.grafana_cmd:grafana",
+}
+
+
+class LazyGroup(click.Group):
+    """Imports a sub-command's module only when that command runs (keeps ``ttft --help`` fast)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                return _unavailable(cmd_name)
+            raise
+        command: Any = getattr(module, attr)
+        assert isinstance(command, click.Command)
+        return command
+
+
+def _unavailable(name: str) -> click.Command:
+    @click.command(name=name, help="(not available in this build)")
+    def _cmd() -> None:
+        raise click.ClickException(f"'ttft {name}' is not available in this build")
+
+    return _cmd
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """ttft-pipeline: stage-level time-to-first-token measurement for LLM/RAG services."""
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,279 @@
+"""One frozen, validated settings object for every process of the pipeline.
+
+Sources, highest priority first: explicit keyword arguments, environment variables (``TTFT_*``, nested
+sections with ``__``, e.g. ``TTFT_JOIN__GRACE_MS=500``), the YAML file named by ``TTFT_CONFIG``, then the
+defaults below. Nothing reads the environment at import time: call :func:`load_settings`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+REQUIRED_STAGES: tuple[str, ...] = ("request_start", "retrieval", "prompt_assemble", "llm_ttft", "first_token")
+PARENT_STAGES: tuple[str, ...] = ("retrieval", "prompt_assemble", "llm_ttft")
+SUB_STAGES: tuple[str, ...] = ("vector_recall", "bm25_recall", "rerank")
+INSTANT_STAGES: tuple[str, ...] = ("request_start", "first_token")
+KNOWN_STAGES: tuple[str, ...] = (
+    "request_start",
+    "retrieval",
+    "vector_recall",
+    "bm25_recall",
+    "rerank",
+    "prompt_assemble",
+    "llm_ttft",
+    "first_token",
+)
+OTHER_TENANT = "__other__"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class JoinConfig(_Section):
+    """How stage events become request records (DESIGN.md, join semantics)."""
+
+    grace_ms: int = Field(2_000, ge=0, description="Wait after first_token for stragglers before emitting.")
+    request_timeout_ms: int = Field(30_000, gt=0, description="No first_token this long after start: timed_out.")
+    forget_after_ms: int = Field(
+        120_000, gt=0, description="Emitted requests are remembered this long (event time) to absorb replays."
+    )
+    max_open_requests: int = Field(200_000, gt=0, description="Cap; the oldest open request is evicted.")
+    idle_tick_ms: int = Field(1_000, gt=0, description="Wall-clock tick that advances an idle partition.")
+    required_stages: tuple[str, ...] = REQUIRED_STAGES
+    route_required_stages: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="Per-route override of the required stages, e.g. {'fast': [...]}."
+    )
+    batch_max: int = Field(2_000, gt=0, description="Events per processing batch.")
+    batch_within_s: float = Field(0.2, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> JoinConfig:
+        if self.grace_ms >= self.request_timeout_ms:
+            raise ValueError("join.grace_ms must be smaller than join.request_timeout_ms")
+        if self.forget_after_ms < self.grace_ms:
+            raise ValueError("join.forget_after_ms must be at least join.grace_ms")
+        for name in (*self.required_stages, *(s for v in self.route_required_stages.values() for s in v)):
+            if not re.fullmatch(r"[a-z][a-z0-9_]{0,47}", name):
+                raise ValueError(f"join.required_stages: {name!r} is not a stage name")
+        return self
+
+
+class WindowConfig(_Section):
+    """Event-time windows of the aggregates (DESIGN.md, windows)."""
+
+    window_s: int = Field(60, gt=0, description="W: window_start = floor(started_at / W) * W.")
+    grace_s: int = Field(10, ge=0, description="Allowed lateness before a window closes; later data amends it.")
+    relative_accuracy: float = Field(0.01, gt=0, lt=0.5)
+    max_series: int = Field(1_000, gt=0, description="Cap on tenant x version series; overflow -> __other__.")
+    cacheable_min_tokens: int = Field(1_024, ge=0)
+    recompute_lookback_s: int = Field(7_200, gt=0, description="Windows re-derived from the store at start.")
+
+    @model_validator(mode="after")
+    def _check(self) -> WindowConfig:
+        if self.grace_s >= self.window_s * 60:
+            raise ValueError("windows.grace_s must be below 60 windows")
+        return self
+
+
+class CapsConfig(_Section):
+    """Input bounds. Anything beyond them is dead-lettered with a reason code."""
+
+    max_event_bytes: int = Field(8_192, gt=256)
+    max_attrs_bytes: int = Field(2_048, gt=0)
+    max_attrs_keys: int = Field(32, gt=0)
+    max_json_depth: int = Field(8, gt=1)
+    dead_letter_bytes: int = Field(4_096, gt=0, description="Original bytes kept per dead letter (truncated).")
+    skew_limit_ms: int = Field(24 * 3_600_000, gt=0, description="|ts_ms - Kafka timestamp| beyond this is bad.")
+    halt_window_messages: int = Field(1_000, gt=0, description="Window of messages for the dead-letter guard.")
+    halt_dead_letter_share: float = Field(0.5, gt=0, le=1.0, description="Halt ingestion above this share.")
+
+
+class TenantConfig(_Section):
+    """Per-tenant overrides."""
+
+    slo_ms: float | None = Field(None, gt=0)
+    slo_target: float | None = Field(None, gt=0, lt=1)
+    stage_floor_ms: dict[str, float] = Field(default_factory=dict)
+    stable_version: str | None = None
+    canary_version: str | None = None
+
+
+class Settings(BaseSettings):
+    """Everything a ttft process needs. Frozen; validated once at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TTFT_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="ignore",
+    )
+
+    home: Path = Field(Path(".ttft"), description="Local state: broker data, chDB store, worker data.")
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = None
+    clickhouse_url: SecretStr | None = Field(
+        None, description="chdb:///DIR (default: $TTFT_HOME/chdb) or http(s)://host:8123; may hold credentials."
+    )
+    clickhouse_database: str = "ttft"
+    clickhouse_user: str | None = None
+    clickhouse_password: SecretStr | None = None
+    topic_prefix: str = "ttft"
+    partitions: int = Field(8, gt=0, le=1024)
+    replication_factor: int = Field(1, gt=0)
+    alertmanager_url: str | None = None
+    config: Path | None = Field(None, description="YAML file with the sections below; env overrides it.")
+    app_id: str = "ttft"
+    metrics_port: int = Field(0, ge=0, le=65535, description="/metrics and /healthz; 0 picks a free port.")
+    session_timeout_s: float = Field(10.0, gt=0)
+
+    join: JoinConfig = JoinConfig()
+    windows: WindowConfig = WindowConfig()
+    caps: CapsConfig = CapsConfig()
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    default_slo_ms: float = Field(2_000.0, gt=0)
+    default_slo_target: float = Field(0.99, gt=0, lt=1)
+    rules: dict[str, Any] = Field(default_factory=dict, description="Alert rule settings (streams.rules).")
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", v):
+            raise ValueError("topic_prefix must be a legal Kafka topic prefix")
+        return v
+
+    @field_validator("clickhouse_database")
+    @classmethod
+    def _database(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", v):
+            raise ValueError("clickhouse_database must be an identifier")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> Settings:
+        if self.kafka_security_protocol.startswith("SASL") and not self.kafka_sasl_mechanism:
+            raise ValueError("kafka_sasl_mechanism is required with a SASL security protocol")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+    # --- derived values -------------------------------------------------------------------------
+
+    def topic(self, name: str) -> str:
+        """Full topic name for a logical name: ``stage-events`` -> ``ttft.stage-events``."""
+        return f"{self.topic_prefix}.{name}"
+
+    @property
+    def store_url(self) -> str:
+        """The ClickHouse URL, defaulting to an embedded chDB directory under ``home``."""
+        if self.clickhouse_url is not None:
+            return self.clickhouse_url.get_secret_value()
+        return f"chdb://{(self.home / 'chdb').resolve()}"
+
+    def slo_ms(self, tenant: str) -> float:
+        t = self.tenants.get(tenant)
+        return t.slo_ms if t is not None and t.slo_ms is not None else self.default_slo_ms
+
+    def slo_target(self, tenant: str) -> float:
+        t = self.tenants.get(tenant)
+        return t.slo_target if t is not None and t.slo_target is not None else self.default_slo_target
+
+    def required_stages(self, route: str | None) -> tuple[str, ...]:
+        if route is not None and route in self.join.route_required_stages:
+            return self.join.route_required_stages[route]
+        return self.join.required_stages
+
+
+TOPIC_NAMES: tuple[str, ...] = (
+    "stage-events",
+    "requests",
+    "dead-letter",
+    "stage-windows",
+    "window-health",
+    "alerts",
+)
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Reads the file named by ``TTFT_CONFIG`` (or the ``config`` init argument)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = self.current_state.get("config") or os.environ.get("TTFT_CONFIG")
+        if not path:
+            return {}
+        return read_config_file(Path(path))
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Parse a YAML config file into a mapping; errors name the file."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ValueError(f"config file {path} does not exist") from exc
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings from keyword overrides, the environment and ``TTFT_CONFIG``."""
+    return Settings(**overrides)
+
+
+def redact_url(url: str) -> str:
+    """Replace a password in a URL with ``***`` so it can be logged."""
+    parts = urlsplit(url)
+    if parts.password is None and "@" not in parts.netloc:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    netloc = f"{user}:***@{host}" if user else f"***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def settings_summary(settings: Settings) -> Mapping[str, str]:
+    """Human-readable, secret-free view of the main settings (for logs and `ttft config check`)."""
+    return {
+        "home": str(settings.home),
+        "kafka_bootstrap": settings.kafka_bootstrap,
+        "clickhouse": redact_url(settings.store_url),
+        "database": settings.clickhouse_database,
+        "topic_prefix": settings.topic_prefix,
+        "partitions": str(settings.partitions),
+        "alertmanager": redact_url(settings.alertmanager_url or "-"),
+    }
