@@ -1,0 +1,111 @@
+"""The dead-letter envelope: one message of ``ttft.dead-letter`` and one row of ``dead_letters``.
+
+A dead letter keeps enough to diagnose and replay a bad input message: the original bytes (truncated
+past ``caps.dead_letter_bytes``, with the full length and the sha256 of the full original), where it
+came from (topic, partition, offset, Kafka timestamp), a reason code from a closed set and a bounded,
+human-readable detail. In JSON the bytes are standard (RFC 4648, padded) base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from typing import Annotated, Any, Final, Literal, get_args
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
+
+DeadLetterReason = Literal[
+    "invalid_json",
+    "schema",
+    "too_large",
+    "tenant_mismatch",
+    "timestamp_skew",
+    "invalid_key",
+    "not_utf8",
+]
+#: The closed set of reason codes, in contract order.
+DEAD_LETTER_REASONS: Final[tuple[str, ...]] = get_args(DeadLetterReason)
+MAX_DETAIL_CHARS: Final = 512
+#: Identifiers read from a bad message are kept only up to this length.
+MAX_ID_CHARS: Final = 256
+
+
+def _from_base64(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError("original must be standard base64") from exc
+    return value
+
+
+Base64Bytes = Annotated[
+    bytes,
+    BeforeValidator(_from_base64),
+    PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64"}),
+]
+
+
+class DeadLetter(BaseModel):
+    """An input message that failed decoding or validation, with its diagnosis."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason_code: DeadLetterReason
+    detail: str = Field(max_length=MAX_DETAIL_CHARS, description="Human-readable cause, naming the field.")
+    original: Base64Bytes = Field(description="The original value bytes, truncated past caps.dead_letter_bytes.")
+    original_length: int = Field(ge=0, description="Length of the full original value in bytes.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of the full original value.")
+    topic: str = Field(description="Source topic.")
+    partition: int = Field(ge=0, description="Source partition.")
+    offset: int = Field(ge=0, description="Source offset.")
+    kafka_timestamp_ms: int | None = Field(None, description="The source message's Kafka timestamp.")
+    request_id: str | None = Field(None, max_length=MAX_ID_CHARS, description="When it could be read.")
+    tenant_id: str | None = Field(None, max_length=MAX_ID_CHARS, description="When it could be read.")
+    received_at: float = Field(description="Epoch ms at which the pipeline read the message.")
+
+    @property
+    def truncated(self) -> bool:
+        """True when ``original`` holds only a prefix of the message."""
+        return len(self.original) < self.original_length
+
+
+def bounded_text(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, marking the cut with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def make_dead_letter(
+    reason_code: DeadLetterReason,
+    detail: str,
+    raw_value: bytes,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    kafka_timestamp_ms: int | None,
+    max_original_bytes: int,
+    received_at_ms: float,
+    request_id: str | None = None,
+    tenant_id: str | None = None,
+) -> DeadLetter:
+    """Build a dead letter for ``raw_value``; bounds the detail, the ids and the kept bytes.
+
+    Also used outside decoding (the join dead-letters a ``tenant_mismatch`` with the original bytes).
+    """
+    return DeadLetter(
+        reason_code=reason_code,
+        detail=bounded_text(detail, MAX_DETAIL_CHARS),
+        original=bytes(raw_value[:max_original_bytes]),
+        original_length=len(raw_value),
+        sha256=hashlib.sha256(raw_value).hexdigest(),
+        topic=topic,
+        partition=max(partition, 0),
+        offset=max(offset, 0),
+        kafka_timestamp_ms=kafka_timestamp_ms,
+        request_id=None if request_id is None else bounded_text(request_id, MAX_ID_CHARS),
+        tenant_id=None if tenant_id is None else bounded_text(tenant_id, MAX_ID_CHARS),
+        received_at=received_at_ms,
+    )

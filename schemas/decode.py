@@ -1,0 +1,181 @@
+"""Raw Kafka message -> :class:`StageEvent`, or a :class:`DeadLetter` saying why not.
+
+The checks run in contract order and the first failure wins:
+
+1. ``too_large``: the value is longer than ``caps.max_event_bytes`` (nothing is parsed);
+2. ``not_utf8`` / ``invalid_json``: strict JSON (orjson: no NaN/Infinity, no lone surrogates, no BOM),
+   nested no deeper than ``caps.max_json_depth``;
+3. ``schema``: the strict :class:`StageEvent` model; the detail names the failing fields;
+4. ``invalid_key``: the Kafka key is missing or is not the request_id in UTF-8;
+5. ``timestamp_skew``: ``|ts_ms - Kafka timestamp| > caps.skew_limit_ms``.
+
+:func:`decode_stage_event` never raises, whatever the bytes: one bad event must never stop the pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+from pydantic import ValidationError
+
+from schemas.dead_letter import DeadLetter, DeadLetterReason, bounded_text, make_dead_letter
+from schemas.events import StageEvent
+from streams.settings import CapsConfig
+
+_MAX_ERRORS_IN_DETAIL: Final = 3
+_MAX_MSG_CHARS: Final = 120
+
+
+def decode_stage_event(
+    raw_value: bytes,
+    raw_key: bytes | None,
+    topic: str,
+    partition: int,
+    offset: int,
+    kafka_timestamp_ms: int | None,
+    caps: CapsConfig,
+    received_at_ms: float,
+) -> StageEvent | DeadLetter:
+    """Decode and validate one message of ``ttft.stage-events``; never raises.
+
+    ``received_at_ms`` is the wall-clock time of reading, injected so the function stays pure.
+    """
+    parsed: Any = None
+
+    def dead(reason: DeadLetterReason, detail: str) -> DeadLetter:
+        request_id = tenant_id = None
+        if isinstance(parsed, dict):
+            rid, tid = parsed.get("request_id"), parsed.get("tenant_id")
+            request_id = rid if isinstance(rid, str) else None
+            tenant_id = tid if isinstance(tid, str) else None
+        return make_dead_letter(
+            reason,
+            detail,
+            raw_value,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            kafka_timestamp_ms=kafka_timestamp_ms,
+            max_original_bytes=caps.dead_letter_bytes,
+            received_at_ms=received_at_ms,
+            request_id=request_id,
+            tenant_id=tenant_id,
+        )
+
+    try:
+        # A tombstone (None) or a memoryview must dead-letter like any other value, not raise.
+        raw_value = b"" if raw_value is None else bytes(raw_value)
+        if len(raw_value) > caps.max_event_bytes:
+            return dead("too_large", f"value is {len(raw_value)} bytes, the cap is {caps.max_event_bytes}")
+        try:
+            parsed = orjson.loads(raw_value)
+        except orjson.JSONDecodeError as exc:
+            if not _is_utf8(raw_value):
+                return dead("not_utf8", f"value is not valid UTF-8: {_short(str(exc))}")
+            return dead("invalid_json", f"value is not strict JSON: {_short(str(exc))}")
+        try:
+            # Pydantic's own JSON parser is faster here than validating the parsed dict. orjson ran first
+            # because it is the strict one (pydantic's parser accepts NaN).
+            event = StageEvent.model_validate_json(raw_value, context=_context(caps))
+        except ValidationError as exc:
+            # A valid StageEvent nests at most 2 deep, so depth only needs checking on failure.
+            depth = _json_depth(parsed, caps.max_json_depth + 1)
+            if depth > caps.max_json_depth:
+                return dead("invalid_json", f"JSON nests deeper than {caps.max_json_depth} levels")
+            if not isinstance(parsed, dict):
+                return dead("schema", f"value must be a JSON object, not {_json_type(parsed)}")
+            return dead("schema", schema_error_summary(exc))
+        expected_key = event.request_id.encode("utf-8")
+        if raw_key is None:
+            return dead("invalid_key", "Kafka key is missing; it must be the request_id in UTF-8")
+        if raw_key != expected_key:
+            return dead("invalid_key", f"Kafka key {_short(repr(bytes(raw_key)))} is not the request_id")
+        # Kafka reports -1 when a producer set no timestamp: nothing to compare with.
+        if (
+            kafka_timestamp_ms is not None
+            and kafka_timestamp_ms >= 0
+            and abs(event.ts_ms - kafka_timestamp_ms) > caps.skew_limit_ms
+        ):
+            skew = event.ts_ms - kafka_timestamp_ms
+            return dead(
+                "timestamp_skew", f"ts_ms is {skew:+.0f} ms from the Kafka timestamp (limit {caps.skew_limit_ms})"
+            )
+        return event
+    except Exception as exc:  # a bug here must not stop the pipeline: dead-letter and keep going
+        try:
+            return dead("schema", f"unexpected decode failure: {type(exc).__name__}: {_short(str(exc))}")
+        except Exception:
+            return make_dead_letter(
+                "schema",
+                "unexpected decode failure",
+                b"",
+                topic=str(topic),
+                partition=0,
+                offset=0,
+                kafka_timestamp_ms=None,
+                max_original_bytes=0,
+                received_at_ms=0.0,
+            )
+
+
+def schema_error_summary(exc: ValidationError) -> str:
+    """Compact, bounded summary of a validation error: ``field: message; field: message (+N more)``."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    parts = []
+    for err in errors[:_MAX_ERRORS_IN_DETAIL]:
+        loc = ".".join(str(p) for p in err["loc"]) or "event"
+        msg = _short(err["msg"].removeprefix("Value error, "))
+        parts.append(f"{loc}: {msg}")
+    more = len(errors) - _MAX_ERRORS_IN_DETAIL
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+_CONTEXT_CACHE: dict[tuple[int, int], dict[str, int]] = {}
+
+
+def _context(caps: CapsConfig) -> dict[str, int]:
+    key = (caps.max_attrs_keys, caps.max_attrs_bytes)
+    ctx = _CONTEXT_CACHE.get(key)
+    if ctx is None:
+        ctx = _CONTEXT_CACHE[key] = {"max_attrs_keys": key[0], "max_attrs_bytes": key[1]}
+    return ctx
+
+
+def _json_depth(value: Any, stop: int) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0), counted no further than ``stop``.
+
+    The cut-off also bounds the recursion: orjson accepts 1024 levels, more than Python's stack allows.
+    """
+    if isinstance(value, dict):
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return 0
+    if stop <= 1:
+        return 1
+    deepest = 0
+    for child in children:
+        if isinstance(child, dict | list):
+            deepest = max(deepest, _json_depth(child, stop - 1))
+            if deepest + 1 >= stop:
+                break
+    return deepest + 1
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _short(text: str) -> str:
+    return bounded_text(text, _MAX_MSG_CHARS)

@@ -1,0 +1,228 @@
+"""The Faust side of the join: a thin adapter around :class:`streams.core.join.RequestJoin`.
+
+What is durable when (the invariant the crash tests check):
+
+1. A batch of stage events is taken with ``noack_take`` (nothing is acknowledged yet).
+2. Each event is decoded; bad ones become dead letters. Good ones are folded by the pure core.
+3. The records the core emitted, the dead letters, and one state write per touched request (to the
+   compacted changelog of the ``join-state`` table, on the event's own partition) are produced and
+   **awaited until the broker acknowledged them**.
+4. Only then are the events acknowledged, so Faust may commit their offsets.
+
+A crash anywhere before 4 replays the batch: the restored state recognises the replayed events as
+duplicates, and a record emitted twice is absorbed by the store (``ReplacingMergeTree`` by request id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+import faust
+import orjson
+from faust.types import EventT
+
+from schemas.dead_letter import DeadLetter
+from schemas.decode import decode_stage_event
+from streams.app.metrics import WorkerMetrics
+from streams.core.join import RequestJoin, TenantMismatch
+from streams.kafka.topics import faust_broker_kwargs
+from streams.settings import Settings
+
+log = logging.getLogger("ttft.join")
+
+JOIN_STATE_TABLE = "join-state"
+
+
+def create_join_app(settings: Settings, metrics: WorkerMetrics, worker_dir: str) -> faust.App:
+    """Build the Faust app that joins stage events into request records."""
+    app = faust.App(
+        f"{settings.app_id}-join",
+        **faust_broker_kwargs(settings),
+        store="memory://",
+        datadir=worker_dir,
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=True,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=max(settings.session_timeout_s, 10.0),
+        broker_commit_interval=0.5,
+        broker_commit_every=10_000,
+        broker_max_poll_records=5_000,
+        stream_buffer_maxsize=20_000,
+        producer_linger_ms=5,
+        producer_max_batch_size=1_048_576,
+        producer_max_request_size=4_194_304,
+        producer_acks=-1,
+        web_enabled=False,
+        table_cleanup_interval=3600.0,
+    )
+    JoinAdapter(app, settings, metrics)
+    return app
+
+
+class JoinAdapter:
+    """Wires the pure join into Faust: decode -> fold -> produce and await -> ack."""
+
+    def __init__(self, app: faust.App, settings: Settings, metrics: WorkerMetrics) -> None:
+        self.app = app
+        self.settings = settings
+        self.metrics = metrics
+        self.core = RequestJoin(settings.join, settings.windows.window_s * 1000)
+        self.events_topic = app.topic(
+            settings.topic("stage-events"), key_type=bytes, value_type=bytes, key_serializer="raw",
+            value_serializer="raw", partitions=settings.partitions,
+        )
+        self.requests_topic = settings.topic("requests")
+        self.dead_letter_topic = settings.topic("dead-letter")
+        self.state = app.Table(
+            JOIN_STATE_TABLE,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=settings.partitions,
+            on_recover=self._on_recover,
+        )
+        self.changelog_topic = self.state.changelog_topic.get_topic_name()
+        self._lock = asyncio.Lock()
+        self._recovered = False
+        app.agent(self.events_topic, name="join", concurrency=1)(self._agent)
+        app.timer(settings.join.idle_tick_ms / 1000.0)(self._tick)
+        metrics.health["status"] = "starting"
+
+    # --- recovery ---------------------------------------------------------------------------
+
+    async def _on_recover(self) -> None:
+        """Rebuild the in-memory join from the recovered table (after start and every rebalance)."""
+        async with self._lock:
+            assigned = {tp.partition for tp in self.app.assignor.assigned_actives()
+                        if tp.topic == self.events_topic.get_topic_name()}
+            self.core.reset()
+            restored = 0
+            stale: list[bytes] = []
+            for key, packed in list(self.state.data.items()):
+                partition = self.core.restore(key.decode(), packed)
+                if partition not in assigned:
+                    self.core.revoke({partition})
+                    stale.append(key)
+                else:
+                    restored += 1
+            for key in stale:
+                self.state.data.pop(key, None)
+            self._recovered = True
+            self.metrics.open_requests.set(self.core.open_requests)
+            self.metrics.health["status"] = "ok"
+            self.metrics.health["partitions"] = sorted(assigned)
+            log.info("join state recovered: %d requests on partitions %s", restored, sorted(assigned))
+
+    # --- the agent ----------------------------------------------------------------------------
+
+    async def _agent(self, stream: faust.StreamT[bytes]) -> None:
+        batch_max = self.settings.join.batch_max
+        within = self.settings.join.batch_within_s
+        async for events in stream.noack_take(batch_max, within):
+            await self._process_batch(stream, events)
+
+    async def _process_batch(self, stream: faust.StreamT[bytes], events: Sequence[EventT]) -> None:
+        m = self.metrics
+        m.unacked_events.set(len(events))
+        m.events_consumed.inc(len(events))
+        async with self._lock:
+            outputs: list[tuple[str, bytes | None, bytes]] = []  # (topic, key, value)
+            now = time.time() * 1000.0
+            caps = self.settings.caps
+            touched: set[int] = set()
+            for event in events:
+                msg = event.message
+                decoded = decode_stage_event(
+                    msg.value, msg.key, msg.topic, msg.partition, msg.offset, _ts_ms(msg), caps, now
+                )
+                if isinstance(decoded, DeadLetter):
+                    outputs.append(self._dead_letter_output(decoded))
+                    continue
+                touched.add(msg.partition)
+                for out in self.core.add(decoded, msg.partition, now):
+                    if isinstance(out, TenantMismatch):
+                        outputs.append(self._dead_letter_output(out.to_dead_letter(msg, now, caps)))
+                    else:
+                        outputs.append(self._record_output(out))
+            for partition in touched:
+                for record in self.core.advance(partition, now):
+                    outputs.append(self._record_output(record))
+            await self._flush(outputs)
+        for event in events:
+            await stream.ack(event)
+        m.events_acked.inc(len(events))
+        m.unacked_events.set(0)
+        m.batches.inc()
+
+    async def _tick(self) -> None:
+        """Idle tick: advance every owned partition's watermark on the wall clock and emit what is due."""
+        if not self._recovered:
+            return
+        async with self._lock:
+            now = time.time() * 1000.0
+            outputs = [self._record_output(r) for r in self.core.advance_all(now)]
+            if outputs or self.core.has_dirty():
+                await self._flush(outputs)
+
+    # --- producing ----------------------------------------------------------------------------
+
+    def _record_output(self, record: dict[str, Any]) -> tuple[str, bytes | None, bytes]:
+        self.metrics.records_emitted.labels(record["status"]).inc()
+        return (self.requests_topic, record["request_id"].encode(), orjson.dumps(record))
+
+    def _dead_letter_output(self, dl: DeadLetter) -> tuple[str, bytes | None, bytes]:
+        self.metrics.dead_letters.labels(dl.reason_code).inc()
+        key = f"{dl.source_topic}:{dl.source_partition}:{dl.source_offset}".encode()
+        return (self.dead_letter_topic, key, dl.model_dump_json().encode())
+
+    async def _flush(self, outputs: list[tuple[str, bytes | None, bytes]]) -> None:
+        """Produce records, dead letters and state writes; return once the broker acknowledged all."""
+        producer = self.app.producer
+        futures: list[Awaitable[Any]] = []
+        for topic, key, value in outputs:
+            futures.append(await producer.send(topic, key, value, partition=None, timestamp=None, headers=None))
+        # Records first, state second: a crash in between re-emits (absorbed), never loses a record.
+        if futures:
+            await asyncio.gather(*futures)
+        futures = []
+        for request_id, (partition, packed) in self.core.dirty().items():
+            key = request_id.encode()
+            if packed is None:
+                self.state.data.pop(key, None)
+            else:
+                self.state.data[key] = packed
+            futures.append(
+                await producer.send(self.changelog_topic, key, packed, partition=partition, timestamp=None,
+                                    headers=None)
+            )
+        if futures:
+            await asyncio.gather(*futures)
+        c = self.core.counters
+        m = self.metrics
+        m.open_requests.set(self.core.open_requests)
+        _sync_counter(m.duplicates, c.duplicates)
+        _sync_counter(m.late_events, c.late_events)
+        _sync_counter(m.evictions, c.evictions)
+
+
+def _ts_ms(message: Any) -> int | None:
+    ts = getattr(message, "timestamp", None)
+    if ts is None:
+        return None
+    return int(ts * 1000)
+
+
+def _sync_counter(counter: Any, total: int) -> None:
+    """Move a Prometheus counter up to a running total kept by the core."""
+    current = counter._value.get()
+    if total > current:
+        counter.inc(total - current)

@@ -1,0 +1,93 @@
+"""Worker metrics: a closed set of names, served as Prometheus text on ``/metrics`` with ``/healthz``.
+
+Every worker process owns one :class:`WorkerMetrics` (its own registry, so tests can run several in one
+interpreter). The HTTP endpoint runs on the worker's event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class WorkerMetrics:
+    """The metrics one worker exposes. Names are fixed here; labels are bounded."""
+
+    def __init__(self, role: str, worker_id: str) -> None:
+        self.role = role
+        self.worker_id = worker_id
+        r = self.registry = CollectorRegistry()
+        self.events_consumed = Counter("ttft_events_consumed", "Stage events consumed", registry=r)
+        self.events_acked = Counter("ttft_events_acked", "Stage events acknowledged", registry=r)
+        self.unacked_events = Gauge("ttft_unacked_events", "Events taken but not yet acknowledged", registry=r)
+        self.open_requests = Gauge("ttft_open_requests", "Requests waiting for their stages", registry=r)
+        self.evictions = Counter("ttft_evictions", "Open requests evicted by max_open_requests", registry=r)
+        self.duplicates = Counter("ttft_duplicate_events", "Duplicate events counted once", registry=r)
+        self.late_events = Counter("ttft_late_events", "Events for already emitted requests", registry=r)
+        self.records_emitted = Counter(
+            "ttft_records_emitted", "Request records produced", ["status"], registry=r
+        )
+        self.dead_letters = Counter("ttft_dead_letters", "Messages dead-lettered", ["reason"], registry=r)
+        self.consumer_lag = Gauge(
+            "ttft_consumer_lag", "Messages behind the log end", ["topic", "partition"], registry=r
+        )
+        self.records_written = Counter("ttft_records_written", "Request rows inserted", registry=r)
+        self.dead_letters_written = Counter("ttft_dead_letters_written", "Dead-letter rows inserted", registry=r)
+        self.unacked_records = Gauge(
+            "ttft_unacked_records", "Records consumed by the writer, not yet committed", registry=r
+        )
+        self.insert_seconds = Histogram(
+            "ttft_insert_seconds",
+            "ClickHouse insert latency",
+            ["table"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.insert_failures = Counter("ttft_insert_failures", "Failed inserts (retried)", registry=r)
+        self.windows_closed = Counter("ttft_windows_closed", "Windows aggregated", registry=r)
+        self.window_amendments = Counter("ttft_window_amendments", "Closed windows re-aggregated", registry=r)
+        self.series_overflow = Counter("ttft_series_overflow", "Records mapped to __other__", registry=r)
+        self.alerts_sent = Counter("ttft_alert_transitions", "Alert transitions produced", ["state"], registry=r)
+        self.alerts_pending_delivery = Gauge(
+            "ttft_alerts_pending_delivery", "Alert notifications not yet delivered", registry=r
+        )
+        self.paging_muted = Counter("ttft_paging_muted", "Notifications muted during replay", registry=r)
+        self.batches = Counter("ttft_batches", "Processing batches", registry=r)
+        self.health: dict[str, Any] = {"status": "starting", "role": role, "worker_id": worker_id}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+async def serve_metrics(
+    metrics: WorkerMetrics, port: int, health: Callable[[], dict[str, Any]] | None = None
+) -> tuple[web.AppRunner, int]:
+    """Start ``/metrics`` and ``/healthz`` on 127.0.0.1:port (0 = free port); returns the runner and port."""
+
+    async def _metrics(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(_: web.Request) -> web.Response:
+        body = dict(metrics.health)
+        if health is not None:
+            body.update(health())
+        status = 200 if body.get("status") in ("ok", "starting") else 503
+        return web.Response(text=json.dumps(body), status=status, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    server = site._server
+    bound = port
+    if server is not None and getattr(server, "sockets", None):
+        bound = server.sockets[0].getsockname()[1]
+    return runner, bound

@@ -1,0 +1,153 @@
+"""Process entry points for ``ttft worker``: the join (Faust), the writer (aiokafka) and both.
+
+Each process serves ``/metrics`` and ``/healthz`` and writes ``$TTFT_HOME/run/<role>-<worker_id>.json``
+(pid, metrics port) so operators and tests can find it. SIGTERM stops gracefully: the join keeps open
+requests in its durable state (they resume after a restart, never finalised early); the writer finishes
+the batch in flight and commits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from streams.app.metrics import WorkerMetrics, serve_metrics
+from streams.settings import Settings
+
+log = logging.getLogger("ttft.worker")
+
+EXIT_INGEST_HALTED = 3
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _write_run_file(settings: Settings, role: str, worker_id: str, port: int) -> Path:
+    run_dir = settings.home / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f"{role}-{worker_id}.json"
+    path.write_text(json.dumps({"pid": os.getpid(), "role": role, "worker_id": worker_id, "metrics_port": port}))
+    return path
+
+
+async def _ensure_topics(settings: Settings) -> None:
+    from streams.kafka.topics import ensure_topics
+
+    await ensure_topics(settings)
+
+
+def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning") -> int:
+    """Run a Faust join worker until stopped."""
+    import faust
+
+    from streams.app.join_app import create_join_app
+
+    metrics = WorkerMetrics("join", worker_id)
+    worker_dir = settings.home / "workers" / f"join-{worker_id}"
+    worker_dir.mkdir(parents=True, exist_ok=True)
+    asyncio.run(_ensure_topics(settings))
+    app = create_join_app(settings, metrics, str(worker_dir))
+    state: dict[str, Any] = {}
+
+    @app.task
+    async def _serve() -> None:
+        runner, port = await serve_metrics(metrics, metrics_port)
+        state["runner"] = runner
+        state["run_file"] = _write_run_file(settings, "join", worker_id, port)
+        log.warning("join worker %s: metrics on http://127.0.0.1:%d/metrics", worker_id, port)
+
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        run_file = state.get("run_file")
+        if isinstance(run_file, Path):
+            run_file.unlink(missing_ok=True)
+    return 0
+
+
+def run_writer(settings: Settings, worker_id: str, metrics_port: int) -> int:
+    """Run the store writer until SIGTERM/SIGINT."""
+    return asyncio.run(_writer_main(settings, worker_id, metrics_port))
+
+
+async def _writer_main(settings: Settings, worker_id: str, metrics_port: int) -> int:
+    from streams.app.writer import StoreWriter
+    from streams.app.writer_hooks import install_hooks
+
+    metrics = WorkerMetrics("writer", worker_id)
+    await _ensure_topics(settings)
+    runner, port = await serve_metrics(metrics, metrics_port)
+    run_file = _write_run_file(settings, "writer", worker_id, port)
+    log.warning("writer %s: metrics on http://127.0.0.1:%d/metrics", worker_id, port)
+    writer = StoreWriter(settings, metrics, fault_injector=_fault_from_env())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(writer.stop()))
+    try:
+        await writer.start()
+        await install_hooks(writer, settings, metrics)
+        await writer.run()
+    finally:
+        await runner.cleanup()
+        run_file.unlink(missing_ok=True)
+    return 0
+
+
+def _fault_from_env() -> Any:
+    """Test hook: ``TTFT_FAULT_STORE_FAIL_FILE=path`` makes inserts fail while that file exists."""
+    path = os.environ.get("TTFT_FAULT_STORE_FAIL_FILE")
+    if not path:
+        return None
+    marker = Path(path)
+
+    def check() -> None:
+        if marker.exists():
+            raise ConnectionError("injected store failure (TTFT_FAULT_STORE_FAIL_FILE)")
+
+    return check
+
+
+def run_all(settings: Settings, worker_id: str, metrics_port: int) -> int:
+    """Run a join worker and the writer as two child processes of this one; stop both together."""
+    children: list[subprocess.Popen[bytes]] = []
+    ports = (metrics_port, metrics_port + 1) if metrics_port else (0, 0)
+    for role, port in zip(("writer", "join"), ports, strict=True):
+        cmd = [sys.executable, "-m", "streams.cli.main", "worker", "--role", role,
+               "--worker-id", worker_id, "--metrics-port", str(port)]
+        children.append(subprocess.Popen(cmd))
+
+    def forward(signum: int, _frame: Any) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    rc = 0
+    while children:
+        for child in list(children):
+            code = child.poll()
+            if code is None:
+                continue
+            children.remove(child)
+            rc = rc or code
+            if code != 0:
+                forward(signal.SIGTERM, None)
+        if children:
+            try:
+                children[0].wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+    return rc

@@ -1,0 +1,194 @@
+"""The store writer: ``ttft.requests`` and ``ttft.dead-letter`` -> ClickHouse, committed after the insert.
+
+It is a plain aiokafka consumer group (``<app_id>-writer``), not a Faust agent, so that it commits exactly
+the offsets of the batch it inserted (no single-offset holes, faust-streaming#606) and can run inside
+the Faust worker (``--role all``) or alone (``--role writer``).
+
+Invariants:
+- Offsets are committed only after every row of the batch is in ClickHouse. An insert error is retried
+  with back-off for as long as it takes; nothing is acknowledged away.
+- Inserts are idempotent: ``requests`` keeps the most complete version per request id, ``dead_letters``
+  one row per (topic, partition, offset). A replay after a crash changes nothing.
+- Amendment records (late events of a forgotten request) are merged into the stored row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+
+from streams.app.metrics import WorkerMetrics
+from streams.core.join import merge_records
+from streams.kafka.topics import kafka_client_kwargs
+from streams.settings import Settings
+from streams.store.client import make_client
+from streams.store.dead_letter_store import insert_dead_letters
+from streams.store.migrate import apply_migrations
+from streams.store.requests_store import apply_amendments, insert_requests
+
+log = logging.getLogger("ttft.writer")
+
+#: Called after each committed batch with the inserted records (window closing hooks in here).
+BatchHook = Callable[[list[dict[str, Any]]], Any]
+
+
+class StoreWriter:
+    """Consumes joined records and dead letters and writes them to ClickHouse in batches."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: WorkerMetrics,
+        *,
+        batch_max: int = 10_000,
+        batch_timeout_ms: int = 200,
+        fault_injector: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.batch_max = batch_max
+        self.batch_timeout_ms = batch_timeout_ms
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttft-store")
+        self.client: Any = None
+        self.hooks: list[BatchHook] = []
+        self._fault = fault_injector
+        self._stopping = asyncio.Event()
+        self.consumer: AIOKafkaConsumer | None = None
+        self.requests_topic = settings.topic("requests")
+        self.dead_letter_topic = settings.topic("dead-letter")
+
+    async def _in_store(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a blocking store call on the single store thread (chDB wants one writer thread)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, fn, *args)
+
+    async def start(self) -> None:
+        self.client = await self._retry("connect", lambda: make_client(self.settings))
+        applied = await self._retry(
+            "migrate", lambda: apply_migrations(self.client, self.settings.clickhouse_database)
+        )
+        if applied:
+            log.info("applied migrations: %s", ", ".join(applied))
+        self.consumer = AIOKafkaConsumer(
+            self.requests_topic,
+            self.dead_letter_topic,
+            group_id=f"{self.settings.app_id}-writer",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.batch_max,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            session_timeout_ms=int(self.settings.session_timeout_s * 1000),
+            heartbeat_interval_ms=1000,
+            max_poll_interval_ms=3_600_000,
+            **kafka_client_kwargs(self.settings),
+        )
+        await self.consumer.start()
+        self.metrics.health["status"] = "ok"
+
+    async def stop(self) -> None:
+        """Finish the batch in flight (it is committed or not at all), then leave the group."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        assert self.consumer is not None
+        try:
+            while not self._stopping.is_set():
+                batch = await self.consumer.getmany(timeout_ms=self.batch_timeout_ms, max_records=self.batch_max)
+                if batch:
+                    await self._process(batch)
+                else:
+                    await self._idle()
+        finally:
+            await self.consumer.stop()
+            self.executor.shutdown(wait=True)
+
+    async def _idle(self) -> None:
+        for hook in self.hooks:
+            result = hook([])
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def _process(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+        assert self.consumer is not None
+        records: list[dict[str, Any]] = []
+        amendments: list[dict[str, Any]] = []
+        dead_letters: list[dict[str, Any]] = []
+        offsets: dict[TopicPartition, int] = {}
+        n = 0
+        for tp, messages in batch.items():
+            offsets[tp] = messages[-1].offset + 1
+            n += len(messages)
+            for msg in messages:
+                value = orjson.loads(msg.value) if msg.value is not None else None
+                if value is None:
+                    continue
+                if tp.topic == self.dead_letter_topic:
+                    dead_letters.append(value)
+                elif value.get("amend"):
+                    amendments.append(value)
+                else:
+                    records.append(value)
+        self.metrics.unacked_records.set(n)
+        records = _keep_most_complete(records)
+        db = self.settings.clickhouse_database
+        if records:
+            await self._insert("requests", insert_requests, db, records)
+            self.metrics.records_written.inc(len(records))
+        if amendments:
+            window_ms = self.settings.windows.window_s * 1000
+            merged = await self._insert(
+                "requests", apply_amendments, db, amendments, lambda s, a: merge_records(s, a, window_ms)
+            )
+            if isinstance(merged, list):
+                records.extend(merged)
+        if dead_letters:
+            await self._insert("dead_letters", insert_dead_letters, db, dead_letters)
+            self.metrics.dead_letters_written.inc(len(dead_letters))
+        for hook in self.hooks:
+            result = hook(records)
+            if asyncio.iscoroutine(result):
+                await result
+        await self.consumer.commit(offsets)
+        self.metrics.unacked_records.set(0)
+        self.metrics.batches.inc()
+
+    async def _insert(self, table: str, fn: Callable[..., Any], *args: Any) -> Any:
+        def call() -> Any:
+            if self._fault is not None:
+                self._fault()
+            return fn(self.client, *args)
+
+        started = time.perf_counter()
+        result = await self._retry(f"insert into {table}", call)
+        self.metrics.insert_seconds.labels(table).observe(time.perf_counter() - started)
+        return result
+
+    async def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Call ``fn`` on the store thread until it succeeds, backing off up to 10 s between tries."""
+        delay = 0.2
+        while True:
+            try:
+                return await self._in_store(fn)
+            except Exception as exc:  # any store error is retried; the batch stays unacknowledged
+                self.metrics.insert_failures.inc()
+                self.metrics.health["last_store_error"] = f"{what}: {type(exc).__name__}"
+                log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+
+def _keep_most_complete(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Within one batch, keep one record per request id: the highest record_version."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in records:
+        cur = best.get(r["request_id"])
+        if cur is None or r["record_version"] >= cur["record_version"]:
+            best[r["request_id"]] = r
+    return list(best.values())
