@@ -3,7 +3,10 @@
 A dead letter keeps enough to diagnose and replay a bad input message: the original bytes (truncated
 past ``caps.dead_letter_bytes``, with the full length and the sha256 of the full original), where it
 came from (topic, partition, offset, Kafka timestamp), a reason code from a closed set and a bounded,
-human-readable detail. In JSON the bytes are standard (RFC 4648, padded) base64.
+human-readable detail. Field names are the ``dead_letters`` columns; times are epoch ms.
+
+In JSON ``original`` is standard (RFC 4648, padded) base64: read a topic message back with
+``DeadLetter.model_validate_json(value)``, whose ``model_dump()`` gives the raw bytes again.
 """
 
 from __future__ import annotations
@@ -55,13 +58,15 @@ class DeadLetter(BaseModel):
 
     reason_code: DeadLetterReason
     detail: str = Field(max_length=MAX_DETAIL_CHARS, description="Human-readable cause, naming the field.")
-    original: Base64Bytes = Field(description="The original value bytes, truncated past caps.dead_letter_bytes.")
+    original: Base64Bytes = Field(
+        description="The original value bytes, truncated past caps.dead_letter_bytes."
+    )
     original_length: int = Field(ge=0, description="Length of the full original value in bytes.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of the full original value.")
-    topic: str = Field(description="Source topic.")
-    partition: int = Field(ge=0, description="Source partition.")
-    offset: int = Field(ge=0, description="Source offset.")
-    kafka_timestamp_ms: int | None = Field(None, description="The source message's Kafka timestamp.")
+    source_topic: str = Field(description="Topic the message was read from.")
+    source_partition: int = Field(ge=0, description="Its partition.")
+    source_offset: int = Field(ge=0, description="Its offset.")
+    kafka_timestamp: int | None = Field(None, description="Its Kafka timestamp, epoch ms.")
     request_id: str | None = Field(None, max_length=MAX_ID_CHARS, description="When it could be read.")
     tenant_id: str | None = Field(None, max_length=MAX_ID_CHARS, description="When it could be read.")
     received_at: float = Field(description="Epoch ms at which the pipeline read the message.")
@@ -101,10 +106,10 @@ def make_dead_letter(
         original=bytes(raw_value[:max_original_bytes]),
         original_length=len(raw_value),
         sha256=hashlib.sha256(raw_value).hexdigest(),
-        topic=topic,
-        partition=max(partition, 0),
-        offset=max(offset, 0),
-        kafka_timestamp_ms=kafka_timestamp_ms,
+        source_topic=topic,
+        source_partition=max(partition, 0),
+        source_offset=max(offset, 0),
+        kafka_timestamp=kafka_timestamp_ms,
         request_id=None if request_id is None else bounded_text(request_id, MAX_ID_CHARS),
         tenant_id=None if tenant_id is None else bounded_text(tenant_id, MAX_ID_CHARS),
         received_at=received_at_ms,

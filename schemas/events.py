@@ -14,8 +14,17 @@ import math
 import re
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
-from pydantic import ValidationInfo, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    model_validator,
+)
 
 SCHEMA_VERSION: Final = 1
 STAGE_NAME_RE: Final = re.compile(r"[a-z][a-z0-9_]{0,47}")
@@ -169,4 +178,9 @@ class StageEvent(BaseModel):
         """Identity of an event for duplicate detection (DESIGN.md: event_id, else ts and duration)."""
         if self.event_id is not None:
             return (self.stage, "id", self.event_id)
-        return (self.stage, "ts", float(self.ts_ms), None if self.duration_ms is None else float(self.duration_ms))
+        return (
+            self.stage,
+            "ts",
+            float(self.ts_ms),
+            None if self.duration_ms is None else float(self.duration_ms),
+        )

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fill DEST (default .cache/kafka/libs) with the jars of the local Kafka broker, from Maven Central.
-# Idempotent: Maven re-uses ~/.m2 and copy-dependencies skips jars already in DEST. The jars land in a
-# staging directory first and replace DEST only when the whole set resolved, so a failed run never
-# leaves a half-filled classpath behind. On failure the exact Maven error is printed and the script exits 1.
+# Idempotent: Maven re-uses ~/.m2; the jars land in a staging directory first and are synced into DEST
+# only when the whole set resolved, so a failed run never leaves a half-filled classpath behind.
+# On failure the exact Maven error is printed and the script exits 1.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,7 +18,9 @@ stage="$(mktemp -d "${dest%/}.stage.XXXXXX")"
 log="$stage.log"
 trap 'rm -rf "$stage"' EXIT
 
-echo "fetch-jars: resolving $(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:kafka_2.13 \1:p' "$here/pom.xml") and its dependencies from Maven Central (first run downloads ~60 MB)..."
+version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")"
+echo "fetch-jars: resolving kafka_2.13 $version and its dependencies from Maven Central" \
+  "(a cold ~/.m2 downloads ~45 MB)..."
 start=$(date +%s)
 # Maven's output goes to a log; the jars it downloads are echoed as they arrive (the progress shown on a
 # cold ~/.m2; a warm one prints nothing and finishes in a few seconds). PIPESTATUS keeps Maven's exit code.
@@ -44,9 +46,15 @@ for jar in kafka_2.13 kafka-server kafka-clients log4j-slf4j-impl log4j-core sca
   fi
 done
 
-# Swap in the complete set; stale jars from an older pom disappear with the old directory.
-find "$dest" -maxdepth 1 -name '*.jar' -delete
-mv "$stage"/*.jar "$dest"/
+# Sync the complete set into DEST: drop jars the pom no longer names, replace only jars that differ, so a
+# broker running from DEST keeps its (unchanged) files when this runs again.
+shopt -s nullglob
+for jar in "$dest"/*.jar; do
+  if [ ! -e "$stage/$(basename "$jar")" ]; then rm -f "$jar"; fi
+done
+for jar in "$stage"/*.jar; do
+  if ! cmp -s "$jar" "$dest/$(basename "$jar")"; then mv -f "$jar" "$dest/"; fi
+done
 rm -f "$log"
 count=$(find "$dest" -maxdepth 1 -name '*.jar' | wc -l)
 size=$(du -sh "$dest" | cut -f1)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import clickhouse_connect
@@ -34,6 +35,7 @@ _DEFAULT_PORTS = {"http": 8123, "https": 8443}
 
 _chdb_lock = threading.Lock()
 _chdb_clients: dict[str, Client] = {}
+_chdb_path_in_use: str | None = None
 
 
 class StoreConfigError(ValueError):
@@ -65,7 +67,9 @@ def make_client(settings: Settings, *, shared: bool = True) -> Client:
         return _chdb_client(url, shared=shared)
     if scheme in _DEFAULT_PORTS:
         return _http_client(settings, url)
-    raise StoreConfigError(f"unsupported ClickHouse URL {redact_url(url)!r}: use chdb:///DIR or http(s)://HOST")
+    raise StoreConfigError(
+        f"unsupported ClickHouse URL {redact_url(url)!r}: use chdb:///DIR or http(s)://HOST"
+    )
 
 
 def chdb_path(url: str) -> str:
@@ -78,24 +82,25 @@ def chdb_path(url: str) -> str:
 
 
 def _chdb_client(url: str, *, shared: bool) -> Client:
+    global _chdb_path_in_use
     path = chdb_path(url)
     with _chdb_lock:
+        if _chdb_path_in_use is not None and _chdb_path_in_use != path:
+            raise StoreConfigError(
+                f"this process already uses the chDB store {_chdb_path_in_use}; "
+                "chDB allows one data directory per process"
+            )
         if shared and path in _chdb_clients:
             return _chdb_clients[path]
-        others = [p for p in _chdb_clients if p != path]
-        if others:
-            raise StoreConfigError(
-                f"this process already uses the chDB store {others[0]}; chDB allows one data directory per process"
-            )
         try:
             client = clickhouse_connect.get_client(interface="chdb", path=path)
         except Exception as exc:
             raise StoreUnavailable(
                 f"cannot open the chDB store {path}: {exc} (is another ttft process holding it?)"
             ) from exc
-        if shared or path not in _chdb_clients:
-            # The first client is cached even when unshared, so the path check above sees the engine.
-            _chdb_clients.setdefault(path, client)
+        _chdb_path_in_use = path
+        if shared:
+            _chdb_clients[path] = client
         return client
 
 
@@ -115,7 +120,7 @@ def _http_client(settings: Settings, url: str) -> Client:
         else unquote(parts.password or "")
     )
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    tls: dict[str, object] = {}
+    tls: dict[str, Any] = {}
     if scheme == "https":
         tls["verify"] = query.get("verify", "true").lower() not in ("false", "0", "no")
         if "ca_cert" in query:

@@ -1,0 +1,96 @@
+"""``ttft request <id>``: one stored request record, its status and stages."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from schemas.records import ATTR_COLUMNS, STAGE_COLUMNS
+from streams.settings import SUB_STAGES, load_settings
+from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
+from streams.store.requests_store import fetch_request
+
+_STATUS_STYLE = {"complete": "green", "missing_stage": "yellow", "timed_out": "red", "orphan": "magenta"}
+
+
+@click.command()
+@click.argument("request_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
+def request(request_id: str, as_json: bool) -> None:
+    """Show the stored record of REQUEST_ID (exit status 1 if it is not stored)."""
+    settings = load_settings()
+    try:
+        client = make_client(settings)
+    except (StoreConfigError, StoreUnavailable) as exc:
+        raise click.ClickException(str(exc)) from None
+    database = check_identifier(settings.clickhouse_database)
+    if not client.command(f"EXISTS TABLE {database}.requests"):
+        raise click.ClickException(f"no requests table in {database}: run 'ttft db migrate' first")
+    record = fetch_request(client, database, request_id)
+    if record is None:
+        click.echo(f"request {request_id!r} not found", err=True)
+        raise SystemExit(1)
+    if as_json:
+        click.echo(orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
+    else:
+        show_record(Console(), record)
+
+
+def _time(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _ms(value: float | None) -> str:
+    return "NULL" if value is None else f"{value:,.1f}"
+
+
+def show_record(console: Console, record: dict[str, Any]) -> None:
+    """Render one request record: header, stages (with share of TTFT), missing stages and attrs."""
+    status = record["status"]
+    console.print(
+        f"[bold]{record['request_id']}[/bold]  status [{_STATUS_STYLE.get(status, 'white')}]{status}[/]"
+        f"  tenant {record['tenant_id']}  version {record['version_id']}"
+        f"  rollout {record.get('rollout') or '-'}  route {record.get('route') or '-'}",
+        markup=True,
+        highlight=False,
+    )
+    console.print(
+        f"started {_time(record['started_at'])}  first token {_time(record.get('first_token_at'))}"
+        f"  window {_time(record['window_start'])}  fallback level {record.get('fallback_level', 0)}",
+        highlight=False,
+    )
+    ttft = record.get("ttft_ms")
+    table = Table(title=f"TTFT {_ms(ttft)} ms")
+    table.add_column("stage")
+    table.add_column("ms", justify="right")
+    table.add_column("share of TTFT", justify="right")
+    table.add_column("repeats", justify="right")
+    repeats = record.get("stage_repeats") or {}
+    stages = [(c.removesuffix("_ms"), record.get(c)) for c in (*STAGE_COLUMNS, "other_ms")]
+    stages += sorted((record.get("custom_stages") or {}).items())
+    for stage, value in stages:
+        label = f"  {stage}" if stage in SUB_STAGES else stage  # parts of retrieval, not extra time
+        share = f"{100 * value / ttft:.1f} %" if value is not None and ttft else "-"
+        table.add_row(label, _ms(value), share, str(repeats.get(stage, "")))
+    console.print(table)
+    missing = record.get("missing_stages") or []
+    console.print(f"missing stages: {', '.join(missing) if missing else 'none'}", highlight=False)
+    attrs = {name: record.get(name) for name in ATTR_COLUMNS if record.get(name) is not None}
+    if record.get("recall_mode"):
+        attrs["recall_mode"] = record["recall_mode"]
+    console.print(
+        "attrs: " + (", ".join(f"{k}={v}" for k, v in attrs.items()) if attrs else "none"), highlight=False
+    )
+    console.print(
+        f"events {record.get('event_count')}  duplicates {record.get('duplicate_events')}"
+        f"  late {record.get('late_events')}  version {record.get('record_version')}"
+        + ("  (amendment without its base record)" if record.get("amend") else ""),
+        highlight=False,
+    )

@@ -1,0 +1,387 @@
+"""The request join: stage events keyed by ``request_id`` in, request records out (pure; time is injected).
+
+:class:`RequestJoin` holds the state of the partitions one worker owns. Per partition it keeps an
+event-time watermark, ``max(ts_ms + duration_ms)`` over the accepted events, moved on by an idle tick
+when no event arrived for ``idle_tick_ms`` of wall time (live traffic finalises; a replay at full speed
+never idles, so it is deterministic). A request is emitted once the watermark passes its deadline:
+
+* with ``first_token``: ``max(first_token_at, latest event end) + grace_ms``;
+* without: ``started_at + request_timeout_ms`` (timed_out, or orphan without request_start);
+* never earlier than ``grace_ms`` after the watermark its first event found, so the events of a request
+  from a lagging clock still get a grace period to join.
+
+After emission a request is remembered (``emitted``) until the watermark passes its emission deadline
++ ``forget_after_ms``: a duplicate is counted, a new event is folded in and the whole record re-emitted
+(a late amendment; the store keeps the most complete version). An event of a forgotten request yields
+an ``amend=True`` record of that event alone, merged by the writer with :func:`merge_records`.
+
+Durability contract with the adapter: :meth:`RequestJoin.dirty` returns, once per batch, the packed
+state of every request that changed (None: delete); the adapter writes exactly these to the changelog
+before acknowledging the batch's events, and :meth:`RequestJoin.restore` rebuilds from them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from schemas.dead_letter import DeadLetter, make_dead_letter
+from schemas.events import StageEvent
+from schemas.records import STATUS_ORDER, RequestStatus
+from streams.core.join_record import build_record, merge_records
+from streams.core.join_state import PendingRequest, event_key
+from streams.settings import CapsConfig, JoinConfig
+
+__all__ = [
+    "JoinCounters",
+    "JoinOutput",
+    "PendingRequest",
+    "RequestJoin",
+    "SourceMessage",
+    "TenantMismatch",
+    "build_record",
+    "merge_records",
+]
+
+
+class SourceMessage(Protocol):
+    """The parts of a Kafka message a dead letter keeps (a Faust ``Message`` fits)."""
+
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TenantMismatch:
+    """An event rejected because its tenant differs from the one its request established."""
+
+    event: StageEvent
+    detail: str
+
+    def to_dead_letter(self, message: SourceMessage, received_at_ms: float, caps: CapsConfig) -> DeadLetter:
+        """The ``tenant_mismatch`` dead letter of the message that carried the event."""
+        ts = message.timestamp
+        return make_dead_letter(
+            "tenant_mismatch",
+            self.detail,
+            message.value or b"",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            kafka_timestamp_ms=None if ts is None else int(ts * 1000),
+            max_original_bytes=caps.dead_letter_bytes,
+            received_at_ms=received_at_ms,
+            request_id=self.event.request_id,
+            tenant_id=self.event.tenant_id,
+        )
+
+
+#: What :meth:`RequestJoin.add` returns: record dicts to produce, and tenant mismatches to dead-letter.
+JoinOutput = dict[str, Any] | TenantMismatch
+
+
+@dataclass(slots=True)
+class JoinCounters:
+    """Running totals since the join was created (never reset; the adapter exports them)."""
+
+    duplicates: int = 0
+    late_events: int = 0
+    evictions: int = 0
+    tenant_mismatches: int = 0
+    #: Events at or below the request's last folded source offset: replays after a crash, not counted as dups.
+    replayed: int = 0
+    #: Late events of forgotten requests, emitted as ``amend=True`` records.
+    amendments: int = 0
+    #: Whole records emitted again because a late event joined a remembered request.
+    re_emitted: int = 0
+    #: First emissions by status (evictions included).
+    emitted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUS_ORDER, 0))
+
+
+class _Partition:
+    """Watermark and deadline heap of one partition. Heap entries are ``(deadline, request_id)``;
+    an entry whose request no longer has that deadline is stale and skipped (lazy deletion)."""
+
+    __slots__ = ("deadlines", "idle_base", "last_wall", "watermark")
+
+    def __init__(self) -> None:
+        self.watermark = 0.0  # 0: no event yet (every valid ts_ms is far above)
+        self.idle_base = 0.0
+        self.last_wall: float | None = None
+        self.deadlines: list[tuple[float, str]] = []
+
+
+class RequestJoin:
+    """Joins the stage events of the partitions one worker owns into request records."""
+
+    def __init__(self, config: JoinConfig, window_ms: int) -> None:
+        self.config = config
+        self.window_ms = window_ms
+        self.counters = JoinCounters()
+        self._requests: dict[str, PendingRequest] = {}
+        self._partitions: dict[int, _Partition] = {}
+        # Open requests by (started_at, request_id) for eviction; lazily deleted like the deadline heaps.
+        self._by_age: list[tuple[float, str]] = []
+        self._open = 0
+        self._dirty: dict[str, int] = {}
+
+    # --- queries --------------------------------------------------------------------------------
+
+    @property
+    def open_requests(self) -> int:
+        """Requests not yet emitted."""
+        return self._open
+
+    @property
+    def remembered_requests(self) -> int:
+        """Requests held in memory: open plus emitted ones kept to absorb late events."""
+        return len(self._requests)
+
+    def watermark(self, partition: int) -> float:
+        """The event-time watermark of a partition (0.0 before its first event)."""
+        part = self._partitions.get(partition)
+        return 0.0 if part is None else part.watermark
+
+    def get(self, request_id: str) -> PendingRequest | None:
+        """The state of a request held in memory."""
+        return self._requests.get(request_id)
+
+    def has_dirty(self) -> bool:
+        """True when some request changed since the last :meth:`dirty`."""
+        return bool(self._dirty)
+
+    def dirty(self) -> dict[str, tuple[int, bytes | None]]:
+        """Return and clear ``{request_id: (partition, packed state, None: delete)}`` since the last call."""
+        out: dict[str, tuple[int, bytes | None]] = {}
+        for request_id, partition in self._dirty.items():
+            pending = self._requests.get(request_id)
+            out[request_id] = (partition, None if pending is None else pending.to_bytes())
+        self._dirty = {}
+        return out
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def add(
+        self, event: StageEvent, partition: int, now_wall_ms: float, offset: int | None = None
+    ) -> list[JoinOutput]:
+        """Fold one event; returns records due now (late re-emissions, amendments, evictions) and
+        tenant mismatches. ``offset`` (the source offset, optional) lets a replay after a crash be told
+        from a genuine duplicate: replayed events change nothing."""
+        part = self._partition(partition)
+        part.last_wall = now_wall_ms
+        part.idle_base = part.watermark
+        pending = self._requests.get(event.request_id)
+        if pending is None:
+            return self._add_new(event, part, partition, offset)
+        if pending.partition != partition:  # the key is the request id, so only a misrouted event lands here
+            part = self._partition(pending.partition)
+        if offset is not None and pending.offset is not None and offset <= pending.offset:
+            self.counters.replayed += 1
+            return []
+        if event.tenant_id != pending.tenant:
+            self.counters.tenant_mismatches += 1
+            detail = (
+                f"tenant_id {event.tenant_id!r} differs from {pending.tenant!r} established for request "
+                f"{event.request_id!r}"
+            )
+            return [TenantMismatch(event, detail)]
+        started_at = pending.started_at
+        folded = pending.fold(event, event_key(event))
+        if offset is not None:
+            pending.offset = offset
+        self._dirty[pending.request_id] = pending.partition
+        if not folded:
+            pending.duplicates += 1
+            self.counters.duplicates += 1
+            return []
+        self._raise(part, event)
+        if pending.emitted:
+            pending.late += 1
+            self.counters.late_events += 1
+            self.counters.re_emitted += 1
+            return [build_record(pending, self.config, self.window_ms)]
+        self._schedule(part, pending)
+        if pending.started_at != started_at:
+            self._push_age(pending)
+        return []
+
+    def _add_new(
+        self, event: StageEvent, part: _Partition, partition: int, offset: int | None
+    ) -> list[JoinOutput]:
+        end = event.ts_ms + (event.duration_ms or 0.0)
+        wm = part.watermark
+        if wm > 0.0 and end < wm - self.config.forget_after_ms:
+            # A late event of a request already forgotten: the writer merges this into the stored record.
+            lone = PendingRequest(event.request_id, event.tenant_id, partition, wm)
+            lone.fold(event, event_key(event))
+            lone.late = 1
+            self.counters.late_events += 1
+            self.counters.amendments += 1
+            record = build_record(lone, self.config, self.window_ms)
+            record["amend"] = True
+            return [record]
+        pending = PendingRequest(event.request_id, event.tenant_id, partition, wm)
+        pending.fold(event, event_key(event))
+        pending.offset = offset
+        self._requests[pending.request_id] = pending
+        self._open += 1
+        self._dirty[pending.request_id] = partition
+        self._raise(part, event)
+        self._schedule(part, pending)
+        self._push_age(pending)
+        outputs: list[JoinOutput] = []
+        while self._open > self.config.max_open_requests:
+            outputs.append(self._evict_oldest())
+        return outputs
+
+    # --- time -----------------------------------------------------------------------------------
+
+    def advance(self, partition: int, now_wall_ms: float) -> list[dict[str, Any]]:
+        """Apply the idle tick to a partition and emit (and forget) what its watermark has passed."""
+        part = self._partitions.get(partition)
+        if part is None:
+            return []
+        if part.last_wall is None:
+            part.last_wall = now_wall_ms  # restored: start the idle clock now
+            part.idle_base = part.watermark
+        elif now_wall_ms - part.last_wall >= self.config.idle_tick_ms:
+            part.watermark = max(part.watermark, part.idle_base + (now_wall_ms - part.last_wall))
+        return self._release(partition, part)
+
+    def advance_all(self, now_wall_ms: float) -> list[dict[str, Any]]:
+        """:meth:`advance` every owned partition, in partition order."""
+        out: list[dict[str, Any]] = []
+        for partition in sorted(self._partitions):
+            out.extend(self.advance(partition, now_wall_ms))
+        return out
+
+    def _release(self, partition: int, part: _Partition) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        heap = part.deadlines
+        forget_after = self.config.forget_after_ms
+        while heap and heap[0][0] <= part.watermark:
+            deadline, request_id = heapq.heappop(heap)
+            pending = self._requests.get(request_id)
+            if pending is None or pending.deadline != deadline or pending.partition != partition:
+                continue
+            if pending.emitted:
+                del self._requests[request_id]
+                self._dirty[request_id] = partition
+                continue
+            record = build_record(pending, self.config, self.window_ms)
+            self._mark_emitted(pending, record["status"], deadline + forget_after, part)
+            out.append(record)
+        return out
+
+    def _deadline(self, pending: PendingRequest) -> float:
+        grace = self.config.grace_ms
+        if pending.first_token is not None:
+            due = max(pending.first_token, pending.max_end) + grace
+        else:
+            due = pending.started_at + self.config.request_timeout_ms
+        return max(due, pending.first_wm + grace)
+
+    def _schedule(self, part: _Partition, pending: PendingRequest) -> None:
+        deadline = self._deadline(pending)
+        if deadline != pending.deadline:
+            pending.deadline = deadline
+            heapq.heappush(part.deadlines, (deadline, pending.request_id))
+
+    def _raise(self, part: _Partition, event: StageEvent) -> None:
+        end = event.ts_ms + (event.duration_ms or 0.0)
+        if end > part.watermark:
+            part.watermark = end
+            part.idle_base = end
+
+    def _mark_emitted(self, pending: PendingRequest, status: str, forget_at: float, part: _Partition) -> None:
+        pending.emitted = True
+        pending.deadline = forget_at
+        heapq.heappush(part.deadlines, (forget_at, pending.request_id))
+        self._open -= 1
+        self.counters.emitted[status] += 1
+        self._dirty[pending.request_id] = pending.partition
+
+    # --- eviction -------------------------------------------------------------------------------
+
+    def _push_age(self, pending: PendingRequest) -> None:
+        heapq.heappush(self._by_age, (pending.started_at, pending.request_id))
+        if len(self._by_age) > 2 * self._open + 1024:
+            self._by_age = [(p.started_at, p.request_id) for p in self._requests.values() if not p.emitted]
+            heapq.heapify(self._by_age)
+
+    def _evict_oldest(self) -> dict[str, Any]:
+        while True:
+            started_at, request_id = heapq.heappop(self._by_age)
+            pending = self._requests.get(request_id)
+            if pending is not None and not pending.emitted and pending.started_at == started_at:
+                break
+        status: RequestStatus = "orphan" if pending.start is None else "timed_out"
+        record = build_record(pending, self.config, self.window_ms, status_override=status)
+        part = self._partitions[pending.partition]
+        self._mark_emitted(pending, status, part.watermark + self.config.forget_after_ms, part)
+        self.counters.evictions += 1
+        return record
+
+    # --- ownership and recovery ----------------------------------------------------------------
+
+    def restore(self, request_id: str, packed: bytes, partition: int | None = None) -> int:
+        """Load one request from its changelog value; returns its partition (``partition`` overrides).
+
+        Raises ValueError on a corrupt value. Restoring marks nothing dirty.
+        """
+        pending = PendingRequest.from_bytes(request_id, packed)
+        if partition is not None:
+            pending.partition = partition
+        previous = self._requests.get(request_id)
+        if previous is not None and not previous.emitted:
+            self._open -= 1
+        self._requests[request_id] = pending
+        part = self._partition(pending.partition)
+        floor = pending.max_end
+        if pending.emitted:
+            floor = max(floor, pending.deadline - self.config.forget_after_ms)
+        if floor > part.watermark:
+            part.watermark = part.idle_base = floor
+        heapq.heappush(part.deadlines, (pending.deadline, request_id))
+        if not pending.emitted:
+            self._open += 1
+            self._push_age(pending)
+        return pending.partition
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        """Drop the state of partitions this worker no longer owns (their pending dirty writes too)."""
+        gone = set(partitions)
+        for request_id, pending in list(self._requests.items()):
+            if pending.partition in gone:
+                del self._requests[request_id]
+                if not pending.emitted:
+                    self._open -= 1
+        self._dirty = {r: p for r, p in self._dirty.items() if p not in gone}
+        for partition in gone:
+            self._partitions.pop(partition, None)
+        self._by_age = [(p.started_at, p.request_id) for p in self._requests.values() if not p.emitted]
+        heapq.heapify(self._by_age)
+
+    def reset(self) -> None:
+        """Forget all state (before a full restore); the counters keep running."""
+        self._requests.clear()
+        self._partitions.clear()
+        self._by_age = []
+        self._open = 0
+        self._dirty = {}
+
+    def _partition(self, partition: int) -> _Partition:
+        part = self._partitions.get(partition)
+        if part is None:
+            part = self._partitions[partition] = _Partition()
+        return part

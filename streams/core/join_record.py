@@ -1,0 +1,209 @@
+"""Request records from joined state (:func:`build_record`) and from a late amendment (:func:`merge_records`).
+
+Records are plain dicts with exactly the fields of :class:`schemas.records.RequestRecord`. The rules are
+DESIGN.md's join semantics: status precedence orphan > timed_out > missing_stage > complete; missing stage
+values are None, never 0; ``other_ms`` is signed; retries are summed with a repeat counter; the earliest
+instant wins. ``missing_stages`` lists the absent required stages whatever the status, so a later
+amendment can tell which gaps it fills.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from schemas.records import ATTR_COLUMNS, STAGE_COLUMNS, RecallMode, RequestStatus, record_version
+from streams.core.join_state import PendingRequest
+from streams.settings import KNOWN_STAGES, PARENT_STAGES, REQUIRED_STAGES, JoinConfig
+
+_SPAN_STAGES = frozenset(column.removesuffix("_ms") for column in STAGE_COLUMNS)
+_KNOWN = frozenset(KNOWN_STAGES)
+
+
+def required_stages(config: JoinConfig, route: str | None) -> tuple[str, ...]:
+    """The stages a request on ``route`` must have (the per-route override, else the default)."""
+    if route is not None and route in config.route_required_stages:
+        return config.route_required_stages[route]
+    return config.required_stages
+
+
+def _required_order(stage: str) -> tuple[int, int, str]:
+    if stage in REQUIRED_STAGES:
+        return (0, REQUIRED_STAGES.index(stage), stage)
+    if stage in _KNOWN:
+        return (1, KNOWN_STAGES.index(stage), stage)
+    return (2, 0, stage)
+
+
+def sorted_missing(stages: Iterable[str]) -> list[str]:
+    """Stage names in the order of settings REQUIRED_STAGES, then known stages, then by name."""
+    return sorted(set(stages), key=_required_order)
+
+
+def window_start(started_at: float, window_ms: int) -> float:
+    """``floor(started_at / W) * W``."""
+    return float(math.floor(started_at / window_ms) * window_ms)
+
+
+def recall_mode(vector: Sequence[tuple[float, float]], bm25: Sequence[tuple[float, float]]) -> RecallMode:
+    """parallel when a vector and a bm25 recall span ``[ts, ts + dur)`` overlap, serial when both ran
+    without overlapping, single when only one ran, none when neither did."""
+    if vector and bm25:
+        for vt, vd in vector:
+            for bt, bd in bm25:
+                if vt < bt + bd and bt < vt + vd:
+                    return "parallel"
+        return "serial"
+    return "single" if vector or bm25 else "none"
+
+
+def status_of(has_start: bool, has_first_token: bool, missing: Sequence[str]) -> RequestStatus:
+    """Status precedence: orphan, timed_out, missing_stage, complete (the first that matches)."""
+    if not has_start:
+        return "orphan"
+    if not has_first_token:
+        return "timed_out"
+    return "missing_stage" if missing else "complete"
+
+
+def other_ms(ttft: float | None, stages: Mapping[str, float | None]) -> float | None:
+    """``ttft - (retrieval + prompt_assemble + llm_ttft)``, signed; None unless all four are known."""
+    if ttft is None:
+        return None
+    total = 0.0
+    for stage in PARENT_STAGES:
+        value = stages.get(stage)
+        if value is None:
+            return None
+        total += value
+    return ttft - total
+
+
+def build_record(
+    pending: PendingRequest,
+    config: JoinConfig,
+    window_ms: int,
+    status_override: RequestStatus | None = None,
+) -> dict[str, Any]:
+    """The request record of ``pending`` as it stands (``status_override``: an eviction's verdict)."""
+    # A fixed summation order makes the floats identical whatever order the events arrived in.
+    events = sorted(pending.iter_events(), key=lambda e: (e[1], e[3], e[0], e[2]))
+    spans: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    recalls: dict[str, list[tuple[float, float]]] = {"vector_recall": [], "bm25_recall": []}
+    for stage, ts, dur, _ in events:
+        counts[stage] = counts.get(stage, 0) + 1
+        if stage == "request_start" or stage == "first_token":
+            continue
+        spans[stage] = spans.get(stage, 0.0) + dur
+        if stage in recalls:
+            recalls[stage].append((ts, dur))
+    start, first_token = pending.start, pending.first_token
+    missing = sorted_missing(s for s in required_stages(config, pending.route) if s not in counts)
+    status = status_override or status_of(start is not None, first_token is not None, missing)
+    ttft = first_token - start if start is not None and first_token is not None else None
+    started_at = pending.started_at
+    record: dict[str, Any] = {
+        "request_id": pending.request_id,
+        "tenant_id": pending.tenant,
+        "version_id": pending.version,
+        "rollout": pending.rollout,
+        "route": pending.route,
+        "fallback_level": pending.fallback,
+        "status": status,
+        "missing_stages": missing,
+        "started_at": started_at,
+        "first_token_at": first_token,
+        "window_start": window_start(started_at, window_ms),
+        "ttft_ms": ttft,
+    }
+    for column in STAGE_COLUMNS:
+        record[column] = spans.get(column.removesuffix("_ms"))
+    record["other_ms"] = other_ms(ttft, spans)
+    record["custom_stages"] = {s: spans[s] for s in sorted(spans) if s not in _KNOWN}
+    record["stage_repeats"] = {s: n - 1 for s, n in sorted(counts.items()) if n > 1}
+    record["recall_mode"] = recall_mode(recalls["vector_recall"], recalls["bm25_recall"])
+    record.update(zip(ATTR_COLUMNS, pending.attr_values(), strict=True))
+    record["duplicate_events"] = pending.duplicates
+    record["late_events"] = pending.late
+    record["event_count"] = len(events)
+    record["record_version"] = record_version(len(events), status, pending.late)
+    record["amend"] = False
+    return record
+
+
+def _has_stage(record: Mapping[str, Any], stage: str) -> bool:
+    if stage == "request_start":
+        return bool(record["status"] != "orphan")
+    if stage == "first_token":
+        return record["first_token_at"] is not None
+    if stage in _SPAN_STAGES:
+        return record[f"{stage}_ms"] is not None
+    return stage in record["custom_stages"]
+
+
+def _merged_recall_mode(
+    stored: Mapping[str, Any], amendment: Mapping[str, Any], merged: Mapping[str, Any]
+) -> Any:
+    both = ("vector_recall_ms", "bm25_recall_ms")
+    if all(merged[c] is not None for c in both):
+        for source in (stored, amendment):
+            if all(source[c] is not None for c in both):
+                return source["recall_mode"]
+        return None  # the two recalls came in different records: their overlap is unknown
+    return "single" if any(merged[c] is not None for c in both) else "none"
+
+
+def merge_records(stored: Mapping[str, Any], amendment: Mapping[str, Any], window_ms: int) -> dict[str, Any]:
+    """Fold a late amendment (``amend=True``) into the stored record of the same request (pure).
+
+    A stage already present in ``stored`` is assumed already counted (a replayed amendment changes no
+    value); stages it lacks are taken from ``amendment``. Instants keep the earliest; status, ttft,
+    other, missing stages, window and record version are recomputed. When the two recalls arrive in
+    different records their overlap is unknown and ``recall_mode`` becomes None.
+    """
+    merged = dict(stored)
+    stored_start = _has_stage(stored, "request_start")
+    amend_start = _has_stage(amendment, "request_start")
+    # Identity comes from request_start, else from the earliest event (DESIGN.md).
+    if (not stored_start and amend_start) or (
+        not stored_start and not amend_start and amendment["started_at"] < stored["started_at"]
+    ):
+        for field in ("version_id", "rollout", "route", "started_at"):
+            merged[field] = amendment[field]
+    firsts = [t for t in (stored["first_token_at"], amendment["first_token_at"]) if t is not None]
+    merged["first_token_at"] = min(firsts) if firsts else None
+    has_start = stored_start or amend_start
+    merged["ttft_ms"] = merged["first_token_at"] - merged["started_at"] if has_start and firsts else None
+    repeats = dict(stored["stage_repeats"])
+    for column in STAGE_COLUMNS:
+        if stored[column] is None and amendment[column] is not None:
+            merged[column] = amendment[column]
+            stage = column.removesuffix("_ms")
+            if stage in amendment["stage_repeats"]:
+                repeats[stage] = amendment["stage_repeats"][stage]
+    custom = dict(stored["custom_stages"])
+    for stage, value in amendment["custom_stages"].items():
+        if stage not in custom:
+            custom[stage] = value
+            if stage in amendment["stage_repeats"]:
+                repeats[stage] = amendment["stage_repeats"][stage]
+    merged["custom_stages"] = dict(sorted(custom.items()))
+    merged["stage_repeats"] = dict(sorted(repeats.items()))
+    missing = [s for s in stored["missing_stages"] if not _has_stage(amendment, s)]
+    merged["missing_stages"] = missing
+    status = status_of(has_start, bool(firsts), missing)
+    merged["status"] = status
+    merged["other_ms"] = other_ms(merged["ttft_ms"], {s: merged[f"{s}_ms"] for s in PARENT_STAGES})
+    merged["recall_mode"] = _merged_recall_mode(stored, amendment, merged)
+    for column in ATTR_COLUMNS:
+        if merged[column] is None:
+            merged[column] = amendment[column]
+    merged["fallback_level"] = max(stored["fallback_level"], amendment["fallback_level"])
+    merged["window_start"] = window_start(merged["started_at"], window_ms)
+    for counter in ("duplicate_events", "late_events", "event_count"):
+        merged[counter] = stored[counter] + amendment[counter]
+    merged["record_version"] = record_version(merged["event_count"], status, merged["late_events"])
+    merged["amend"] = False
+    return merged

@@ -1,0 +1,344 @@
+"""The state of one request while its stage events are joined (:class:`PendingRequest`).
+
+It is what the join keeps in memory for every open request and what goes to the changelog of the
+``join-state`` table, so both forms are compact: the accepted events live in one ``bytes`` blob of fixed
+26-byte records ``(stage code, ts_ms, duration_ms, event-id hash)``, strings (tenant, version, route, stage
+names) are interned, and the serialised form is one orjson array.
+
+Dedup follows :meth:`schemas.events.StageEvent.dedup_key`: same stage and same ``event_id``, or, without an
+``event_id``, same stage, ``ts_ms`` and ``duration_ms``. The ``event_id`` is kept as a stable 64-bit hash
+(blake2b), not as the string: it saves ~70 bytes per event, and a collision inside one request is
+~1e-19 per pair of events.
+
+Everything that picks "one of several events" (identity fields, well-known attrs, float summation order)
+ranks events by ``(ts_ms, key, stage, duration_ms)``, so the arrival order never changes a record.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import math
+import struct
+import sys
+from collections.abc import Iterator
+from typing import Any, Final
+
+import orjson
+
+from schemas.events import StageEvent
+from schemas.records import ATTR_COLUMNS
+from streams.settings import KNOWN_STAGES
+
+#: Layout of one accepted event in :attr:`PendingRequest.events`.
+EVENT_RECORD: Final = struct.Struct("<Hddq")
+_KEY_AT: Final = EVENT_RECORD.size - 8
+#: Serialised-form version: bump it when the array layout of :meth:`PendingRequest.to_bytes` changes.
+STATE_FORMAT: Final = 1
+
+STAGE_CODES: Final[dict[str, int]] = {name: code for code, name in enumerate(KNOWN_STAGES)}
+REQUEST_START: Final = STAGE_CODES["request_start"]
+FIRST_TOKEN: Final = STAGE_CODES["first_token"]
+_START_CODE: Final = REQUEST_START.to_bytes(2, "little")
+#: Codes from here on index the request's own tuple of custom stage names.
+FIRST_CUSTOM_CODE: Final = len(KNOWN_STAGES)
+MAX_CODE: Final = 0xFFFF
+
+#: Stages that own a well-known attr, best first; any other stage ranks after them (DESIGN.md, attrs).
+_ATTR_OWNERS: Final[dict[str, tuple[str, ...]]] = {
+    "prompt_tokens": ("prompt_assemble", "llm_ttft"),
+    "cached_tokens": ("prompt_assemble", "llm_ttft"),
+    "prompt_cache_hit": ("prompt_assemble", "llm_ttft"),
+    "draft_accept_rate": ("llm_ttft",),
+    "rerank_top_k": ("rerank", "retrieval"),
+    "retrieval_cache_hit": ("retrieval",),
+    "trace_id": (),
+}
+_N_ATTRS: Final = len(ATTR_COLUMNS)
+_ATTR_INDEX: Final[dict[str, int]] = {name: i for i, name in enumerate(ATTR_COLUMNS)}
+
+EventRank = tuple[float, int, str, float]
+
+
+def event_key(event: StageEvent) -> int:
+    """The compact dedup key of an event: a stable hash of its ``event_id``, 0 when it has none."""
+    eid = event.event_id
+    if eid is None:
+        return 0
+    digest = hashlib.blake2b(eid.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True) or 1
+
+
+_ATTR_RANKS: Final[dict[str, tuple[dict[str, int], int]]] = {
+    name: ({stage: rank for rank, stage in enumerate(owners)}, len(owners))
+    for name, owners in _ATTR_OWNERS.items()
+}
+
+
+def attr_owner_rank(attr: str, stage: str) -> int:
+    """0 for the best owning stage of a well-known attr, higher for worse sources."""
+    ranks, other = _ATTR_RANKS[attr]
+    return ranks.get(stage, other)
+
+
+def _intern(value: str | None) -> str | None:
+    return None if value is None else sys.intern(value)
+
+
+class PendingRequest:
+    """One request being joined: its accepted events, identity, attrs and bookkeeping.
+
+    ``deadline`` is the watermark at which the join acts next: the emission deadline while open, the
+    forget deadline once ``emitted``. ``offset`` is the highest source offset folded (replay detection).
+    ``start``, ``first_token``, ``min_ts`` and ``max_end`` are derived from ``events`` (not serialised).
+    """
+
+    __slots__ = (
+        "attrs",
+        "customs",
+        "deadline",
+        "duplicates",
+        "emitted",
+        "events",
+        "fallback",
+        "first_token",
+        "first_wm",
+        "ident",
+        "late",
+        "max_end",
+        "min_ts",
+        "offset",
+        "partition",
+        "request_id",
+        "rollout",
+        "route",
+        "start",
+        "tenant",
+        "version",
+    )
+
+    def __init__(self, request_id: str, tenant: str, partition: int, first_wm: float) -> None:
+        self.request_id = request_id
+        self.tenant: str = sys.intern(tenant)
+        self.partition = partition
+        self.first_wm = first_wm
+        self.version: str = "unknown"
+        self.rollout: str | None = None
+        self.route: str | None = None
+        self.ident = -1
+        self.fallback = 0
+        # Well-known attrs: ATTR_COLUMNS values, then the index of the event each came from (-1: none).
+        self.attrs: tuple[Any, ...] | None = None
+        self.duplicates = 0
+        self.late = 0
+        self.emitted = False
+        self.deadline = 0.0
+        self.offset: int | None = None
+        self.customs: tuple[str, ...] | None = None
+        self.events = b""
+        self.start: float | None = None
+        self.first_token: float | None = None
+        self.min_ts = math.inf
+        self.max_end = -math.inf
+
+    # --- reading ------------------------------------------------------------------------------
+
+    @property
+    def event_count(self) -> int:
+        """Distinct accepted events."""
+        return len(self.events) // EVENT_RECORD.size
+
+    @property
+    def started_at(self) -> float:
+        """``request_start``'s ts, else the earliest event's ts (orphans)."""
+        return self.start if self.start is not None else self.min_ts
+
+    def stage_name(self, code: int) -> str:
+        """The stage name of a stage code of this request."""
+        if code < FIRST_CUSTOM_CODE:
+            return KNOWN_STAGES[code]
+        assert self.customs is not None
+        return self.customs[code - FIRST_CUSTOM_CODE]
+
+    def iter_events(self) -> Iterator[tuple[str, float, float, int]]:
+        """The accepted events as ``(stage, ts_ms, duration_ms, key)``, in arrival order."""
+        for code, ts, dur, key in EVENT_RECORD.iter_unpack(self.events):
+            yield self.stage_name(code), ts, dur, key
+
+    def _rank(self, index: int) -> tuple[str, EventRank]:
+        code, ts, dur, key = EVENT_RECORD.unpack_from(self.events, index * EVENT_RECORD.size)
+        name = self.stage_name(code)
+        return name, (ts, key, name, dur)
+
+    # --- folding ------------------------------------------------------------------------------
+
+    def _code(self, stage: str) -> int:
+        code = STAGE_CODES.get(stage)
+        if code is not None:
+            return code
+        customs = self.customs or ()
+        if stage in customs:
+            return FIRST_CUSTOM_CODE + customs.index(stage)
+        code = FIRST_CUSTOM_CODE + len(customs)
+        if code > MAX_CODE:
+            raise ValueError(f"request {self.request_id!r} has too many distinct custom stages")
+        self.customs = (*customs, sys.intern(stage))
+        return code
+
+    def fold(self, event: StageEvent, key: int) -> bool:
+        """Fold an event in; False (and no change) when it duplicates an accepted one.
+
+        ``key`` is :func:`event_key` of the event. The tenant is checked by the caller.
+        """
+        code = self._code(event.stage)
+        ts = float(event.ts_ms)
+        # + 0.0 turns -0.0 into 0.0: equal as floats (dedup_key), so they must be equal as bytes too.
+        dur = 0.0 if event.duration_ms is None else float(event.duration_ms) + 0.0
+        record = EVENT_RECORD.pack(code, ts, dur, key)
+        if self._holds(record, key != 0):
+            return False
+        index = self.event_count
+        self.events += record
+        self._account(code, ts, dur)
+        rank: EventRank = (ts, key, event.stage, dur)
+        self._fold_identity(event, index, code == REQUEST_START, rank)
+        if event.fallback_level is not None and event.fallback_level > self.fallback:
+            self.fallback = event.fallback_level
+        if event.attrs is not None:
+            self._fold_attrs(event, index, rank)
+        return True
+
+    def _holds(self, record: bytes, by_id: bool) -> bool:
+        """Is an event with the dedup key of ``record`` accepted? A byte search (C speed) plus an
+        alignment check: with an event id, same stage code and key; without, the identical record."""
+        events, size = self.events, EVENT_RECORD.size
+        needle, skip = (record[_KEY_AT:], _KEY_AT) if by_id else (record, 0)
+        at = events.find(needle)
+        while at >= 0:
+            start = at - skip
+            if start % size == 0 and events[start : start + 2] == record[:2]:
+                return True
+            at = events.find(needle, at + 1)
+        return False
+
+    def _account(self, code: int, ts: float, dur: float) -> None:
+        if code == REQUEST_START:
+            if self.start is None or ts < self.start:
+                self.start = ts
+        elif code == FIRST_TOKEN and (self.first_token is None or ts < self.first_token):
+            self.first_token = ts
+        if ts < self.min_ts:
+            self.min_ts = ts
+        if ts + dur > self.max_end:
+            self.max_end = ts + dur
+
+    def _fold_identity(self, event: StageEvent, index: int, is_start: bool, rank: EventRank) -> None:
+        if self.ident >= 0:
+            at = self.ident * EVENT_RECORD.size
+            holds_start = self.events[at : at + 2] == _START_CODE
+            if holds_start and not is_start:
+                return  # the common case, decided without unpacking
+            if holds_start == is_start and self._rank(self.ident)[1] <= rank:
+                return
+        self.ident = index
+        self.version = sys.intern(event.version_id)
+        self.rollout = event.rollout
+        self.route = _intern(event.route)
+
+    def _fold_attrs(self, event: StageEvent, index: int, rank: EventRank) -> None:
+        attrs = event.attrs
+        assert attrs is not None
+        merged: list[Any] = (
+            list(self.attrs) if self.attrs is not None else [None] * _N_ATTRS + [-1] * _N_ATTRS
+        )
+        changed = False
+        for name in attrs.model_fields_set:  # the few attrs the event carries (each attr is independent)
+            value = getattr(attrs, name)
+            i = _ATTR_INDEX.get(name)
+            if value is None or i is None:
+                continue
+            new_rank = (attr_owner_rank(name, event.stage), rank)
+            source: int = merged[_N_ATTRS + i]
+            if source >= 0:
+                stage, old = self._rank(source)
+                if (attr_owner_rank(name, stage), old) <= new_rank:
+                    continue
+            merged[i] = value
+            merged[_N_ATTRS + i] = index
+            changed = True
+        if changed:
+            self.attrs = tuple(merged)
+
+    def attr_values(self) -> tuple[Any, ...]:
+        """The well-known attr values in ``ATTR_COLUMNS`` order (None when never seen)."""
+        return self.attrs[:_N_ATTRS] if self.attrs is not None else (None,) * _N_ATTRS
+
+    # --- serialising --------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """The changelog form: one orjson array. The request id is the table key and is not repeated;
+        the event records travel as base64 of the in-memory blob (smaller and faster than numbers)."""
+        return orjson.dumps(
+            [
+                STATE_FORMAT,
+                self.partition,
+                self.tenant,
+                self.version,
+                self.rollout,
+                self.route,
+                self.ident,
+                self.fallback,
+                self.duplicates,
+                self.late,
+                self.first_wm,
+                int(self.emitted),
+                self.deadline,
+                self.offset,
+                self.customs,
+                base64.b64encode(self.events).decode("ascii"),
+                self.attrs,
+            ]
+        )
+
+    @classmethod
+    def from_bytes(cls, request_id: str, data: bytes) -> PendingRequest:
+        """Rebuild a request from :meth:`to_bytes`; raises ValueError on an unknown or corrupt form."""
+        try:
+            fields = orjson.loads(data)
+            if not isinstance(fields, list) or not fields or fields[0] != STATE_FORMAT:
+                raise ValueError("unknown format")
+            (_, partition, tenant, version, rollout, route, ident, fallback, duplicates, late, first_wm) = (
+                fields[:11]
+            )
+            (emitted, deadline, offset, customs, events, attrs) = fields[11:]
+            pending = cls(request_id, tenant, int(partition), float(first_wm))
+            pending.version = sys.intern(version)
+            pending.rollout = rollout
+            pending.route = _intern(route)
+            pending.ident = int(ident)
+            pending.fallback = int(fallback)
+            pending.duplicates = int(duplicates)
+            pending.late = int(late)
+            pending.emitted = bool(emitted)
+            pending.deadline = float(deadline)
+            pending.offset = None if offset is None else int(offset)
+            pending.customs = tuple(sys.intern(c) for c in customs) if customs else None
+            pending.attrs = tuple(attrs) if attrs else None
+            pending.events = base64.b64decode(events, validate=True)
+            if len(pending.events) % EVENT_RECORD.size or (
+                pending.attrs and len(pending.attrs) != 2 * _N_ATTRS
+            ):
+                raise ValueError("bad event or attr records")
+            count = pending.event_count
+            sources = pending.attrs[_N_ATTRS:] if pending.attrs else ()
+            if not -1 <= pending.ident < count or any(not -1 <= s < count for s in sources):
+                raise ValueError("event index out of range")
+            n_codes = FIRST_CUSTOM_CODE + len(pending.customs or ())
+            for code, ts, dur, _ in EVENT_RECORD.iter_unpack(pending.events):
+                if code >= n_codes:
+                    raise ValueError(f"unknown stage code {code}")
+                pending._account(code, ts, dur)
+        except (orjson.JSONDecodeError, TypeError, ValueError, binascii.Error) as exc:
+            raise ValueError(f"corrupt join state for request {request_id!r}: {exc}") from exc
+        return pending

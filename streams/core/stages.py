@@ -1,0 +1,96 @@
+"""Which values of a request record feed which latency sketch, and the strata of the canary view.
+
+DESIGN.md, windows: latency sketches take ``complete`` and ``missing_stage`` records only, present stages
+only, ``ttft`` when both instants exist. ``other`` is the signed unattributed gap, clamped at 0 in the
+sketch and counted as negative. ``timed_out`` and ``orphan`` records feed completeness and SLO burn only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final
+
+from schemas.records import STAGE_COLUMNS
+from streams.settings import KNOWN_STAGES, PARENT_STAGES, SUB_STAGES
+
+Record = Mapping[str, Any]
+
+TTFT: Final = "ttft"
+OTHER: Final = "other"
+SKETCHED_STATUSES: Final = frozenset({"complete", "missing_stage"})
+#: Records of these statuses count as SLO-bad whatever their latency: an outage never improves the P95.
+ALWAYS_SLO_BAD: Final = frozenset({"timed_out", "orphan"})
+#: Custom stages may not reuse these names: their rows would merge with the built-in ones.
+RESERVED_STAGE_NAMES: Final = frozenset({TTFT, OTHER, *KNOWN_STAGES})
+UNKNOWN: Final = "unknown"
+PROMPT_BUCKETS: Final = ("<1k", "1k-4k", "4k-16k", ">=16k", UNKNOWN)
+
+
+def stage_order(stages: Sequence[str] | set[str]) -> list[str]:
+    """Row order: parents, sub-stages, ``other``, custom stages (sorted), ``ttft``."""
+    fixed = [*PARENT_STAGES, *SUB_STAGES, OTHER]
+    custom = sorted(s for s in stages if s not in fixed and s != TTFT)
+    ordered = [s for s in fixed if s in stages] + custom
+    if TTFT in stages:
+        ordered.append(TTFT)
+    return ordered
+
+
+def is_sketched(record: Record) -> bool:
+    """Whether a record's latencies feed the sketches."""
+    return record.get("status") in SKETCHED_STATUSES
+
+
+def stage_values(record: Record) -> Iterator[tuple[str, float]]:
+    """(stage, signed milliseconds) of every present stage of a sketched record, ``ttft`` last."""
+    for column in STAGE_COLUMNS:
+        value = record.get(column)
+        if value is not None:
+            yield column[:-3], float(value)
+    other = record.get("other_ms")
+    if other is not None:
+        yield OTHER, float(other)
+    custom: Mapping[str, float] | None = record.get("custom_stages")
+    if custom:
+        for name in sorted(custom):
+            if name not in RESERVED_STAGE_NAMES:
+                yield name, float(custom[name])
+    ttft = record.get("ttft_ms")
+    if ttft is not None and record.get("first_token_at") is not None:
+        yield TTFT, float(ttft)
+
+
+def is_slo_bad(record: Record, slo_ms: float) -> bool:
+    """SLO-bad: TTFT above the tenant's SLO, or never answered (timed out) or unattributable (orphan)."""
+    if record.get("status") in ALWAYS_SLO_BAD:
+        return True
+    ttft = record.get("ttft_ms")
+    return is_sketched(record) and ttft is not None and float(ttft) > slo_ms
+
+
+def cache_state(record: Record) -> str:
+    """Prompt-cache stratum: ``hit`` / ``miss`` / ``unknown``."""
+    hit = record.get("prompt_cache_hit")
+    if hit is None:
+        return UNKNOWN
+    return "hit" if hit else "miss"
+
+
+def prompt_bucket(record: Record) -> str:
+    """Prompt-length stratum from ``prompt_tokens``."""
+    tokens = record.get("prompt_tokens")
+    if tokens is None:
+        return UNKNOWN
+    if tokens < 1_024:
+        return "<1k"
+    if tokens < 4_096:
+        return "1k-4k"
+    if tokens < 16_384:
+        return "4k-16k"
+    return ">=16k"
+
+
+def route_of(record: Record) -> str:
+    """Route stratum; ``unknown`` when the request named none."""
+    route = record.get("route")
+    return str(route) if route else UNKNOWN

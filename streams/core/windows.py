@@ -1,0 +1,236 @@
+"""All aggregate rows of one closed event-time window, computed from that window's request records.
+
+The writer reads a window's records from ``requests FINAL`` when the window closes (watermark +
+``windows.grace_s``) and again after a late record amends it, calls :func:`aggregate_window`, and inserts
+the rows into ReplacingMergeTree tables keyed by the window key. The function is pure and deterministic:
+the same records give the same rows (same keys, counts and bins) in any order, on any worker, after any
+restart, so a recompute replaces rows instead of adding to them, and a replay or a crash never
+double-counts.
+
+Row shapes (plain dicts, the column names of migration ``0003_aggregates.sql``; ``window_start`` is epoch
+milliseconds, bins are ``{int: int}``):
+
+- ``stage_windows``: window x tenant x version x stage (parents, sub-stages, ``other``, custom stages,
+  ``ttft``), with count, p50/p90/p95/p99 from the sketch, exact max, bins, zero_count, ``slo_bad_count``
+  (``ttft`` only) and ``negative_count`` (values below 0, clamped to 0 in the sketch).
+- ``stage_strata``: the same per route x prompt-cache state x prompt-length bucket (count and bins).
+- ``tail_attribution``, ``window_health``, ``llm_signals``: see :mod:`streams.core.attribution` and
+  :mod:`streams.core.health`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from streams.core.attribution import tail_attribution_row
+from streams.core.health import SeriesCounts, llm_signals_row, resolve_counts, window_health_row
+from streams.core.series import Series, SeriesAdmission, SeriesAssignment
+from streams.core.sketch import MIN_VALUE, gamma_for, quantile_from_bins
+from streams.core.stages import (
+    TTFT,
+    Record,
+    cache_state,
+    is_sketched,
+    is_slo_bad,
+    prompt_bucket,
+    route_of,
+    stage_order,
+    stage_values,
+)
+from streams.settings import Settings
+
+Row = dict[str, Any]
+QUANTILES: Final = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))
+
+
+@dataclass(slots=True)
+class WindowAggregates:
+    """Every row one window produces, per table, in a deterministic order."""
+
+    stage_windows: list[Row] = field(default_factory=list)
+    stage_strata: list[Row] = field(default_factory=list)
+    tail_attribution: list[Row] = field(default_factory=list)
+    window_health: list[Row] = field(default_factory=list)
+    llm_signals: list[Row] = field(default_factory=list)
+    #: Distinct tenant x version series folded into ``__other__`` in this window (cap tripped if > 0).
+    overflow_series: int = 0
+
+
+@dataclass(slots=True)
+class _StageValues:
+    """The clamped values of one stage in one series, with their strata cells, before binning."""
+
+    values: list[float] = field(default_factory=list)
+    cells: list[tuple[str, str, str]] = field(default_factory=list)
+    negative_count: int = 0
+
+
+def default_computed_version(records: Sequence[Record], extra: int = 0) -> int:
+    """Row version: the sum of the records' versions plus the caller's counters.
+
+    Every input only grows over time (records gain events, late records and dead letters are added), so
+    a recompute that saw more wins in the ReplacingMergeTree, and a replay computes the same version.
+    """
+    return sum(int(r.get("record_version", 0)) for r in records) + extra
+
+
+def aggregate_window(
+    records: Sequence[Record],
+    window_start_ms: float,
+    settings: Settings,
+    *,
+    admission: SeriesAdmission | None = None,
+    pinned_series: Iterable[Series] = (),
+    late_amendments: SeriesCounts | None = None,
+    dead_letters: SeriesCounts | None = None,
+    amendments: int = 0,
+    computed_version: int | None = None,
+) -> WindowAggregates:
+    """Compute every aggregate row of one window from all of its request records (all tenants/versions).
+
+    ``late_amendments`` and ``dead_letters`` are counts keyed by ``(tenant, version)`` or by tenant
+    alone (then booked on version ``unknown``). ``amendments`` is how often this window was recomputed
+    after it closed. ``pinned_series`` are the series already stored for the window (series cap rule in
+    :mod:`streams.core.series`).
+    """
+    window_start = int(window_start_ms)
+    admission = admission or SeriesAdmission.from_settings(settings)
+    late = late_amendments or {}
+    dead = dead_letters or {}
+    present = {(str(r["tenant_id"]), str(r.get("version_id") or "unknown")) for r in records}
+    present |= {_series_key(k) for k in (*late.keys(), *dead.keys())}
+    assignment = admission.assign(present, pinned_series)
+    if computed_version is None:
+        extra = sum(late.values()) + sum(dead.values()) + amendments
+        computed_version = default_computed_version(records, extra)
+
+    groups: dict[Series, list[Record]] = defaultdict(list)
+    for record in records:
+        groups[
+            assignment.resolve(str(record["tenant_id"]), str(record.get("version_id") or "unknown"))
+        ].append(record)
+    late_by_series = resolve_counts(late, assignment)
+    dead_by_series = resolve_counts(dead, assignment)
+    for series in (*late_by_series, *dead_by_series):
+        groups.setdefault(series, [])
+
+    out = WindowAggregates(overflow_series=assignment.overflow_series)
+    for series in sorted(groups):
+        group = groups[series]
+        stage_rows, strata_rows = _stage_rows(window_start, series, group, settings, computed_version)
+        out.stage_windows.extend(stage_rows)
+        out.stage_strata.extend(strata_rows)
+        out.tail_attribution.append(tail_attribution_row(window_start, series, group, computed_version))
+        out.window_health.append(
+            window_health_row(
+                window_start,
+                series,
+                group,
+                late_amendments=late_by_series.get(series, 0),
+                dead_letters=dead_by_series.get(series, 0),
+                amendments=amendments,
+                overflow_series=_overflow_for(series, assignment),
+                computed_version=computed_version,
+            )
+        )
+        out.llm_signals.append(llm_signals_row(window_start, series, group, settings, computed_version))
+    return out
+
+
+def _series_key(key: tuple[str, str] | str) -> Series:
+    return (key, "unknown") if isinstance(key, str) else (key[0], key[1])
+
+
+def _overflow_for(series: Series, assignment: SeriesAssignment) -> int:
+    return assignment.overflow_series if series == ("__other__", "__other__") else 0
+
+
+def _stage_rows(
+    window_start: int, series: Series, records: Sequence[Record], settings: Settings, computed_version: int
+) -> tuple[list[Row], list[Row]]:
+    """stage_windows and stage_strata rows of one series."""
+    accuracy = settings.windows.relative_accuracy
+    log_gamma = math.log(gamma_for(accuracy))
+    stages: dict[str, _StageValues] = defaultdict(_StageValues)
+    slo_ms = {tenant: settings.slo_ms(tenant) for tenant in {str(r["tenant_id"]) for r in records}}
+    slo_bad = 0
+    for record in records:
+        if is_slo_bad(record, slo_ms[str(record["tenant_id"])]):
+            slo_bad += 1
+        if not is_sketched(record):
+            continue
+        cell = (route_of(record), cache_state(record), prompt_bucket(record))
+        for stage, raw in stage_values(record):
+            acc = stages[stage]
+            if raw < 0.0:
+                acc.negative_count += 1
+                raw = 0.0
+            acc.values.append(raw)
+            acc.cells.append(cell)
+    if records and TTFT not in stages:
+        # A ttft row even without latencies: it carries the SLO-bad count of an outage window.
+        stages[TTFT] = _StageValues()
+    base = {"window_start": window_start, "tenant_id": series[0], "version_id": series[1]}
+    stage_rows: list[Row] = []
+    strata_rows: list[Row] = []
+    for stage in stage_order(set(stages)):
+        acc = stages[stage]
+        # Bin keys exactly as LatencySketch.add computes them (math.log), so every path bins alike.
+        keys = [math.ceil(math.log(v) / log_gamma) if v > MIN_VALUE else None for v in acc.values]
+        bins, zero_count = _bin_counts(keys)
+        row: Row = {**base, "stage": stage, "count": len(keys)}
+        for name, q in QUANTILES:
+            row[name] = quantile_from_bins(bins, zero_count, q, accuracy)
+        row |= {
+            "max": max(acc.values) if acc.values else None,
+            "bins": bins,
+            "zero_count": zero_count,
+            "slo_bad_count": slo_bad if stage == TTFT else 0,
+            "negative_count": acc.negative_count,
+            "relative_accuracy": accuracy,
+            "computed_version": computed_version,
+        }
+        stage_rows.append(row)
+        by_cell: dict[tuple[str, str, str], list[int | None]] = defaultdict(list)
+        for key, cell in zip(keys, acc.cells, strict=True):
+            by_cell[cell].append(key)
+        for (route, cache, bucket), cell_keys in sorted(by_cell.items()):
+            cell_bins, cell_zeros = _bin_counts(cell_keys)
+            strata_rows.append(
+                {
+                    **base,
+                    "stage": stage,
+                    "route": route,
+                    "prompt_cache": cache,
+                    "prompt_bucket": bucket,
+                    "count": len(cell_keys),
+                    "bins": cell_bins,
+                    "zero_count": cell_zeros,
+                    "relative_accuracy": accuracy,
+                    "computed_version": computed_version,
+                }
+            )
+    return stage_rows, strata_rows
+
+
+def _bin_counts(keys: list[int | None]) -> tuple[dict[int, int], int]:
+    counts = Counter(keys)
+    zero_count = counts.pop(None, 0)
+    return {k: counts[k] for k in sorted(k for k in counts if k is not None)}, zero_count
+
+
+def aggregate_windows(
+    records: Iterable[Record], settings: Settings, **kwargs: Any
+) -> dict[int, WindowAggregates]:
+    """Convenience for replays and tests: group records by ``window_start`` and aggregate each window."""
+    by_window: dict[int, list[Record]] = defaultdict(list)
+    for record in records:
+        by_window[int(record["window_start"])].append(record)
+    return {ws: aggregate_window(rs, ws, settings, **kwargs) for ws, rs in sorted(by_window.items())}
+
+
+__all__ = ["QUANTILES", "Row", "WindowAggregates", "aggregate_window", "aggregate_windows"]

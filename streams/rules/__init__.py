@@ -1,0 +1,34 @@
+"""Alert rules as a pure core: closed windows in, alert transitions and canary verdicts out.
+
+Entry points: :class:`RuleEngine` (``evaluate`` / ``evaluate_window``), :class:`RulesConfig` (the
+``rules`` section of ``TTFT_CONFIG``), and the rows it emits (:class:`AlertTransition`,
+:class:`CanaryVerdict`). Nothing here does I/O or reads a clock.
+"""
+
+from streams.rules.config import RulesConfig
+from streams.rules.engine import RuleEngine
+from streams.rules.model import (
+    ALERT_COLUMNS,
+    ALERT_NAMES,
+    AlertTransition,
+    CanaryVerdict,
+    RuleEvaluation,
+    WindowEvaluation,
+    WindowSnapshot,
+    fingerprint,
+    ingest_halted_transition,
+)
+
+__all__ = [
+    "ALERT_COLUMNS",
+    "ALERT_NAMES",
+    "AlertTransition",
+    "CanaryVerdict",
+    "RuleEngine",
+    "RuleEvaluation",
+    "RulesConfig",
+    "WindowEvaluation",
+    "WindowSnapshot",
+    "fingerprint",
+    "ingest_halted_transition",
+]

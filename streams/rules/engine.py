@@ -1,0 +1,396 @@
+"""The rule engine: folds closed windows into bounded history and alert transitions.
+
+Contract for callers: call :meth:`RuleEngine.evaluate_window` once per closed event-time window, in
+window order, including windows without rows (silence is a signal). A window at or before the last one
+evaluated is ignored, so a re-close after an amendment or a replayed close changes nothing. No clock is
+read: every time is the window start passed in, so a replay produces the same transitions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import replace
+
+from streams.core.sketch import LatencySketch
+from streams.rules.canary import ArmHistory, StrataHistory, evaluate_canary
+from streams.rules.config import RulesConfig
+from streams.rules.draft import check_draft
+from streams.rules.history import WindowHistory, merge_sketches, sketch_of_row
+from streams.rules.lifecycle import AlertBook, AlertKey, Signal
+from streams.rules.model import (
+    AlertTransition,
+    Outcome,
+    RuleEvaluation,
+    WindowEvaluation,
+    WindowSnapshot,
+)
+from streams.rules.regression import SUB_STAGES_OF, Baselines, StageHistory, check_stage
+from streams.rules.slo import BurnHistory, check_burn
+from streams.rules.snapshot import WindowFacts, stratum_of, window_facts
+from streams.settings import Settings
+
+_NOT_SERIES = frozenset({"Watchdog", "TTFTTenantSilent", "TTFTIngestHalted"})
+_VERDICT_OUTCOME: dict[str, Outcome] = {"pass": "ok", "fail": "breach", "inconclusive": "inconclusive"}
+
+
+class RuleEngine:
+    """All alert rules over a stream of closed windows; holds only bounded trailing history."""
+
+    def __init__(self, config: RulesConfig, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.window_ms = float(settings.windows.window_s * 1000)
+        self._accuracy = settings.windows.relative_accuracy
+        reg = config.stage_regression
+        self._tracked_stages = set(reg.stages) | {sub for s in reg.stages for sub in SUB_STAGES_OF.get(s, ())}
+        self.alerts = AlertBook(config.runbook_base_url)
+        self._stages: StageHistory = WindowHistory(
+            self.window_ms, reg.baseline_windows + reg.exclude_recent_windows
+        )
+        self._baselines = Baselines(self._stages, reg, self.window_ms, self._accuracy)
+        self._arms: ArmHistory = WindowHistory(self.window_ms, config.canary.span_windows)
+        self._strata: StrataHistory = WindowHistory(self.window_ms, config.canary.span_windows)
+        self._burn: BurnHistory = WindowHistory(
+            self.window_ms, max(p.long_windows for p in config.slo_burn.pairs)
+        )
+        self._series_seen: dict[AlertKey, float] = {}
+        self._tenant_seen: dict[str, float] = {}
+        self._last_window: float | None = None
+        #: (rule, outcome) -> evaluations since start, for metrics.
+        self.outcomes: Counter[tuple[str, str]] = Counter()
+
+    def evaluate(
+        self, window_start_ms: float, windows: WindowSnapshot, *, muted: bool = False
+    ) -> list[AlertTransition]:
+        """Transitions caused by the window starting at ``window_start_ms`` (see :meth:`evaluate_window`)."""
+        return self.evaluate_window(window_start_ms, windows, muted=muted).transitions
+
+    def evaluate_window(
+        self, window_start_ms: float, windows: WindowSnapshot, *, muted: bool = False
+    ) -> WindowEvaluation:
+        """Evaluate every rule on a closed window: transitions, canary verdict rows and outcomes.
+
+        ``muted`` (replay/backfill) marks the transitions so the delivery loop stores but never pages them.
+        """
+        now = float(window_start_ms)
+        out = WindowEvaluation(now)
+        if self._last_window is not None and now <= self._last_window:
+            return out
+        self._last_window = now
+        facts = window_facts(windows)
+        degraded = self._telemetry(now, facts, out)
+        self._record(now, windows, facts, degraded)
+        self._regression(now, windows, degraded, out)
+        self._canary(now, windows, degraded, out)
+        self._draft(now, windows, out)
+        self._slo(now, out)
+        self._silence(now, facts, out)
+        if self.config.watchdog:
+            out.transitions += self.alerts.fire_now(
+                ("Watchdog", "", "", ""),
+                now,
+                severity="none",
+                summary="The TTFT alerting pipeline is alive",
+                description="Always firing while rules are evaluated; its absence means alerting is broken.",
+            )
+        self._sweep_stale(now, out)
+        if muted:
+            out.transitions = [replace(t, muted=True) for t in out.transitions]
+        for e in out.evaluations:
+            self.outcomes[(e.rule, e.outcome)] += 1
+        return out
+
+    # --- recording ------------------------------------------------------------------------------
+
+    def _record(self, now: float, snap: WindowSnapshot, facts: WindowFacts, degraded: set[str]) -> None:
+        per_stage: dict[tuple[str, str], list[LatencySketch]] = defaultdict(list)
+        for row in snap.stage_windows:
+            tenant, version, stage = str(row["tenant_id"]), str(row["version_id"]), str(row["stage"])
+            arm = snap.arms.get((tenant, version))
+            sketch = sketch_of_row(row, self._accuracy)
+            if stage in self._tracked_stages and arm != "canary":
+                per_stage[(tenant, stage)].append(sketch)
+            if arm is not None and stage in self.config.canary.stages:
+                self._arms.add((tenant, version, stage), now, sketch)
+        for key, parts in per_stage.items():
+            self._stages.add(key, now, (merge_sketches(parts, self._accuracy), key[0] in degraded))
+        strata: dict[tuple[str, str, str], dict[str, LatencySketch]] = defaultdict(dict)
+        for row in snap.stage_strata:
+            tenant, version, stage = str(row["tenant_id"]), str(row["version_id"]), str(row["stage"])
+            if snap.arms.get((tenant, version)) is not None and stage in self.config.canary.stages:
+                cell = strata[(tenant, version, stage)]
+                sketch = sketch_of_row(row, self._accuracy)
+                name = stratum_of(row)
+                cell[name] = merge_sketches([cell[name], sketch], self._accuracy) if name in cell else sketch
+        for cell_key, cells in strata.items():
+            self._strata.add(cell_key, now, cells)
+        for tenant, t in facts.tenants.items():
+            self._burn.add(tenant, now, (t.slo_bad, t.requests))
+
+    # --- rules ----------------------------------------------------------------------------------
+
+    def _telemetry(self, now: float, facts: WindowFacts, out: WindowEvaluation) -> set[str]:
+        rule = self.config.telemetry
+        degraded: set[str] = set()
+        if not rule.enabled:
+            return degraded
+        for tenant, t in sorted(facts.tenants.items()):
+            completeness = t.completeness
+            if completeness is None or t.total < rule.min_requests:
+                continue
+            key: AlertKey = ("TTFTTelemetryDegraded", tenant, "", "")
+            bad = completeness < rule.completeness_floor
+            if bad:
+                degraded.add(tenant)
+            self._note(out, key, "breach" if bad else "ok")
+            out.transitions += self.alerts.step(
+                key,
+                "breach" if bad else "clear",
+                now,
+                severity="ticket",
+                resolve_windows=rule.resolve_windows,
+                summary=f"Telemetry of tenant {tenant} is incomplete",
+                description=(
+                    f"tenant {tenant}: {t.complete}/{t.total} requests complete ({completeness:.0%}, "
+                    f"floor {rule.completeness_floor:.0%}); missing_stage {t.missing_stage}, "
+                    f"timed_out {t.timed_out}, orphan {t.orphan}. Regression and canary verdicts are "
+                    "suspended for such windows."
+                ),
+                numbers={
+                    "completeness": completeness,
+                    "total": t.total,
+                    "timed_out": t.timed_out,
+                    "orphan": t.orphan,
+                    "missing_stage": t.missing_stage,
+                },
+            )
+        return degraded
+
+    def _regression(
+        self, now: float, snap: WindowSnapshot, degraded: set[str], out: WindowEvaluation
+    ) -> None:
+        rule = self.config.stage_regression
+        if not rule.enabled:
+            return
+        present = sorted(
+            {
+                (str(r["tenant_id"]), str(r["stage"]))
+                for r in snap.stage_windows
+                if r["stage"] in rule.stages and snap.arms.get((r["tenant_id"], r["version_id"])) != "canary"
+            }
+        )
+        for tenant, stage in present:
+            key: AlertKey = ("TTFTStageRegression", tenant, stage, "")
+            check = check_stage(
+                self._stages,
+                self._baselines,
+                rule,
+                tenant,
+                stage,
+                now,
+                self.window_ms,
+                self._floor(tenant, stage),
+                tenant in degraded,
+                self._accuracy,
+            )
+            self._note(out, key, check.outcome)
+            if check.signal == "hold" and check.numbers is None:
+                continue
+            out.transitions += self.alerts.step(
+                key,
+                check.signal,
+                now,
+                severity=check.severity,
+                for_windows=rule.for_windows,
+                resolve_windows=rule.resolve_windows,
+                summary=f"{stage} P95 regressed for tenant {tenant}",
+                description=check.description,
+                numbers=check.numbers or {},
+            )
+
+    def _canary(self, now: float, snap: WindowSnapshot, degraded: set[str], out: WindowEvaluation) -> None:
+        rule = self.config.canary
+        if not rule.enabled:
+            return
+        stable: dict[str, set[str]] = defaultdict(set)
+        for (tenant, version), arm in snap.arms.items():
+            if arm == "stable":
+                stable[tenant].add(version)
+        canaries = sorted(
+            {
+                (str(r["tenant_id"]), str(r["version_id"]))
+                for r in snap.stage_windows
+                if snap.arms.get((r["tenant_id"], r["version_id"])) == "canary"
+            }
+        )
+        for tenant, version in canaries:
+            failing: list[str] = []
+            for stage in rule.stages:
+                verdict, critical = evaluate_canary(
+                    self._arms,
+                    self._strata,
+                    rule,
+                    tenant=tenant,
+                    stage=stage,
+                    canary_version=version,
+                    stable_versions=tuple(sorted(stable[tenant])),
+                    now=now,
+                    floor_ms=self._floor(tenant, stage),
+                    slo_ms=self.settings.slo_ms(tenant) if stage == "ttft" else None,
+                    degraded=tenant in degraded,
+                    accuracy=self._accuracy,
+                )
+                out.verdicts.append(verdict)
+                description = verdict.explanation
+                if verdict.verdict == "fail" and stage != "ttft":
+                    failing.append(f"{stage} x{verdict.ratio or 0.0:.2f}")
+                elif verdict.verdict == "fail" and failing:
+                    description += " Failing stages of the same canary: " + ", ".join(failing) + "."
+                key: AlertKey = ("TTFTCanaryFailed", tenant, stage, version)
+                self._note(out, key, _VERDICT_OUTCOME[verdict.verdict])
+                tracked = self.alerts.get(key)
+                signal: Signal = "hold"
+                if verdict.verdict == "fail":
+                    signal = "breach"
+                elif verdict.verdict == "pass" and (tracked is None or tracked.state == "pending"):
+                    signal = "clear"  # a firing canary stays failed until its traffic stops
+                if signal == "hold":
+                    continue
+                out.transitions += self.alerts.step(
+                    key,
+                    signal,
+                    now,
+                    severity="page",
+                    for_windows=rule.for_windows,
+                    immediate=critical,
+                    summary=f"Canary {version} fails on {stage} for tenant {tenant}",
+                    description=description,
+                    numbers={
+                        k: v
+                        for k, v in (
+                            ("ratio", verdict.ratio),
+                            ("p95_canary_ms", verdict.p95_canary),
+                            ("p95_stable_ms", verdict.p95_stable),
+                            ("naive_ratio", verdict.naive_ratio),
+                            ("tail_p", verdict.tail_p),
+                            ("n_canary", float(verdict.n_canary)),
+                            ("n_stable", float(verdict.n_stable)),
+                        )
+                        if v is not None
+                    },
+                )
+
+    def _draft(self, now: float, snap: WindowSnapshot, out: WindowEvaluation) -> None:
+        rule = self.config.draft_acceptance
+        if not rule.enabled:
+            return
+        for row in sorted(snap.llm_signals, key=lambda r: (str(r["tenant_id"]), str(r["version_id"]))):
+            tenant, version = str(row["tenant_id"]), str(row["version_id"])
+            key: AlertKey = ("TTFTDraftAcceptanceLow", tenant, "llm_ttft", version)
+            check = check_draft(row, rule)
+            self._note(out, key, check.outcome)
+            if check.outcome == "inconclusive":
+                continue
+            out.transitions += self.alerts.step(
+                key,
+                check.signal,
+                now,
+                severity="ticket",
+                for_windows=rule.for_windows,
+                summary=f"Draft acceptance of version {version} is low for tenant {tenant}",
+                description=check.description,
+                numbers=check.numbers,
+            )
+
+    def _slo(self, now: float, out: WindowEvaluation) -> None:
+        rule = self.config.slo_burn
+        if not rule.enabled:
+            return
+        for tenant in sorted(self._burn.keys()):
+            key: AlertKey = ("TTFTSLOBurn", tenant, "ttft", "")
+            check = check_burn(
+                self._burn,
+                rule,
+                tenant,
+                now,
+                self.window_ms,
+                self.settings.slo_ms(tenant),
+                self.settings.slo_target(tenant),
+            )
+            self._note(out, key, check.outcome)
+            if check.signal == "hold":
+                continue
+            out.transitions += self.alerts.step(
+                key,
+                check.signal,
+                now,
+                severity=check.severity,
+                summary=f"Tenant {tenant} burns its TTFT SLO",
+                description=check.description,
+                numbers=check.numbers or {},
+            )
+
+    def _silence(self, now: float, facts: WindowFacts, out: WindowEvaluation) -> None:
+        rule = self.config.tenant_silence
+        if not rule.enabled:
+            return
+        for tenant, t in facts.tenants.items():
+            if t.requests > 0:
+                self._tenant_seen[tenant] = now
+        for tenant in sorted(self._tenant_seen):
+            key: AlertKey = ("TTFTTenantSilent", tenant, "", "")
+            silent = round((now - self._tenant_seen[tenant]) / self.window_ms)
+            if silent >= rule.forget_windows:
+                del self._tenant_seen[tenant]
+                if self.alerts.get(key) is not None:
+                    out.transitions.append(
+                        self.alerts.resolve(
+                            key, now, f"tenant {tenant} silent for {silent} windows: forgotten"
+                        )
+                    )
+                continue
+            signal: Signal = "clear" if silent == 0 else "breach" if silent >= rule.silent_windows else "hold"
+            self._note(out, key, "breach" if signal == "breach" else "ok")
+            out.transitions += self.alerts.step(
+                key,
+                signal,
+                now,
+                severity="ticket",
+                immediate=True,
+                summary=f"Tenant {tenant} sends no telemetry",
+                description=(
+                    f"no request records from tenant {tenant} for {silent} windows "
+                    f"(threshold {rule.silent_windows}); it sent data before."
+                ),
+                numbers={"silent_windows": float(silent)},
+            )
+
+    # --- bookkeeping ----------------------------------------------------------------------------
+
+    def _note(self, out: WindowEvaluation, key: AlertKey, outcome: Outcome) -> None:
+        self._series_seen[key] = out.window_start
+        out.evaluations.append(RuleEvaluation(key[0], key[1], key[2], key[3], outcome))
+
+    def _sweep_stale(self, now: float, out: WindowEvaluation) -> None:
+        """Resolve alerts whose series stopped reporting (rolled-back canary, vanished tenant) and prune."""
+        horizon = now - self.config.stale_windows * self.window_ms
+        for key, _ in list(self.alerts.active()):
+            if key[0] in _NOT_SERIES:
+                continue
+            if self._series_seen.get(key, now) <= horizon:
+                out.transitions.append(
+                    self.alerts.resolve(
+                        key, now, f"no data for {self.config.stale_windows} windows: resolved"
+                    )
+                )
+        for key in [k for k, seen in self._series_seen.items() if seen <= horizon]:
+            del self._series_seen[key]
+        for history in (self._stages, self._arms, self._strata, self._burn):
+            history.prune(now)
+        self._baselines.prune()
+
+    def _floor(self, tenant: str, stage: str) -> float:
+        override = self.settings.tenants.get(tenant)
+        if override is not None and stage in override.stage_floor_ms:
+            return override.stage_floor_ms[stage]
+        return self.config.stage_floor_ms.get(stage, 0.0)

@@ -1,0 +1,266 @@
+"""Plain data of the alerting core: the window snapshot rules read, and the rows they emit.
+
+Alert identity is its labels (``alertname``, ``tenant``, ``stage``, ``version``, ``severity``; absent ones
+left out). Numbers never go in labels, only in ``numbers``/annotations, so a changing value never makes a
+new alert. Transition times are event time (window starts, epoch ms): a replay produces the same rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+AlertState = Literal["pending", "firing", "resolved"]
+Arm = Literal["stable", "canary"]
+Outcome = Literal["ok", "breach", "hold", "inconclusive", "insufficient_history", "degraded"]
+VerdictValue = Literal["pass", "fail", "inconclusive"]
+
+ALERT_NAMES: tuple[str, ...] = (
+    "TTFTStageRegression",
+    "TTFTCanaryFailed",
+    "TTFTDraftAcceptanceLow",
+    "TTFTSLOBurn",
+    "TTFTTelemetryDegraded",
+    "TTFTTenantSilent",
+    "TTFTIngestHalted",
+    "Watchdog",
+)
+IDENTITY_LABELS: tuple[str, ...] = ("alertname", "tenant", "stage", "version", "severity")
+
+
+def fingerprint(labels: Mapping[str, str]) -> str:
+    """Stable identity of an alert: sha256 of its sorted labels, 16 hex digits."""
+    blob = json.dumps(sorted(labels.items()), ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def ms_to_datetime(ms: float | None) -> datetime | None:
+    """Epoch milliseconds as an aware UTC datetime (``None`` stays ``None``)."""
+    return None if ms is None else datetime.fromtimestamp(ms / 1000.0, tz=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class AlertTransition:
+    """One lifecycle step of one alert: the row of ``ttft.alerts`` and of the ``alerts`` table.
+
+    ``active_at`` is when it went pending, ``fired_at`` when it started firing, ``resolved_at`` when it
+    cleared (all window starts, ms). ``muted`` marks a replay/backfill transition: stored, never paged.
+    """
+
+    alertname: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    numbers: dict[str, float]
+    state: AlertState
+    window_start: float
+    active_at: float
+    fired_at: float | None = None
+    resolved_at: float | None = None
+    muted: bool = False
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.labels)
+
+    @property
+    def event_at(self) -> float:
+        """Event time of this transition: when it went pending, fired or resolved."""
+        if self.state == "resolved" and self.resolved_at is not None:
+            return self.resolved_at
+        if self.state == "firing" and self.fired_at is not None:
+            return self.fired_at
+        return self.active_at
+
+    def to_message(self) -> dict[str, Any]:
+        """JSON-ready value for the ``ttft.alerts`` topic (key: the fingerprint)."""
+        return {
+            "fingerprint": self.fingerprint,
+            "alertname": self.alertname,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "numbers": dict(self.numbers),
+            "state": self.state,
+            "window_start": self.window_start,
+            "active_at": self.active_at,
+            "fired_at": self.fired_at,
+            "resolved_at": self.resolved_at,
+            "muted": self.muted,
+        }
+
+    @classmethod
+    def from_message(cls, data: Mapping[str, Any]) -> AlertTransition:
+        """Inverse of :meth:`to_message`; raises ``KeyError``/``ValueError`` on a malformed message."""
+        state = data["state"]
+        if state not in ("pending", "firing", "resolved"):
+            raise ValueError(f"unknown alert state {state!r}")
+        return cls(
+            alertname=str(data["alertname"]),
+            labels={str(k): str(v) for k, v in data["labels"].items()},
+            annotations={str(k): str(v) for k, v in data.get("annotations", {}).items()},
+            numbers={str(k): float(v) for k, v in data.get("numbers", {}).items()},
+            state=state,
+            window_start=float(data["window_start"]),
+            active_at=float(data["active_at"]),
+            fired_at=None if data.get("fired_at") is None else float(data["fired_at"]),
+            resolved_at=None if data.get("resolved_at") is None else float(data["resolved_at"]),
+            muted=bool(data.get("muted", False)),
+        )
+
+    def to_row(self) -> dict[str, Any]:
+        """Column values for the ``alerts`` table (deploy/clickhouse/migrations/0006_alerts.sql)."""
+        return {
+            "fingerprint": self.fingerprint,
+            "alertname": self.alertname,
+            "tenant_id": self.labels.get("tenant", ""),
+            "stage": self.labels.get("stage", ""),
+            "version_id": self.labels.get("version", ""),
+            "severity": self.labels.get("severity", ""),
+            "state": self.state,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "numbers": dict(self.numbers),
+            "window_start": ms_to_datetime(self.window_start),
+            "event_at": ms_to_datetime(self.event_at),
+            "active_at": ms_to_datetime(self.active_at),
+            "fired_at": ms_to_datetime(self.fired_at),
+            "resolved_at": ms_to_datetime(self.resolved_at),
+            "muted": self.muted,
+        }
+
+
+ALERT_COLUMNS: tuple[str, ...] = tuple(AlertTransition("x", {}, {}, {}, "pending", 0.0, 0.0).to_row().keys())
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryVerdict:
+    """One canary evaluation of one tenant x stage x canary version: a ``canary_verdicts`` row.
+
+    ``p95_*`` and ``ratio`` are the verdict values (canary reweighted to the stable stratum mix when
+    ``mix_adjusted``); ``naive_*`` compare the arms' merged sketches without reweighting.
+    """
+
+    window_start: float
+    tenant_id: str
+    stage: str
+    canary_version: str
+    stable_versions: tuple[str, ...]
+    verdict: VerdictValue
+    reason: str
+    n_canary: int
+    n_stable: int
+    p95_canary: float | None = None
+    p95_stable: float | None = None
+    ratio: float | None = None
+    delta_ms: float | None = None
+    tail_share_canary: float | None = None
+    tail_share_stable: float | None = None
+    tail_z: float | None = None
+    tail_p: float | None = None
+    naive_p95_canary: float | None = None
+    naive_ratio: float | None = None
+    naive_verdict: VerdictValue | None = None
+    mix_adjusted: bool = False
+    mix_coverage: float | None = None
+    drivers: tuple[str, ...] = ()
+    explanation: str = ""
+
+    def to_row(self) -> dict[str, Any]:
+        """Column values for the ``canary_verdicts`` table."""
+        return {
+            "window_start": ms_to_datetime(self.window_start),
+            "tenant_id": self.tenant_id,
+            "stage": self.stage,
+            "canary_version": self.canary_version,
+            "stable_versions": list(self.stable_versions),
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "n_canary": self.n_canary,
+            "n_stable": self.n_stable,
+            "p95_canary": self.p95_canary,
+            "p95_stable": self.p95_stable,
+            "ratio": self.ratio,
+            "delta_ms": self.delta_ms,
+            "tail_share_canary": self.tail_share_canary,
+            "tail_share_stable": self.tail_share_stable,
+            "tail_z": self.tail_z,
+            "tail_p": self.tail_p,
+            "naive_p95_canary": self.naive_p95_canary,
+            "naive_ratio": self.naive_ratio,
+            "naive_verdict": self.naive_verdict or "",
+            "mix_adjusted": self.mix_adjusted,
+            "mix_coverage": self.mix_coverage,
+            "drivers": list(self.drivers),
+            "explanation": self.explanation,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RuleEvaluation:
+    """What one rule concluded for one series in one window (for counters and tests, not stored)."""
+
+    rule: str
+    tenant: str
+    stage: str
+    version: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSnapshot:
+    """The closed window's rows, as produced by ``streams.core.windows`` (all rows share one window_start).
+
+    ``arms`` maps ``(tenant_id, version_id)`` to ``stable``/``canary``; versions absent from it are
+    neither (ignored by the canary rule, counted by the others).
+    """
+
+    stage_windows: list[dict[str, Any]] = field(default_factory=list)
+    stage_strata: list[dict[str, Any]] = field(default_factory=list)
+    window_health: list[dict[str, Any]] = field(default_factory=list)
+    llm_signals: list[dict[str, Any]] = field(default_factory=list)
+    arms: Mapping[tuple[str, str], Arm] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class WindowEvaluation:
+    """Everything one window close produced: transitions to deliver and store, verdict rows, outcomes."""
+
+    window_start: float
+    transitions: list[AlertTransition] = field(default_factory=list)
+    verdicts: list[CanaryVerdict] = field(default_factory=list)
+    evaluations: list[RuleEvaluation] = field(default_factory=list)
+
+
+def ingest_halted_transition(
+    state: Literal["firing", "resolved"],
+    at_ms: float,
+    *,
+    fired_at_ms: float | None = None,
+    detail: str = "",
+    numbers: Mapping[str, float] | None = None,
+    runbook_base_url: str = "",
+) -> AlertTransition:
+    """TTFTIngestHalted, raised by the worker when its dead-letter guard halts ingestion (and resolved
+    when ingestion resumes). ``at_ms`` is the event time the guard tripped (or cleared) at; pass the
+    ``fired_at_ms`` of the firing transition when resolving, so both rows share one alert."""
+    fired_at = at_ms if state == "firing" else fired_at_ms
+    return AlertTransition(
+        alertname="TTFTIngestHalted",
+        labels={"alertname": "TTFTIngestHalted", "severity": "page"},
+        annotations={
+            "summary": "Ingestion halted by the dead-letter guard"
+            if state == "firing"
+            else "Ingestion resumed",
+            "description": detail or "the share of dead-lettered events exceeded caps.halt_dead_letter_share",
+            "runbook_url": f"{runbook_base_url.rstrip('#')}#ttftingesthalted",
+        },
+        numbers={k: float(v) for k, v in (numbers or {}).items()},
+        state=state,
+        window_start=at_ms,
+        active_at=fired_at if fired_at is not None else at_ms,
+        fired_at=fired_at,
+        resolved_at=at_ms if state == "resolved" else None,
+    )

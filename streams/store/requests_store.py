@@ -1,0 +1,217 @@
+"""Joined request records in ``{database}.requests``: batched inserts, amendments and reads.
+
+Records are plain dicts with the fields of :class:`schemas.records.RequestRecord` (times in epoch ms as
+floats). In ClickHouse the three time fields are ``DateTime64(3, 'UTC')``, so they are stored rounded to
+the millisecond. Every write is a synchronous native insert: when it returns, the rows are durable, so a
+caller may acknowledge the Kafka offsets they came from.
+
+Idempotency (see migration 0001): the table keeps, per ``request_id``, the row with the highest
+``record_version``. Re-inserting the same records, or older partial versions of them, changes nothing
+after ``FINAL``; every read here uses ``FINAL``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import orjson
+from clickhouse_connect.driver.client import Client
+
+from schemas.records import RequestRecord
+from streams.store.client import check_identifier
+
+#: (stored, amendment) -> merged record; streams.core.join.merge_records with the window bound.
+MergeFn = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+RECORD_FIELDS: tuple[str, ...] = tuple(RequestRecord.model_fields)
+TIME_FIELDS: frozenset[str] = frozenset({"started_at", "first_token_at", "window_start"})
+#: Columns of the table that are not record fields.
+_AMENDMENT_IDS = "amendment_ids"
+INSERT_COLUMNS: tuple[str, ...] = (*RECORD_FIELDS, _AMENDMENT_IDS)
+#: Forces a synchronous insert on a server whose profile enables async inserts (chDB ignores them).
+SYNC_INSERT: dict[str, Any] = {"async_insert": 0, "wait_for_async_insert": 1}
+_FETCH_CHUNK = 5_000
+
+
+def _select_list() -> str:
+    # Distinct aliases: an alias named like its column would shadow the column in WHERE clauses.
+    cols = [f"toUnixTimestamp64Milli({c}) AS {c}_ms" if c in TIME_FIELDS else c for c in INSERT_COLUMNS]
+    return ", ".join(cols)
+
+
+_SELECT = _select_list()
+
+
+# Optional scalar fields and their defaults; the collection fields are handled by name in _row.
+_DEFAULTS: dict[str, Any] = {
+    name: field.default
+    for name, field in RequestRecord.model_fields.items()
+    if not field.is_required() and field.default_factory is None
+}
+
+
+def _ms_to_ticks(value: Any) -> int | None:
+    # clickhouse-connect writes an int into DateTime64(3) as raw milliseconds: exact, no float datetime.
+    return None if value is None else round(value)
+
+
+def _row(record: dict[str, Any], amendment_ids: Sequence[str] = ()) -> list[Any]:
+    row: list[Any] = []
+    for name in RECORD_FIELDS:
+        if name in TIME_FIELDS:
+            row.append(_ms_to_ticks(record.get(name)))
+        elif name == "missing_stages":
+            row.append(list(record.get(name) or ()))
+        elif name in ("custom_stages", "stage_repeats"):
+            row.append(dict(record.get(name) or {}))
+        elif name in _DEFAULTS:
+            row.append(record.get(name, _DEFAULTS[name]))
+        else:
+            row.append(record[name])  # a required field: a KeyError names it
+    row.append(list(amendment_ids))
+    return row
+
+
+def _record(row: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
+    values = dict(zip(INSERT_COLUMNS, row, strict=True))
+    amendment_ids = list(values.pop(_AMENDMENT_IDS))
+    for name in TIME_FIELDS:
+        if values[name] is not None:
+            values[name] = float(values[name])
+    values["missing_stages"] = list(values["missing_stages"])
+    values["custom_stages"] = {str(k): float(v) for k, v in values["custom_stages"].items()}
+    values["stage_repeats"] = {str(k): int(v) for k, v in values["stage_repeats"].items()}
+    values["amend"] = bool(values["amend"])
+    return values, amendment_ids
+
+
+def _insert_rows(client: Client, database: str, rows: list[list[Any]]) -> None:
+    if rows:
+        client.insert(
+            "requests",
+            rows,
+            column_names=list(INSERT_COLUMNS),
+            database=check_identifier(database),
+            settings=SYNC_INSERT,
+        )
+
+
+def insert_requests(client: Client, database: str, records: Sequence[dict[str, Any]]) -> None:
+    """Insert request records in one synchronous batch. Idempotent per ``request_id`` (see module doc).
+
+    Records flagged ``amend`` belong to :func:`apply_amendments`.
+    """
+    _insert_rows(client, database, [_row(r) for r in records])
+
+
+def amendment_id(amendment: dict[str, Any]) -> str:
+    """Stable identity of an amendment record: a replayed amendment has the same id and merges once."""
+    return hashlib.sha256(orjson.dumps(amendment, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def apply_amendments(
+    client: Client,
+    database: str,
+    amend_records: Sequence[dict[str, Any]],
+    merge_fn: MergeFn,
+) -> list[dict[str, Any]]:
+    """Merge late-event amendments into the stored records, insert the merged rows and return them.
+
+    ``merge_fn(stored, amendment)`` is e.g. ``lambda s, a: merge_records(s, a, window_ms)``. Stored rows are
+    read with ``FINAL``; several amendments of one request fold in input order. An amendment already merged
+    into the stored row (same :func:`amendment_id`, e.g. after a replay) is skipped. An amendment whose
+    request is not stored is inserted as it is, with ``amend`` true, so its events stay visible (a later full
+    record of that request replaces it). Insert the batch's full records first, so an amendment of a
+    request emitted earlier in the same batch finds its row.
+    """
+    if not amend_records:
+        return []
+    stored = _fetch_with_ids(client, database, {r["request_id"] for r in amend_records})
+    merged: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for amendment in amend_records:
+        rid = amendment["request_id"]
+        ident = amendment_id(amendment)
+        current = merged.get(rid) or stored.get(rid)
+        if current is None:
+            merged[rid] = ({**amendment, "amend": True}, [ident])
+            continue
+        record, ids = current
+        if ident in ids:
+            continue
+        result = merge_fn(record, amendment)
+        merged[rid] = ({**result, "amend": bool(record.get("amend"))}, [*ids, ident])
+    _insert_rows(client, database, [_row(record, ids) for record, ids in merged.values()])
+    return [record for record, _ in merged.values()]
+
+
+def final_read_settings(client: Client) -> dict[str, Any]:
+    """Per-query settings that keep skip indexes correct under ``FINAL``.
+
+    Pruning granules by a skip index before FINAL can drop a row's newest version and resurrect an older
+    one in another window; exact mode prevents that. A server without exact mode reads without the
+    indexes instead (slower, never wrong).
+    """
+    if "use_skip_indexes_if_final_exact_mode" in client.server_settings:
+        return {"use_skip_indexes_if_final_exact_mode": 1}
+    return {"use_skip_indexes_if_final": 0}
+
+
+def _query_records(
+    client: Client, sql: str, parameters: dict[str, Any]
+) -> list[tuple[dict[str, Any], list[str]]]:
+    result = client.query(sql, parameters=parameters, settings=final_read_settings(client))
+    return [_record(row) for row in result.result_rows]
+
+
+def _fetch_with_ids(
+    client: Client, database: str, request_ids: Iterable[str]
+) -> dict[str, tuple[dict[str, Any], list[str]]]:
+    db = check_identifier(database)
+    ids = sorted(set(request_ids))
+    found: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for start in range(0, len(ids), _FETCH_CHUNK):
+        chunk = ids[start : start + _FETCH_CHUNK]
+        sql = f"SELECT {_SELECT} FROM {db}.requests FINAL WHERE request_id IN {{ids:Array(String)}}"
+        for record, amendment_ids in _query_records(client, sql, {"ids": chunk}):
+            found[record["request_id"]] = (record, amendment_ids)
+    return found
+
+
+def fetch_requests(client: Client, database: str, request_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The stored records of ``request_ids`` (those that exist), by request id."""
+    return {rid: record for rid, (record, _) in _fetch_with_ids(client, database, request_ids).items()}
+
+
+def fetch_request(client: Client, database: str, request_id: str) -> dict[str, Any] | None:
+    """The stored record of one request, or None."""
+    return fetch_requests(client, database, [request_id]).get(request_id)
+
+
+def fetch_records_between(
+    client: Client, database: str, start_ms: float, end_ms: float
+) -> list[dict[str, Any]]:
+    """Records (all tenants) whose ``window_start`` lies in ``[start_ms, end_ms)``, ordered by request id."""
+    db = check_identifier(database)
+    sql = (
+        f"SELECT {_SELECT} FROM {db}.requests FINAL"
+        " WHERE window_start >= fromUnixTimestamp64Milli({start:Int64}, 'UTC')"
+        " AND window_start < fromUnixTimestamp64Milli({end:Int64}, 'UTC')"
+        " ORDER BY request_id"
+    )
+    params = {"start": _ms_to_ticks(start_ms), "end": _ms_to_ticks(end_ms)}
+    return [record for record, _ in _query_records(client, sql, params)]
+
+
+def fetch_window_records(
+    client: Client, database: str, window_start_ms: float, window_ms: int
+) -> list[dict[str, Any]]:
+    """Records (all tenants) of the window starting at ``window_start_ms`` and lasting ``window_ms``."""
+    return fetch_records_between(client, database, window_start_ms, window_start_ms + window_ms)
+
+
+def count_requests(client: Client, database: str) -> int:
+    """Number of distinct stored requests (``FINAL``: replays and amendments count once)."""
+    db = check_identifier(database)
+    return int(client.query(f"SELECT count() FROM {db}.requests FINAL").result_rows[0][0])

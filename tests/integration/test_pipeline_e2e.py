@@ -1,0 +1,136 @@
+"""Issue 2 acceptance: real broker, `ttft worker` subprocesses, real chDB store, ground truth from the test."""
+
+from __future__ import annotations
+
+import math
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, produce_sync
+from tests.support.traffic import Traffic, build_traffic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
+
+N_REQUESTS = 10_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _traffic() -> Traffic:
+    return build_traffic(N_REQUESTS, start_ms=time.time() * 1000 - 60_000, spacing_ms=2.0)
+
+
+def _start(pipe: Pipeline) -> tuple[WorkerProcess, WorkerProcess]:
+    writer = pipe.start("writer", free_port())
+    join = pipe.start("join", free_port())
+    pipe.wait_healthy(writer)
+    pipe.wait_healthy(join)
+    return join, writer
+
+
+def _drained(settings: Any, join: WorkerProcess) -> bool:
+    """Every produced event committed by the join, nothing open, every record committed by the writer."""
+    app = f"app-{settings.topic_prefix}"
+    b = settings.kafka_bootstrap
+    return (
+        group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
+        and join.metric("ttft_open_requests") == 0
+        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
+    )
+
+
+def _check_store(pipe: Pipeline, traffic: Traffic) -> None:
+    rows = pipe.query("SELECT * FROM {db}.requests FINAL")
+    by_id: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        assert row["request_id"] not in by_id, f"double-counted {row['request_id']}"
+        by_id[row["request_id"]] = row
+    assert set(by_id) == set(traffic.truth), (
+        f"lost {len(set(traffic.truth) - set(by_id))}, unexpected {len(set(by_id) - set(traffic.truth))}"
+    )
+    wrong: list[str] = []
+    for rid, want in traffic.truth.items():
+        got = by_id[rid]
+        for key, value in want.items():
+            have = got[key]
+            if isinstance(value, float) and have is not None:
+                ok = math.isclose(have, value, rel_tol=1e-9, abs_tol=1e-6)
+            else:
+                ok = have == value
+            if not ok:
+                wrong.append(f"{rid}.{key}: want {value!r} got {have!r}")
+    assert not wrong, f"{len(wrong)} wrong values, e.g. {wrong[:10]}"
+    dls = pipe.query("SELECT source_partition, source_offset, reason_code FROM {db}.dead_letters FINAL")
+    assert len(dls) == traffic.malformed
+    assert len({(d["source_partition"], d["source_offset"]) for d in dls}) == traffic.malformed
+    raw = pipe.query("SELECT count() AS n FROM {db}.dead_letters")
+    assert raw[0]["n"] >= traffic.malformed
+
+
+def test_pipeline_joins_10k_requests_exactly(kafka_settings: Any, tmp_path: Path) -> None:
+    traffic = _traffic()
+    pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
+    try:
+        join, writer = _start(pipe)
+        n = produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), traffic.messages)
+        assert n == len(traffic.messages)
+        pipe.wait_for(lambda: _drained(kafka_settings, join), 180, "the pipeline to drain")
+        assert pipe.stop(join) == 0
+        assert pipe.stop(writer) == 0
+    finally:
+        pipe.stop_all()
+    _check_store(pipe, traffic)
+
+
+def test_pipeline_survives_kill_9_mid_stream(kafka_settings: Any, tmp_path: Path) -> None:
+    traffic = _traffic()
+    pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
+    topic = kafka_settings.topic("stage-events")
+    try:
+        join, writer = _start(pipe)
+        total = len(traffic.messages)
+        # Produce in the background, at a pace the join keeps up with, so the kill lands mid-stream.
+        chunk = 2_000
+
+        def _produce() -> None:
+            for i in range(0, total, chunk):
+                produce_sync(kafka_settings.kafka_bootstrap, topic, traffic.messages[i : i + chunk])
+                time.sleep(0.1)
+
+        producer = threading.Thread(target=_produce, daemon=True)
+        producer.start()
+        seen: dict[str, float] = {}
+
+        def _kill_point() -> bool:
+            m = join.metrics()
+            seen.update(
+                consumed=m.get("ttft_events_consumed_total", 0.0),
+                open=m.get("ttft_open_requests", 0.0),
+                unacked=m.get("ttft_unacked_events", 0.0),
+            )
+            return seen["consumed"] >= total * 0.4 and seen["open"] >= 1_000 and seen["unacked"] > 0
+
+        pipe.wait_for(_kill_point, 120, "a kill point with >= 1000 open requests and an unacked batch")
+        join.proc.send_signal(signal.SIGKILL)
+        writer.proc.send_signal(signal.SIGKILL)
+        join.proc.wait(10)
+        writer.proc.wait(10)
+        producer.join(120)
+        join, writer = _start(pipe)
+        pipe.wait_for(lambda: _drained(kafka_settings, join), 240, "the restarted pipeline to drain")
+        assert pipe.stop(join) == 0
+        assert pipe.stop(writer) == 0
+    finally:
+        pipe.stop_all()
+    assert seen["open"] >= 1_000 and seen["unacked"] > 0
+    _check_store(pipe, traffic)

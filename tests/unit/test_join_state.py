@@ -1,0 +1,122 @@
+"""PendingRequest: dedup keys, the compact changelog form, and its round trip."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schemas.events import StageEvent
+from streams.core.join import build_record
+from streams.core.join_state import EVENT_RECORD, PendingRequest, event_key
+from streams.settings import JoinConfig
+
+T0 = 1_700_000_000_000.0
+CFG = JoinConfig()
+
+
+def ev(stage: str, ts: float, dur: float | None = None, **kw: Any) -> StageEvent:
+    kw.setdefault("tenant_id", "acme")
+    return StageEvent(request_id="req-0001", stage=stage, ts_ms=T0 + ts, duration_ms=dur, **kw)
+
+
+def typical(with_ids: bool = True) -> list[StageEvent]:
+    """An 8-event request as a service emits it: event ids, a route, a trace id and cache attrs."""
+    specs: list[tuple[str, float, float | None, dict[str, Any]]] = [
+        ("request_start", 0, None, {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}),
+        ("retrieval", 2, 310.5, {"retrieval_cache_hit": False}),
+        ("vector_recall", 3, 120.25, {}),
+        ("bm25_recall", 3, 95.0, {}),
+        ("rerank", 130, 180.0, {"rerank_top_k": 20}),
+        (
+            "prompt_assemble",
+            313,
+            84.0,
+            {"prompt_tokens": 3_100, "cached_tokens": 2_048, "prompt_cache_hit": True},
+        ),
+        ("llm_ttft", 398, 1_150.75, {"draft_accept_rate": 0.72}),
+        ("first_token", 1_549, None, {}),
+    ]
+    return [
+        ev(
+            stage,
+            ts,
+            dur,
+            event_id=f"req-0001:{stage}:0" if with_ids else None,
+            attrs=attrs or None,
+            version_id="gpt-x-2024-06",
+            route="main",
+            rollout="stable",
+            fallback_level=0,
+        )
+        for stage, ts, dur, attrs in specs
+    ]
+
+
+def folded(events: list[StageEvent]) -> PendingRequest:
+    p = PendingRequest("req-0001", "acme", 3, T0 - 5.0)
+    for e in events:
+        p.fold(e, event_key(e))
+    return p
+
+
+PAIRS = [
+    (ev("retrieval", 1, 2.0), ev("retrieval", 1, 2.0)),
+    (ev("retrieval", 1, 2.0), ev("retrieval", 1, 3.0)),
+    (ev("retrieval", 1, 2.0), ev("retrieval", 2, 2.0)),
+    (ev("retrieval", 1, 2.0), ev("rerank", 1, 2.0)),
+    (ev("retrieval", 1, 2.0, event_id="a"), ev("retrieval", 9, 9.0, event_id="a")),
+    (ev("retrieval", 1, 2.0, event_id="a"), ev("retrieval", 1, 2.0, event_id="b")),
+    (ev("retrieval", 1, 2.0, event_id="a"), ev("retrieval", 1, 2.0)),
+    (ev("retrieval", 1, 2.0, event_id="a"), ev("rerank", 1, 2.0, event_id="a")),
+    (ev("first_token", 1), ev("first_token", 1)),
+    (ev("first_token", 1), ev("first_token", 2)),
+    (ev("first_token", 1, event_id="f"), ev("first_token", 5, event_id="f")),
+    (ev("my_stage", 1, 2.0), ev("my_stage", 1, 2.0)),
+    (ev("my_stage", 1, 2.0), ev("other_stage", 1, 2.0)),
+]
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS)
+def test_fold_dedup_agrees_with_the_contract_dedup_key(first: StageEvent, second: StageEvent) -> None:
+    p = folded([first])
+    assert p.fold(second, event_key(second)) is (first.dedup_key() != second.dedup_key())
+
+
+def test_conflicting_copies_keep_the_first_arrival() -> None:
+    # Same event id, different content: a producer bug. The first copy is the event; the other is a dup.
+    a = ev("llm_ttft", 1, 2.0, event_id="x", attrs={"draft_accept_rate": 0.5}, version_id="v1")
+    b = ev("llm_ttft", 7, 9.0, event_id="x", attrs={"draft_accept_rate": 0.9}, version_id="v2")
+    p = folded([a, b])
+    assert (next(p.iter_events())[1:3], p.attr_values()[3], p.version) == ((T0 + 1, 2.0), 0.5, "v1")
+
+
+def test_event_key_is_stable_across_processes() -> None:
+    # The key is stored in the changelog: changing the hash breaks dedup across an upgrade.
+    assert event_key(ev("retrieval", 0, 1.0, event_id="e-1")) == -6985662141323381967
+    assert event_key(ev("retrieval", 0, 1.0)) == 0
+
+
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_round_trip_through_bytes(with_ids: bool) -> None:
+    p = folded([*typical(with_ids), ev("custom_b", 5, 1.0), ev("custom_a", 6, 2.0), ev("custom_b", 7, 1.0)])
+    p.duplicates, p.late, p.emitted, p.deadline, p.offset, p.fallback = 2, 1, True, T0 + 9e5, 12_345, 3
+    packed = p.to_bytes()
+    q = PendingRequest.from_bytes("req-0001", packed)
+    assert q.to_bytes() == packed
+    assert build_record(q, CFG, 60_000) == build_record(p, CFG, 60_000)
+    for name in PendingRequest.__slots__:
+        assert getattr(q, name) == getattr(p, name), name
+
+
+def test_state_of_a_typical_request_is_a_few_hundred_bytes() -> None:
+    p = folded(typical())
+    p.offset = 123_456_789
+    assert p.event_count == 8
+    assert len(p.events) == 8 * EVENT_RECORD.size
+    assert len(p.to_bytes()) <= 600
+
+
+def test_strings_are_interned() -> None:
+    a, b = folded(typical()), folded(typical())
+    assert a.version is b.version and a.tenant is b.tenant and a.route is b.route
