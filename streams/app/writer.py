@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from schemas.dead_letter import DeadLetter
 from streams.app.metrics import WorkerMetrics
 from streams.core.join import merge_records
 from streams.kafka.topics import kafka_client_kwargs
@@ -126,12 +127,13 @@ class StoreWriter:
             offsets[tp] = messages[-1].offset + 1
             n += len(messages)
             for msg in messages:
-                value = orjson.loads(msg.value) if msg.value is not None else None
-                if value is None:
+                if msg.value is None:
                     continue
                 if tp.topic == self.dead_letter_topic:
-                    dead_letters.append(value)
-                elif value.get("amend"):
+                    dead_letters.append(DeadLetter.model_validate_json(msg.value).model_dump())
+                    continue
+                value = orjson.loads(msg.value)
+                if value.get("amend"):
                     amendments.append(value)
                 else:
                     records.append(value)

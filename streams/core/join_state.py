@@ -82,6 +82,18 @@ def attr_owner_rank(attr: str, stage: str) -> int:
     return ranks.get(stage, other)
 
 
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _float(value: Any) -> float:
+    if type(value) not in (int, float):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
 def _intern(value: str | None) -> str | None:
     return None if value is None else sys.intern(value)
 
@@ -312,17 +324,17 @@ class PendingRequest:
                 fields[:11]
             )
             (emitted, deadline, offset, customs, events, attrs) = fields[11:]
-            pending = cls(request_id, tenant, int(partition), float(first_wm))
+            pending = cls(request_id, tenant, _int(partition), _float(first_wm))
             pending.version = sys.intern(version)
             pending.rollout = rollout
             pending.route = _intern(route)
-            pending.ident = int(ident)
-            pending.fallback = int(fallback)
-            pending.duplicates = int(duplicates)
-            pending.late = int(late)
-            pending.emitted = bool(emitted)
-            pending.deadline = float(deadline)
-            pending.offset = None if offset is None else int(offset)
+            pending.ident = _int(ident)
+            pending.fallback = _int(fallback)
+            pending.duplicates = _int(duplicates)
+            pending.late = _int(late)
+            pending.emitted = bool(_int(emitted))
+            pending.deadline = _float(deadline)
+            pending.offset = None if offset is None else _int(offset)
             pending.customs = tuple(sys.intern(c) for c in customs) if customs else None
             pending.attrs = tuple(attrs) if attrs else None
             pending.events = base64.b64decode(events, validate=True)

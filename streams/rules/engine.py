@@ -9,6 +9,7 @@ read: every time is the window start passed in, so a replay produces the same tr
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import replace
 
 from streams.core.sketch import LatencySketch
@@ -58,6 +59,23 @@ class RuleEngine:
         self._last_window: float | None = None
         #: (rule, outcome) -> evaluations since start, for metrics.
         self.outcomes: Counter[tuple[str, str]] = Counter()
+
+    def restore(self, active: Iterable[AlertTransition]) -> int:
+        """Resume pending/firing alerts known to the outbox (``DeliveryState.active_transitions``) after a
+        restart, so they resolve when their condition is gone instead of being re-sent forever."""
+        restored = 0
+        for transition in active:
+            key = self.alerts.restore(transition)
+            if key is None:
+                continue
+            restored += 1
+            self._series_seen[key] = max(
+                self._series_seen.get(key, transition.window_start), transition.window_start
+            )
+            if key[0] == "TTFTTenantSilent" and key[1] not in self._tenant_seen:
+                silent_for = self.config.tenant_silence.silent_windows * self.window_ms
+                self._tenant_seen[key[1]] = (transition.fired_at or transition.active_at) - silent_for
+        return restored
 
     def evaluate(
         self, window_start_ms: float, windows: WindowSnapshot, *, muted: bool = False

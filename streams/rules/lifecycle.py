@@ -113,6 +113,30 @@ class AlertBook:
                 return [self.resolve(key, window_start)] if key in self._alerts else []
         return []
 
+    def restore(self, transition: AlertTransition) -> AlertKey | None:
+        """Re-adopt a pending or firing alert from the outbox after a restart; returns its key."""
+        if transition.state == "resolved":
+            return None
+        labels = transition.labels
+        key: AlertKey = (
+            transition.alertname,
+            labels.get("tenant", ""),
+            labels.get("stage", ""),
+            labels.get("version", ""),
+        )
+        self._alerts[key] = TrackedAlert(
+            transition.alertname,
+            dict(labels),
+            transition.state,
+            transition.active_at,
+            transition.fired_at,
+            1,
+            0,
+            dict(transition.annotations),
+            dict(transition.numbers),
+        )
+        return key
+
     def resolve(self, key: AlertKey, window_start: float, description: str | None = None) -> AlertTransition:
         """Resolve (or drop, when still pending) an alert now; ``KeyError`` when it is not active."""
         tracked = self._alerts.pop(key)

@@ -129,7 +129,8 @@ def prompt_cache_hit_probability(profile: RequestProfile, prompt_tokens: int) ->
 
 
 def _round(x: float) -> float:
-    return round(x, 3)
+    # Microsecond resolution; int() arithmetic is ~5x cheaper than round(x, 3) and x is never negative.
+    return int(x * 1000.0 + 0.5) / 1000.0
 
 
 def _gap(rng: random.Random, mean_ms: float) -> float:

@@ -18,6 +18,7 @@ same process is an error, and a second *process* cannot open a directory that an
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from typing import Any
@@ -78,7 +79,8 @@ def chdb_path(url: str) -> str:
     # chdb://relative/dir would silently put the netloc into the path: insist on an absolute path.
     if parts.netloc or not parts.path.startswith("/"):
         raise StoreConfigError(f"chDB URL must be chdb:///absolute/dir, got {url!r}")
-    return unquote(parts.path).rstrip("/") or "/"
+    # Resolved like chDB resolves it, so two spellings of one directory count as one store.
+    return os.path.realpath(unquote(parts.path))
 
 
 def _chdb_client(url: str, *, shared: bool) -> Client:

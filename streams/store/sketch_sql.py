@@ -88,7 +88,9 @@ def rollup_sql(database: str, *, use_udf: bool = False) -> str:
     """Stage percentiles re-aggregated from stored bins over ``[{start}, {end})``, per tenant x version x stage.
 
     Server-side parameters: ``start`` and ``end`` (``DateTime64(3)``) and ``tenant`` (``String``, empty for
-    all tenants). ``FINAL`` collapses recomputed window rows before ``sumMap`` adds them up.
+    all tenants). ``FINAL`` collapses recomputed window rows before ``sumMap`` adds them up. Output
+    aliases differ from the column names on purpose: a ClickHouse alias is visible in the whole SELECT, so
+    ``sumMap(bins) AS bins`` would nest the aggregate inside the quantile expressions.
     """
     quantile = quantile_udf_sql if use_udf else quantile_sql
     levels = ",\n       ".join(
@@ -96,10 +98,10 @@ def rollup_sql(database: str, *, use_udf: bool = False) -> str:
         for name, q in LEVELS
     )
     return (
-        "SELECT tenant_id, version_id, stage, sum(count) AS count,\n"
+        "SELECT tenant_id, version_id, stage, sum(count) AS requests,\n"
         f"       {levels},\n"
-        "       max(max) AS max, sum(slo_bad_count) AS slo_bad_count, sumMap(bins) AS bins,\n"
-        "       sum(zero_count) AS zero_count\n"
+        "       max(max) AS max_ms, sum(slo_bad_count) AS slo_bad, sumMap(bins) AS merged_bins,\n"
+        "       sum(zero_count) AS merged_zero_count, count() AS windows\n"
         f"FROM {database}.stage_windows FINAL\n"
         "WHERE window_start >= {start:DateTime64(3)} AND window_start < {end:DateTime64(3)}\n"
         "  AND ({tenant:String} = '' OR tenant_id = {tenant:String})\n"

@@ -180,7 +180,12 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
 def test_sasl_plain_and_scram_listener(tmp_path: Path) -> None:
     if reason := missing_prerequisite():
         pytest.skip(reason)
-    broker = LocalBroker(tmp_path / "sasl", sasl_users={"alice": "alice-secret"}, heap_mb=384)
+    broker = LocalBroker(
+        tmp_path / "sasl",
+        sasl_users={"alice": "alice-secret"},
+        heap_mb=384,
+        jvm_options=["-XX:TieredStopAtLevel=1"],
+    )
     broker.start()
     try:
         plain_admin = load_settings(kafka_bootstrap=broker.bootstrap, topic_prefix=f"s{uuid.uuid4().hex[:8]}")

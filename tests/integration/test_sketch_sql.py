@@ -92,11 +92,12 @@ def test_hour_rollup_in_sql_equals_python(
         assert set(rows) == set(python)
         for key, rollup in python.items():
             sql = rows[key]
-            assert sql["count"] == rollup.count
-            assert dict(sql["bins"]) == rollup.bins
-            assert sql["zero_count"] == rollup.zero_count
-            assert sql["max"] == rollup.max
-            assert sql["slo_bad_count"] == rollup.slo_bad_count
+            assert sql["requests"] == rollup.count
+            assert dict(sql["merged_bins"]) == rollup.bins
+            assert sql["merged_zero_count"] == rollup.zero_count
+            assert sql["max_ms"] == rollup.max
+            assert sql["slo_bad"] == rollup.slo_bad_count
+            assert sql["windows"] == rollup.windows == 60
             for name, q in LEVELS:
                 assert sql[name] == rollup.quantile(q), (key, name, use_udf)
 
@@ -139,7 +140,7 @@ def test_rolling_p95_from_stored_bins(
                    sum(zero_count) OVER w AS rolling_zeros
             FROM {ch_database}.stage_windows FINAL
             WHERE tenant_id = 'acme' AND version_id = 'v1' AND stage = 'ttft'
-            WINDOW w AS (ORDER BY window_start RANGE BETWEEN 840 PRECEDING AND CURRENT ROW)
+            WINDOW w AS (ORDER BY toUnixTimestamp(window_start) RANGE BETWEEN 840 PRECEDING AND CURRENT ROW)
         )
         ORDER BY window_start
         """

@@ -55,8 +55,8 @@ def typical_request(i: int) -> list[StageEvent]:
     ]
 
 
-def fresh_join() -> RequestJoin:
-    return RequestJoin(JoinConfig(max_open_requests=max(N, 1) * 2), 60_000)
+def fresh_join(open_requests: int = N) -> RequestJoin:
+    return RequestJoin(JoinConfig(max_open_requests=max(open_requests, 20_000)), 60_000)
 
 
 def stream(n: int) -> Iterator[tuple[int, list[StageEvent]]]:

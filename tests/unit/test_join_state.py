@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
+import orjson
 import pytest
 
 from schemas.events import StageEvent
@@ -120,3 +122,32 @@ def test_state_of_a_typical_request_is_a_few_hundred_bytes() -> None:
 def test_strings_are_interned() -> None:
     a, b = folded(typical()), folded(typical())
     assert a.version is b.version and a.tenant is b.tenant and a.route is b.route
+
+
+def _corrupt(index: int, value: Any) -> bytes:
+    fields = orjson.loads(folded(typical()).to_bytes())
+    fields[index] = value
+    return orjson.dumps(fields)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"{",
+        b"[]",
+        b"[99]",
+        b'{"a": 1}',
+        b"[1, 0]",
+        _corrupt(2, 7),  # tenant not a string
+        _corrupt(6, 8),  # identity event index past the events
+        _corrupt(13, "12"),  # offset not a number
+        _corrupt(15, "!!!"),  # events not base64
+        _corrupt(15, base64.b64encode(b"x" * 25).decode()),  # not whole records
+        _corrupt(15, base64.b64encode(EVENT_RECORD.pack(40, T0, 1.0, 0)).decode()),  # unknown stage code
+        _corrupt(16, [None] * 3),  # attrs of the wrong shape
+    ],
+)
+def test_from_bytes_rejects_corrupt_state(data: bytes) -> None:
+    with pytest.raises(ValueError, match="req-0001"):
+        PendingRequest.from_bytes("req-0001", data)

@@ -1,0 +1,261 @@
+"""The durable alert outbox: the ``ttft.alerts`` topic, and the loop that delivers it to Alertmanager.
+
+Why a topic: an Alertmanager outage, or a worker restart during one, must lose no transition. The worker
+produces every transition to ``ttft.alerts`` (key = fingerprint, so one alert's transitions stay in order
+on one partition; :func:`alert_message` builds the record). The delivery loop consumes the topic with a
+consumer group and commits offsets only after Alertmanager accepted everything folded so far.
+
+On start the loop reads every assigned partition from the beginning (a compacted topic keeps the latest
+transition per fingerprint): messages below the committed offset only rebuild the set of firing alerts,
+which are re-sent; messages at or past it are deliveries still owed. Firing alerts are re-sent every
+``resend_interval_s`` with ``endsAt`` a few intervals ahead; a resolution is sent once.
+
+Muting (replay/backfill): transitions marked ``muted`` are counted and never delivered, and a loop
+started with ``paging_muted`` counts its deliveries as muted instead of sending them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from streams.alerting.alertmanager import AlertmanagerClient, alertmanager_alert
+from streams.kafka.topics import kafka_client_kwargs
+from streams.rules.model import AlertTransition
+from streams.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def alert_message(transition: AlertTransition) -> tuple[bytes, bytes]:
+    """The ``ttft.alerts`` record of a transition: (key = fingerprint, JSON value)."""
+    return transition.fingerprint.encode("utf-8"), orjson.dumps(transition.to_message())
+
+
+@dataclass(slots=True)
+class _Firing:
+    transition: AlertTransition
+    first_sent: datetime | None = None
+    last_sent_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One alert to post now: a new transition, or the re-send of a firing alert."""
+
+    transition: AlertTransition
+    starts_at: datetime | None
+    resend: bool
+
+
+@dataclass(slots=True)
+class DeliveryStats:
+    """Counters of the delivery loop (exported as metrics by the caller)."""
+
+    folded: int = 0
+    malformed: int = 0
+    delivered: int = 0
+    resent: int = 0
+    muted: int = 0
+    failed_posts: int = 0
+
+
+@dataclass(slots=True)
+class DeliveryState:
+    """A fold of ``ttft.alerts`` into what Alertmanager must be told.
+
+    ``owed``: transitions not yet delivered (the latest per fingerprint). ``firing``: alerts to keep
+    re-sending. ``pending``: alerts in their ``for`` phase (not paged; kept so a restarted engine can
+    resume them with :meth:`active_transitions`).
+    """
+
+    owed: dict[str, AlertTransition] = field(default_factory=dict)
+    firing: dict[str, _Firing] = field(default_factory=dict)
+    pending: dict[str, AlertTransition] = field(default_factory=dict)
+    stats: DeliveryStats = field(default_factory=DeliveryStats)
+
+    def fold(self, transition: AlertTransition, *, replayed: bool = False) -> None:
+        """Fold one transition; ``replayed`` ones (below the committed offset) were delivered already."""
+        self.stats.folded += 1
+        fp = transition.fingerprint
+        if transition.muted:
+            self.stats.muted += 1
+            return
+        if transition.state == "pending":
+            self.pending[fp] = transition
+            return
+        self.pending.pop(fp, None)
+        if transition.state == "firing":
+            previous = self.firing.get(fp)
+            self.firing[fp] = _Firing(transition, previous.first_sent if previous else None)
+            if not replayed:
+                self.owed[fp] = transition
+            return
+        was_firing = self.firing.pop(fp, None) is not None
+        if not replayed and (was_firing or transition.fired_at is not None):
+            self.owed[fp] = transition
+        else:
+            self.owed.pop(fp, None)  # a pending alert that cleared was never paged
+
+    def fold_message(self, value: bytes | None, *, replayed: bool = False) -> None:
+        """Fold a raw topic value; a malformed one is counted and skipped (it can never be delivered)."""
+        try:
+            transition = AlertTransition.from_message(orjson.loads(value or b""))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            self.stats.malformed += 1
+            log.warning("skipping malformed ttft.alerts message: %s", exc)
+            return
+        self.fold(transition, replayed=replayed)
+
+    def due(self, now_s: float, resend_interval_s: float) -> list[Delivery]:
+        """Owed transitions, then firing alerts whose last send is older than the re-send interval."""
+        out = [
+            Delivery(t, self.firing[fp].first_sent if fp in self.firing else None, False)
+            for fp, t in sorted(self.owed.items())
+        ]
+        for fp, f in sorted(self.firing.items()):
+            if fp not in self.owed and (f.last_sent_s is None or now_s - f.last_sent_s >= resend_interval_s):
+                out.append(Delivery(f.transition, f.first_sent, True))
+        return out
+
+    def mark_delivered(self, deliveries: Iterable[Delivery], now_s: float, *, muted: bool = False) -> None:
+        """Record that ``deliveries`` were accepted (or muted) at wall time ``now_s``."""
+        now_dt = datetime.fromtimestamp(now_s, tz=UTC)
+        for d in deliveries:
+            fp = d.transition.fingerprint
+            if self.owed.get(fp) is d.transition:
+                del self.owed[fp]
+            f = self.firing.get(fp)
+            if f is not None:
+                f.last_sent_s = now_s
+                if f.first_sent is None and not muted:
+                    f.first_sent = now_dt
+            if muted:
+                self.stats.muted += 1
+            elif d.resend:
+                self.stats.resent += 1
+            else:
+                self.stats.delivered += 1
+
+    def active_transitions(self) -> list[AlertTransition]:
+        """Firing and pending alerts, for :meth:`streams.rules.RuleEngine.restore` after a restart."""
+        firing = [f.transition for _, f in sorted(self.firing.items())]
+        return firing + [t for _, t in sorted(self.pending.items())]
+
+
+async def deliver_due(
+    state: DeliveryState,
+    client: AlertmanagerClient,
+    now_s: float,
+    *,
+    resend_interval_s: float,
+    ends_after_intervals: float = 4.0,
+    paging_muted: bool = False,
+) -> bool:
+    """Post everything due in one batch; ``True`` when nothing is owed any more."""
+    deliveries = state.due(now_s, resend_interval_s)
+    if not deliveries:
+        return True
+    if paging_muted:
+        state.mark_delivered(deliveries, now_s, muted=True)
+        return True
+    now = datetime.fromtimestamp(now_s, tz=UTC)
+    ends_in = timedelta(seconds=resend_interval_s * ends_after_intervals)
+    body = [
+        alertmanager_alert(d.transition, now=now, ends_in=ends_in, starts_at=d.starts_at) for d in deliveries
+    ]
+    if await client.post(body):
+        state.mark_delivered(deliveries, now_s)
+        return True
+    state.stats.failed_posts += 1
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryOptions:
+    """Timing of the delivery loop (wall clock; Alertmanager's world)."""
+
+    resend_interval_s: float = 60.0
+    ends_after_intervals: float = 4.0
+    poll_timeout_ms: int = 1_000
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 30.0
+    paging_muted: bool = False
+
+
+def delivery_group_id(settings: Settings) -> str:
+    """Consumer group of the delivery loop (offsets = what Alertmanager has accepted)."""
+    return f"{settings.app_id}-alert-delivery"
+
+
+async def run_delivery_loop(
+    settings: Settings,
+    client: AlertmanagerClient,
+    stop: asyncio.Event,
+    *,
+    options: DeliveryOptions | None = None,
+    state: DeliveryState | None = None,
+    clock: Callable[[], float] = time.time,
+) -> DeliveryState:
+    """Consume ``ttft.alerts`` and deliver it until ``stop`` is set; returns the final state.
+
+    Offsets are committed only after a successful delivery of everything folded so far; on failure the
+    loop keeps folding and retries with capped exponential back-off. All partitions are assigned to this
+    consumer (no rebalancing): run one loop per deployment; a second one only duplicates posts, which
+    Alertmanager deduplicates by labels.
+    """
+    opts = options or DeliveryOptions()
+    state = state if state is not None else DeliveryState()
+    topic = settings.topic("alerts")
+    consumer = AIOKafkaConsumer(
+        group_id=delivery_group_id(settings),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **kafka_client_kwargs(settings),
+    )
+    await consumer.start()
+    try:
+        await consumer.topics()  # loads metadata so the partitions are known
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            raise RuntimeError(f"topic {topic} does not exist")
+        consumer.assign(tps)
+        committed = {tp: await consumer.committed(tp) for tp in tps}
+        await consumer.seek_to_beginning(*tps)
+        backoff = opts.retry_initial_s
+        uncommitted = False
+        while not stop.is_set():
+            batch = await consumer.getmany(*tps, timeout_ms=opts.poll_timeout_ms, max_records=500)
+            uncommitted = uncommitted or bool(batch)
+            for tp, records in batch.items():
+                done = committed.get(tp)
+                for record in records:
+                    state.fold_message(record.value, replayed=done is not None and record.offset < done)
+            ok = await deliver_due(
+                state,
+                client,
+                clock(),
+                resend_interval_s=opts.resend_interval_s,
+                ends_after_intervals=opts.ends_after_intervals,
+                paging_muted=opts.paging_muted,
+            )
+            if ok:
+                if uncommitted:
+                    await consumer.commit()
+                    uncommitted = False
+                backoff = opts.retry_initial_s
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=backoff)
+            backoff = min(backoff * 2.0, opts.retry_max_s)
+    finally:
+        await consumer.stop()
+    return state

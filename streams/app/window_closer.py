@@ -1,0 +1,179 @@
+"""Closes event-time windows in the writer and derives their aggregates from the store.
+
+A window closes when the writer's watermark (the latest ``started_at`` it stored, advanced by the wall
+clock while idle) passes ``window_start + W + grace``. Its rows are then computed from ``requests FINAL``
+by the pure :func:`streams.core.windows.aggregate_window`, written to the aggregate tables (idempotent:
+ReplacingMergeTree by window key) and published to ``ttft.stage-windows`` / ``ttft.window-health``.
+
+A record for an already closed window is a late amendment: the window is computed again from the
+store and the amendment counted. Because every computation reads the store, a crash, a replay or a
+duplicate cannot double-count; at start-up, windows whose stored aggregates do not match the records
+(count and sum of record versions) are computed again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from streams.app.metrics import WorkerMetrics
+from streams.core.series import SeriesAdmission
+from streams.core.windows import WindowAggregates, aggregate_window
+from streams.settings import Settings
+from streams.store.aggregates_store import (
+    dead_letter_counts,
+    insert_window_aggregates,
+    request_window_fingerprints,
+    stored_window_fingerprints,
+)
+from streams.store.requests_store import fetch_window_records
+
+log = logging.getLogger("ttft.windows")
+
+StoreCall = Callable[..., Awaitable[Any]]
+Publish = Callable[[str, bytes, bytes], Awaitable[None]]
+#: (window_start_ms, aggregates, first_close) -> awaitable; the rule engine hooks in here.
+WindowClosedHook = Callable[[int, WindowAggregates, bool], Awaitable[None]]
+
+_CLOSED_MEMORY = 1_440  # windows remembered as closed (one day at W = 60 s)
+
+
+class WindowCloser:
+    """Event-time window bookkeeping of one writer."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: WorkerMetrics,
+        store_call: StoreCall,
+        publish: Publish,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.store_call = store_call
+        self.publish = publish
+        self.clock = clock
+        self.window_ms = settings.windows.window_s * 1000
+        self.grace_ms = settings.windows.grace_s * 1000
+        self.admission = SeriesAdmission.from_settings(settings)
+        self.open: set[int] = set()
+        self.closed: dict[int, int] = {}  # window_start -> times computed after closing
+        self.watermark: float | None = None
+        self._last_progress_wall = clock()
+        self.hooks: list[WindowClosedHook] = []
+        self.db = settings.clickhouse_database
+
+    # --- start-up -------------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Compute again every window of the look-back whose stored aggregates are stale."""
+        lookback_ms = self.settings.windows.recompute_lookback_s * 1000
+        since = (self.clock() * 1000.0) - lookback_ms - 30 * 86_400_000  # event time may lag wall time
+        have = await self.store_call(request_window_fingerprints, self.db, since)
+        if not have:
+            return
+        latest = max(have)
+        since = latest - lookback_ms
+        done = await self.store_call(stored_window_fingerprints, self.db, since)
+        self.watermark = float(latest)
+        for ws in sorted(w for w in have if w >= since):
+            if done.get(ws) == have[ws]:
+                self.closed[ws] = 0
+            else:
+                self.open.add(ws)
+        log.info("window recovery: %d stale windows of %d", len(self.open), len(have))
+
+    # --- per batch ------------------------------------------------------------------------------
+
+    async def on_records(self, records: list[dict[str, Any]]) -> None:
+        """Book a committed batch of records and close what became due."""
+        now = self.clock()
+        amended: set[int] = set()
+        for record in records:
+            ws = int(record["window_start"])
+            started = float(record["started_at"])
+            if self.watermark is None or started > self.watermark:
+                self.watermark = started
+            if ws in self.closed:
+                amended.add(ws)
+            else:
+                self.open.add(ws)
+        if records:
+            self._last_progress_wall = now
+        elif self.watermark is not None:
+            idle = now - self._last_progress_wall
+            if idle >= self.settings.join.idle_tick_ms / 1000.0:
+                self.watermark += idle * 1000.0
+                self._last_progress_wall = now
+        await self._close_due()
+        for ws in sorted(amended):
+            self.closed[ws] += 1
+            self.metrics.window_amendments.inc()
+            await self._compute(ws, first_close=False)
+
+    async def _close_due(self) -> None:
+        if self.watermark is None:
+            return
+        due = sorted(ws for ws in self.open if ws + self.window_ms + self.grace_ms <= self.watermark)
+        for ws in due:
+            self.open.discard(ws)
+            self.closed[ws] = 0
+            await self._compute(ws, first_close=True)
+        while len(self.closed) > _CLOSED_MEMORY:
+            self.closed.pop(min(self.closed))
+
+    async def flush_all(self) -> None:
+        """Close every open window now (end of a bounded run, e.g. a replay or the demo)."""
+        for ws in sorted(self.open):
+            self.open.discard(ws)
+            self.closed[ws] = 0
+            await self._compute(ws, first_close=True)
+
+    # --- computing --------------------------------------------------------------------------------
+
+    async def _compute(self, ws: int, *, first_close: bool) -> WindowAggregates:
+        records = await self.store_call(fetch_window_records, self.db, ws, self.window_ms)
+        dead = await self.store_call(dead_letter_counts, self.db, ws, ws + self.window_ms)
+        agg = aggregate_window(
+            records,
+            ws,
+            self.settings,
+            admission=self.admission,
+            dead_letters=dead,
+            amendments=self.closed.get(ws, 0),
+        )
+        tables = {
+            "stage_windows": agg.stage_windows,
+            "stage_strata": agg.stage_strata,
+            "tail_attribution": agg.tail_attribution,
+            "window_health": agg.window_health,
+            "llm_signals": agg.llm_signals,
+        }
+        await self.store_call(insert_window_aggregates, self.db, tables)
+        await self._publish(ws, agg)
+        self.metrics.windows_closed.inc()
+        if agg.overflow_series:
+            self.metrics.series_overflow.inc(agg.overflow_series)
+        for hook in self.hooks:
+            await hook(ws, agg, first_close)
+        return agg
+
+    async def _publish(self, ws: int, agg: WindowAggregates) -> None:
+        opts = orjson.OPT_NON_STR_KEYS
+        topic = self.settings.topic("stage-windows")
+        for row in agg.stage_windows:
+            key = f"{row['tenant_id']}|{row['version_id']}|{row['stage']}|{ws}".encode()
+            await self.publish(topic, key, orjson.dumps(row, option=opts))
+        topic = self.settings.topic("window-health")
+        signals = {(r["tenant_id"], r["version_id"]): r for r in agg.llm_signals}
+        attribution = {(r["tenant_id"], r["version_id"]): r for r in agg.tail_attribution}
+        for row in agg.window_health:
+            series = (row["tenant_id"], row["version_id"])
+            message = {**row, "llm_signals": signals.get(series), "tail_attribution": attribution.get(series)}
+            key = f"{series[0]}|{series[1]}|{ws}".encode()
+            await self.publish(topic, key, orjson.dumps(message, option=opts))

@@ -1,0 +1,108 @@
+"""Window aggregates in ClickHouse: ``stage_windows``, ``stage_strata``, ``tail_attribution``,
+``window_health`` and ``llm_signals`` (migration 0003).
+
+Rows come from :func:`streams.core.windows.aggregate_window`. Every table is a ReplacingMergeTree keyed
+by the window key, so writing a window again (late record, replay, restart) replaces its rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
+from streams.store.client import check_identifier
+from streams.store.requests_store import SYNC_INSERT, final_read_settings
+
+AGGREGATE_TABLES: tuple[str, ...] = (
+    "stage_windows",
+    "stage_strata",
+    "tail_attribution",
+    "window_health",
+    "llm_signals",
+)
+_TIME_COLUMNS = frozenset({"window_start"})
+_columns_cache: dict[tuple[int, str, str], list[str]] = {}
+
+
+def table_columns(client: Client, database: str, table: str) -> list[str]:
+    """Column names of a table, in order (cached per client)."""
+    key = (id(client), database, table)
+    cols = _columns_cache.get(key)
+    if cols is None:
+        result = client.query(
+            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} "
+            "ORDER BY position",
+            parameters={"db": database, "t": table},
+        )
+        cols = [str(r[0]) for r in result.result_rows]
+        _columns_cache[key] = cols
+    return cols
+
+
+def _cell(column: str, value: Any) -> Any:
+    if column in _TIME_COLUMNS and value is not None:
+        return round(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def insert_rows(client: Client, database: str, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert aggregate rows (dicts keyed by column name; missing columns take their defaults)."""
+    if not rows:
+        return
+    db = check_identifier(database)
+    columns = [c for c in table_columns(client, db, table) if c in rows[0]]
+    data = [[_cell(c, row.get(c)) for c in columns] for row in rows]
+    client.insert(table, data, column_names=columns, database=db, settings=SYNC_INSERT)
+
+
+def insert_window_aggregates(client: Client, database: str, tables: Mapping[str, Sequence[Mapping[str, Any]]]
+                             ) -> None:
+    """Insert every table's rows of one or more windows."""
+    for table in AGGREGATE_TABLES:
+        insert_rows(client, database, table, tables.get(table, ()))
+
+
+def stored_window_fingerprints(client: Client, database: str, since_ms: float) -> dict[int, tuple[int, int]]:
+    """Per window since ``since_ms``: (record count, sum of record versions) as last aggregated."""
+    result = client.query(
+        f"SELECT toUnixTimestamp64Milli(window_start) AS ws, sum(total), sum(computed_version) "
+        f"FROM {check_identifier(database)}.window_health FINAL "
+        "WHERE window_start >= fromUnixTimestamp64Milli({since:Int64}) GROUP BY ws",
+        parameters={"since": int(since_ms)},
+    )
+    return {int(r[0]): (int(r[1]), int(r[2])) for r in result.result_rows}
+
+
+def request_window_fingerprints(client: Client, database: str, since_ms: float) -> dict[int, tuple[int, int]]:
+    """Per window since ``since_ms`` in ``requests FINAL``: (record count, sum of record versions)."""
+    result = client.query(
+        f"SELECT toUnixTimestamp64Milli(window_start) AS ws, count(), sum(record_version) "
+        f"FROM {check_identifier(database)}.requests FINAL "
+        "WHERE window_start >= fromUnixTimestamp64Milli({since:Int64}) GROUP BY ws",
+        parameters={"since": int(since_ms)},
+        settings=final_read_settings(client),
+    )
+    return {int(r[0]): (int(r[1]), int(r[2])) for r in result.result_rows}
+
+
+def latest_window_start(client: Client, database: str) -> int | None:
+    result = client.query(
+        f"SELECT toUnixTimestamp64Milli(max(window_start)), count() FROM {check_identifier(database)}.requests"
+    )
+    row = result.result_rows[0]
+    return int(row[0]) if row[1] else None
+
+
+def dead_letter_counts(client: Client, database: str, start_ms: float, end_ms: float) -> dict[str, int]:
+    """Dead letters per tenant (``unknown`` when unreadable) by Kafka timestamp within a window."""
+    result = client.query(
+        f"SELECT ifNull(tenant_id, 'unknown') AS t, count() FROM {check_identifier(database)}.dead_letters FINAL "
+        "WHERE kafka_timestamp >= fromUnixTimestamp64Milli({s:Int64}) "
+        "AND kafka_timestamp < fromUnixTimestamp64Milli({e:Int64}) GROUP BY t",
+        parameters={"s": int(start_ms), "e": int(end_ms)},
+    )
+    return {str(r[0]): int(r[1]) for r in result.result_rows}
