@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 
 #: HTTP statuses worth retrying; any other 4xx is a bad payload and retrying cannot fix it.
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class AlertSink(Protocol):
+    """Where alert batches go: the Alertmanager client, or a fake in unit tests."""
+
+    async def post(self, alerts: Sequence[Mapping[str, Any]]) -> bool: ...
 
 
 def _rfc3339(when: datetime) -> str:

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.alerting.alertmanager import AlertmanagerClient, alertmanager_alert
+from streams.alerting.alertmanager import AlertSink, alertmanager_alert
 from streams.kafka.topics import kafka_client_kwargs
 from streams.rules.model import AlertTransition
 from streams.settings import Settings
@@ -153,7 +153,7 @@ class DeliveryState:
 
 async def deliver_due(
     state: DeliveryState,
-    client: AlertmanagerClient,
+    client: AlertSink,
     now_s: float,
     *,
     resend_interval_s: float,
@@ -198,7 +198,7 @@ def delivery_group_id(settings: Settings) -> str:
 
 async def run_delivery_loop(
     settings: Settings,
-    client: AlertmanagerClient,
+    client: AlertSink,
     stop: asyncio.Event,
     *,
     options: DeliveryOptions | None = None,

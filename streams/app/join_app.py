@@ -83,10 +83,8 @@ class JoinAdapter:
         self.dead_letter_topic = settings.topic("dead-letter")
         self.state = app.Table(
             JOIN_STATE_TABLE,
-            key_type=bytes,
+            key_type=bytes,  # bytes keys and values: the "raw" codec, our own packed state
             value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
             partitions=settings.partitions,
             on_recover=self._on_recover,
         )

@@ -108,7 +108,12 @@ class WindowCloser:
         elif self.watermark is not None:
             idle = now - self._last_progress_wall
             if idle >= self.settings.join.idle_tick_ms / 1000.0:
-                self.watermark += idle * 1000.0
+                # Idle: event time moves with the wall clock. Once the join has had time to emit every
+                # request that started before (now - timeout - grace), nothing older can still arrive
+                # except as a late amendment, so historical traffic closes promptly.
+                join = self.settings.join
+                settled = now * 1000.0 - (join.request_timeout_ms + join.grace_ms + 2 * join.idle_tick_ms)
+                self.watermark = max(self.watermark + idle * 1000.0, settled)
                 self._last_progress_wall = now
         await self._close_due()
         for ws in sorted(amended):

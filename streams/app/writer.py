@@ -59,6 +59,7 @@ class StoreWriter:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttft-store")
         self.client: Any = None
         self.hooks: list[BatchHook] = []
+        self.on_stop: list[Callable[[], Any]] = []
         self._fault = fault_injector
         self._stopping = asyncio.Event()
         self.consumer: AIOKafkaConsumer | None = None
@@ -69,6 +70,10 @@ class StoreWriter:
         """Run a blocking store call on the single store thread (chDB wants one writer thread)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, fn, *args)
+
+    async def store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(client, *args)`` on the store thread, retried until it succeeds."""
+        return await self._retry(getattr(fn, "__name__", "store call"), lambda: fn(self.client, *args))
 
     async def start(self) -> None:
         self.client = await self._retry("connect", lambda: make_client(self.settings))
@@ -107,6 +112,10 @@ class StoreWriter:
                 else:
                     await self._idle()
         finally:
+            for fn in self.on_stop:
+                result = fn()
+                if asyncio.iscoroutine(result):
+                    await result
             await self.consumer.stop()
             self.executor.shutdown(wait=True)
 

@@ -7,7 +7,7 @@ sketch and counted as negative. ``timed_out`` and ``orphan`` records feed comple
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from schemas.records import STAGE_COLUMNS
@@ -41,23 +41,27 @@ def is_sketched(record: Record) -> bool:
     return record.get("status") in SKETCHED_STATUSES
 
 
-def stage_values(record: Record) -> Iterator[tuple[str, float]]:
-    """(stage, signed milliseconds) of every present stage of a sketched record, ``ttft`` last."""
+def stage_samples(records: Sequence[Record]) -> dict[str, list[tuple[int, float]]]:
+    """Per stage, ``(index in records, signed ms)`` of every present value, in :func:`stage_order`.
+
+    ``records`` are sketched records (:func:`is_sketched`). Column by column rather than record by
+    record: list comprehensions keep a 100,000-request window well under a second.
+    """
+    samples: dict[str, list[tuple[int, float]]] = {}
     for column in STAGE_COLUMNS:
-        value = record.get(column)
-        if value is not None:
-            yield column[:-3], float(value)
-    other = record.get("other_ms")
-    if other is not None:
-        yield OTHER, float(other)
-    custom: Mapping[str, float] | None = record.get("custom_stages")
-    if custom:
-        for name in sorted(custom):
-            if name not in RESERVED_STAGE_NAMES:
-                yield name, float(custom[name])
-    ttft = record.get("ttft_ms")
-    if ttft is not None and record.get("first_token_at") is not None:
-        yield TTFT, float(ttft)
+        samples[column[:-3]] = [
+            (i, float(v)) for i, r in enumerate(records) if (v := r.get(column)) is not None
+        ]
+    samples[OTHER] = [(i, float(v)) for i, r in enumerate(records) if (v := r.get("other_ms")) is not None]
+    customs = [(i, c) for i, r in enumerate(records) if (c := r.get("custom_stages"))]
+    for name in sorted({n for _, c in customs for n in c} - RESERVED_STAGE_NAMES):
+        samples[name] = [(i, float(c[name])) for i, c in customs if name in c]
+    samples[TTFT] = [
+        (i, float(v))
+        for i, r in enumerate(records)
+        if (v := r.get("ttft_ms")) is not None and r.get("first_token_at") is not None
+    ]
+    return {stage: samples[stage] for stage in stage_order(set(samples)) if samples[stage]}
 
 
 def is_slo_bad(record: Record, slo_ms: float) -> bool:

@@ -38,8 +38,7 @@ from streams.core.stages import (
     is_slo_bad,
     prompt_bucket,
     route_of,
-    stage_order,
-    stage_values,
+    stage_samples,
 )
 from streams.settings import Settings
 
@@ -60,22 +59,16 @@ class WindowAggregates:
     overflow_series: int = 0
 
 
-@dataclass(slots=True)
-class _StageValues:
-    """The clamped values of one stage in one series, with their strata cells, before binning."""
+def default_computed_version(records: Sequence[Record]) -> int:
+    """Row version of one series: the sum of its records' versions.
 
-    values: list[float] = field(default_factory=list)
-    cells: list[tuple[str, str, str]] = field(default_factory=list)
-    negative_count: int = 0
-
-
-def default_computed_version(records: Sequence[Record], extra: int = 0) -> int:
-    """Row version: the sum of the records' versions plus the caller's counters.
-
-    Every input only grows over time (records gain events, late records and dead letters are added), so
-    a recompute that saw more wins in the ReplacingMergeTree, and a replay computes the same version.
+    Records only gain events (their versions only grow) and late records only add to a window, so a
+    recompute that saw more wins in the ReplacingMergeTree, and a replay computes the same version. On a
+    tie (e.g. only a dead-letter count changed) ReplacingMergeTree keeps the last inserted row, which is
+    the latest computation. Summed over a window's ``window_health`` rows it equals ``sum(record_version)``
+    of the window's records, which the writer uses to spot stale windows after a restart.
     """
-    return sum(int(r.get("record_version", 0)) for r in records) + extra
+    return sum(int(r.get("record_version", 0)) for r in records)
 
 
 def aggregate_window(
@@ -95,7 +88,7 @@ def aggregate_window(
     ``late_amendments`` and ``dead_letters`` are counts keyed by ``(tenant, version)`` or by tenant
     alone (then booked on version ``unknown``). ``amendments`` is how often this window was recomputed
     after it closed. ``pinned_series`` are the series already stored for the window (series cap rule in
-    :mod:`streams.core.series`).
+    :mod:`streams.core.series`). ``computed_version`` overrides :func:`default_computed_version`.
     """
     window_start = int(window_start_ms)
     admission = admission or SeriesAdmission.from_settings(settings)
@@ -104,9 +97,6 @@ def aggregate_window(
     present = {(str(r["tenant_id"]), str(r.get("version_id") or "unknown")) for r in records}
     present |= {_series_key(k) for k in (*late.keys(), *dead.keys())}
     assignment = admission.assign(present, pinned_series)
-    if computed_version is None:
-        extra = sum(late.values()) + sum(dead.values()) + amendments
-        computed_version = default_computed_version(records, extra)
 
     groups: dict[Series, list[Record]] = defaultdict(list)
     for record in records:
@@ -121,10 +111,11 @@ def aggregate_window(
     out = WindowAggregates(overflow_series=assignment.overflow_series)
     for series in sorted(groups):
         group = groups[series]
-        stage_rows, strata_rows = _stage_rows(window_start, series, group, settings, computed_version)
+        version = default_computed_version(group) if computed_version is None else computed_version
+        stage_rows, strata_rows = _stage_rows(window_start, series, group, settings, version)
         out.stage_windows.extend(stage_rows)
         out.stage_strata.extend(strata_rows)
-        out.tail_attribution.append(tail_attribution_row(window_start, series, group, computed_version))
+        out.tail_attribution.append(tail_attribution_row(window_start, series, group, version))
         out.window_health.append(
             window_health_row(
                 window_start,
@@ -134,10 +125,10 @@ def aggregate_window(
                 dead_letters=dead_by_series.get(series, 0),
                 amendments=amendments,
                 overflow_series=_overflow_for(series, assignment),
-                computed_version=computed_version,
+                computed_version=version,
             )
         )
-        out.llm_signals.append(llm_signals_row(window_start, series, group, settings, computed_version))
+        out.llm_signals.append(llm_signals_row(window_start, series, group, settings, version))
     return out
 
 
@@ -155,49 +146,38 @@ def _stage_rows(
     """stage_windows and stage_strata rows of one series."""
     accuracy = settings.windows.relative_accuracy
     log_gamma = math.log(gamma_for(accuracy))
-    stages: dict[str, _StageValues] = defaultdict(_StageValues)
     slo_ms = {tenant: settings.slo_ms(tenant) for tenant in {str(r["tenant_id"]) for r in records}}
-    slo_bad = 0
-    for record in records:
-        if is_slo_bad(record, slo_ms[str(record["tenant_id"])]):
-            slo_bad += 1
-        if not is_sketched(record):
-            continue
-        cell = (route_of(record), cache_state(record), prompt_bucket(record))
-        for stage, raw in stage_values(record):
-            acc = stages[stage]
-            if raw < 0.0:
-                acc.negative_count += 1
-                raw = 0.0
-            acc.values.append(raw)
-            acc.cells.append(cell)
-    if records and TTFT not in stages:
+    slo_bad = sum(1 for r in records if is_slo_bad(r, slo_ms[str(r["tenant_id"])]))
+    sketched = [r for r in records if is_sketched(r)]
+    cells = [(route_of(r), cache_state(r), prompt_bucket(r)) for r in sketched]
+    samples = stage_samples(sketched)
+    if records and TTFT not in samples:
         # A ttft row even without latencies: it carries the SLO-bad count of an outage window.
-        stages[TTFT] = _StageValues()
+        samples[TTFT] = []
     base = {"window_start": window_start, "tenant_id": series[0], "version_id": series[1]}
     stage_rows: list[Row] = []
     strata_rows: list[Row] = []
-    for stage in stage_order(set(stages)):
-        acc = stages[stage]
+    for stage, pairs in samples.items():
+        values = [v if v > 0.0 else 0.0 for _, v in pairs]
         # Bin keys exactly as LatencySketch.add computes them (math.log), so every path bins alike.
-        keys = [math.ceil(math.log(v) / log_gamma) if v > MIN_VALUE else None for v in acc.values]
+        keys = [math.ceil(math.log(v) / log_gamma) if v > MIN_VALUE else None for v in values]
         bins, zero_count = _bin_counts(keys)
         row: Row = {**base, "stage": stage, "count": len(keys)}
         for name, q in QUANTILES:
             row[name] = quantile_from_bins(bins, zero_count, q, accuracy)
         row |= {
-            "max": max(acc.values) if acc.values else None,
+            "max": max(values) if values else None,
             "bins": bins,
             "zero_count": zero_count,
             "slo_bad_count": slo_bad if stage == TTFT else 0,
-            "negative_count": acc.negative_count,
+            "negative_count": sum(1 for _, v in pairs if v < 0.0),
             "relative_accuracy": accuracy,
             "computed_version": computed_version,
         }
         stage_rows.append(row)
         by_cell: dict[tuple[str, str, str], list[int | None]] = defaultdict(list)
-        for key, cell in zip(keys, acc.cells, strict=True):
-            by_cell[cell].append(key)
+        for (index, _), key in zip(pairs, keys, strict=True):
+            by_cell[cells[index]].append(key)
         for (route, cache, bucket), cell_keys in sorted(by_cell.items()):
             cell_bins, cell_zeros = _bin_counts(cell_keys)
             strata_rows.append(

@@ -4,7 +4,7 @@
 ``server.properties``, formats the storage with ``kafka.tools.StorageTool`` and runs
 ``java -cp 'libs/*' kafka.Kafka``. Everything the broker owns lives under one data directory::
 
-    <data_dir>/server.properties   log4j2.properties   state.json (ports, cluster id)
+    <data_dir>/server.properties   state.json (ports, cluster id)
     <data_dir>/broker.pid          broker.log (stdout+stderr)   log/ (Kafka's log.dirs)
 
 so a second process (``ttft kafka down``) can find and stop a broker started by another one, and a
@@ -39,21 +39,7 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 LIBS_ENV = "TTFT_KAFKA_LIBS"
 _PR_SET_PDEATHSIG = 1
 
-_LOG4J2 = """\
-status = warn
-appender.console.type = Console
-appender.console.name = STDOUT
-appender.console.target = SYSTEM_OUT
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.stdout.ref = STDOUT
-# start/stop milestones, so broker.log tells what happened without INFO noise
-logger.raft.name = kafka.server.KafkaRaftServer
-logger.raft.level = info
-logger.broker.name = kafka.server.BrokerServer
-logger.broker.level = info
-"""
+LOG4J2_CONFIG = _REPO_ROOT / "deploy" / "kafka" / "log4j2.properties"
 
 
 class BrokerError(RuntimeError):
@@ -301,10 +287,8 @@ class LocalBroker:
         try:
             data = json.loads((self.data_dir / "state.json").read_text())
         except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict):
-            return {}
-        return {k: v for k, v in data.items() if isinstance(v, int | str)}
+            data = None
+        return {k: v for k, v in data.items() if isinstance(v, int | str)} if isinstance(data, dict) else {}
 
     def _choose_ports(self) -> None:
         # A recorded controller port may have been taken since; the static voter set only names the node
@@ -366,7 +350,7 @@ class LocalBroker:
         return config
 
     def _sasl_config(self) -> dict[str, str]:
-        plain_users = " ".join(f'user_{u}="{_jaas_escape(p)}"' for u, p in self.sasl_users.items())
+        plain_users = " ".join(f'user_{u}="{p}"' for u, p in self.sasl_users.items())
         prefix = "listener.name.sasl_plaintext"
         return {
             "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256",
@@ -382,7 +366,6 @@ class LocalBroker:
     def _write_config(self) -> None:
         lines = [f"{k}={_properties_escape(v)}" for k, v in self.server_config().items()]
         self._server_properties.write_text("\n".join(lines) + "\n")
-        (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
 
     def _java_command(self, main: str, *args: str, heap_mb: int) -> list[str]:
         java = find_java()
@@ -395,7 +378,7 @@ class LocalBroker:
             "-XX:+UseSerialGC",
             "-Djava.awt.headless=true",
             *self.jvm_options,
-            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
             "-cp",
             f"{self.libs}/*",  # expanded by the JVM, not a shell
             main,
@@ -483,10 +466,6 @@ def _probe(bootstrap: str, timeout_s: float) -> bool:
     worker.start()
     worker.join(timeout_s + 5.0)
     return outcome[0]
-
-
-def _jaas_escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _properties_escape(value: str) -> str:

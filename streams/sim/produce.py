@@ -1,9 +1,10 @@
 """Send simulated messages to Kafka, fast, optionally paced to event time.
 
-Producing is pipelined: ``send()`` only appends to aiokafka's batch accumulator and returns a delivery
-future; futures are awaited together once ``max_in_flight`` of them are outstanding and at the end,
-so a delivery failure still fails the run (nothing is dropped silently). The Kafka message timestamp
-is the event's emission time.
+Producing builds record batches directly (one open ``BatchBuilder`` per partition, partitioned by
+the Java client's murmur2 of the key, as ``send()`` would) and hands each full batch to aiokafka;
+that avoids ``send()``'s per-message overhead, about 2x. Delivery futures are awaited together once
+``max_in_flight`` batches are outstanding and at the end, so a delivery failure still fails the run
+(nothing is dropped silently). The Kafka message timestamp is the event's emission time.
 
 Pacing (:class:`Pacer`) maps event time to wall time: with ``speedup`` X, event time advances X times
 faster than the wall clock, starting when producing starts; without a pacer messages go out as fast
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 
 from streams.sim.traffic import Message
 
@@ -69,6 +71,48 @@ def producer_config(client_kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class _BatchedSender:
+    """Appends messages to per-partition batches and submits each batch when it is full."""
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str, partitions: list[int]) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.partitions = partitions
+        self.open: dict[int, Any] = {}
+        self.futures: list[asyncio.Future[Any]] = []
+        self._partition_of: dict[bytes, int] = {}
+
+    def partition(self, key: bytes) -> int:
+        part = self._partition_of.get(key)
+        if part is None:
+            if len(self._partition_of) > 100_000:  # keys repeat only within a request: keep it small
+                self._partition_of.clear()
+            part = self.partitions[(murmur2(key) & 0x7FFFFFFF) % len(self.partitions)]
+            self._partition_of[key] = part
+        return part
+
+    async def add(self, key: bytes, value: bytes, ts_ms: int) -> None:
+        part = self.partition(key)
+        batch = self.open.get(part)
+        if batch is None:
+            batch = self.open[part] = self.producer.create_batch()
+        if batch.append(key=key, value=value, timestamp=ts_ms) is None:
+            await self.submit(part)
+            batch = self.open[part] = self.producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=ts_ms) is None:
+                raise ValueError(f"message of {len(value)} bytes does not fit in an empty batch")
+
+    async def submit(self, part: int) -> None:
+        batch = self.open.pop(part, None)
+        if batch is not None and batch.record_count():
+            batch.close()
+            self.futures.append(await self.producer.send_batch(batch, self.topic, partition=part))
+
+    async def submit_all(self) -> None:
+        for part in list(self.open):
+            await self.submit(part)
+
+
 async def produce_messages(
     messages: Iterable[Message],
     *,
@@ -77,12 +121,14 @@ async def produce_messages(
     pacer: Pacer | None = None,
     on_progress: ProgressCallback | None = None,
     progress_every: int = 2_000,
-    max_in_flight: int = 20_000,
+    max_in_flight: int = 64,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> ProduceReport:
     """Produce ``messages`` (key, value, emit_ts_ms) to ``topic``; returns after every delivery is acked.
 
-    ``on_progress(sent, last_emit_ts_ms)`` is called every ``progress_every`` messages and at the end.
+    When paced, open batches are submitted before each wait, so messages leave at their event time
+    (give or take the wait threshold) rather than when a batch fills up. ``on_progress(sent,
+    last_emit_ts_ms)`` is called every ``progress_every`` messages and at the end.
     """
     producer = AIOKafkaProducer(**producer_config(client_kwargs))
     await producer.start()
@@ -90,25 +136,26 @@ async def produce_messages(
     sent = 0
     size = 0
     last_ts = 0.0
-    in_flight: list[asyncio.Future[Any]] = []
     try:
-        send = producer.send
+        partitions = sorted(await producer.partitions_for(topic))
+        sender = _BatchedSender(producer, topic, partitions)
         for key, value, ts in messages:
             if pacer is not None:
                 delay = pacer.delay_s(ts)
                 if delay > _SLEEP_THRESHOLD_S:
+                    await sender.submit_all()
                     await sleep(delay)
-            in_flight.append(await send(topic, value=value, key=key, timestamp_ms=int(ts)))
+            await sender.add(key, value, int(ts))
             sent += 1
             size += len(value)
             last_ts = ts
-            if len(in_flight) >= max_in_flight:
-                await asyncio.gather(*in_flight)
-                in_flight.clear()
+            if len(sender.futures) >= max_in_flight:
+                await asyncio.gather(*sender.futures)
+                sender.futures.clear()
             if on_progress is not None and sent % progress_every == 0:
                 on_progress(sent, last_ts)
-        await producer.flush()
-        await asyncio.gather(*in_flight)
+        await sender.submit_all()
+        await asyncio.gather(*sender.futures)
     finally:
         await producer.stop()
     elapsed = time.perf_counter() - started

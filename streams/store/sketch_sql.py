@@ -85,7 +85,7 @@ def udf_statement() -> str:
 
 
 def rollup_sql(database: str, *, use_udf: bool = False) -> str:
-    """Stage percentiles re-aggregated from stored bins over ``[{start}, {end})``, per tenant x version x stage.
+    """Stage percentiles merged from stored bins over ``[{start}, {end})`` per tenant x version x stage.
 
     Server-side parameters: ``start`` and ``end`` (``DateTime64(3)``) and ``tenant`` (``String``, empty for
     all tenants). ``FINAL`` collapses recomputed window rows before ``sumMap`` adds them up. Output

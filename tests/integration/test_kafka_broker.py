@@ -25,8 +25,10 @@ from tests.fixtures.kafka import KafkaBrokerHandle
 kafka = pytest.mark.kafka
 
 
-async def _produce(settings: Settings, topic: str, items: list[tuple[bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(request_timeout_ms=5_000, **kafka_client_kwargs(settings))
+async def _produce(
+    settings: Settings, topic: str, items: list[tuple[bytes, bytes]], timeout_ms: int = 5_000
+) -> None:
+    producer = AIOKafkaProducer(request_timeout_ms=timeout_ms, **kafka_client_kwargs(settings))
     await producer.start()
     try:
         for key, value in items:
@@ -121,7 +123,7 @@ def test_topics_are_created_with_configured_partitions(kafka_settings: Settings)
 def test_unknown_topic_is_not_auto_created(kafka_settings: Settings) -> None:
     unknown = kafka_settings.topic("no-such-topic")
     with pytest.raises(KafkaError):
-        asyncio.run(_produce(kafka_settings, unknown, [(b"k", b"v")]))
+        asyncio.run(_produce(kafka_settings, unknown, [(b"k", b"v")], timeout_ms=2_000))
 
     async def topics() -> list[str]:
         admin = AIOKafkaAdminClient(**kafka_client_kwargs(kafka_settings))

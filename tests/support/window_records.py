@@ -34,14 +34,15 @@ def synthetic_records(
     assemble_median_ms: float = 120.0,
     status_shares: tuple[float, float, float] = (0.02, 0.01, 0.01),
 ) -> list[dict[str, Any]]:
-    """``n`` records spread uniformly over ``span_ms``; ``status_shares`` = (missing_stage, timed_out, orphan)."""
+    """``n`` records spread over ``span_ms``; ``status_shares``: (missing_stage, timed_out, orphan)."""
     rng = np.random.default_rng(seed)
     load = rng.standard_normal(n)
 
     def stage(median: float, sigma: float) -> np.ndarray:
         own = rng.standard_normal(n)
         z = np.sqrt(correlation) * load + np.sqrt(1.0 - correlation) * own
-        return median * np.exp(sigma * z)
+        values: np.ndarray = median * np.exp(sigma * z)
+        return values
 
     tenant_idx = rng.integers(0, len(tenants), n)
     version_idx = rng.integers(0, len(versions), n)

@@ -166,12 +166,20 @@ def test_rows_do_not_depend_on_record_order() -> None:
     assert first == second
 
 
-def test_computed_version_grows_when_the_window_sees_more() -> None:
-    records = [_record("a"), _record("b")]
-    before = aggregate_window(records, 0, Settings()).stage_windows[0]["computed_version"]
-    after = aggregate_window([*records, _record("c")], 0, Settings()).stage_windows[0]["computed_version"]
-    amended = aggregate_window([*records, _record("c")], 0, Settings(), amendments=1).window_health[0]
-    assert before < after < amended["computed_version"]
+def test_computed_version_grows_when_a_series_sees_more() -> None:
+    records = [_record("a"), _record("b"), _record("x", tenant_id="other-tenant", record_version=7)]
+    before = aggregate_window(records, 0, Settings())
+    after = aggregate_window([*records, _record("c", record_version=1_200)], 0, Settings())
+    assert [r["computed_version"] for r in before.window_health] == [2_000, 7]
+    assert [r["computed_version"] for r in after.window_health] == [3_200, 7]
+    assert {r["computed_version"] for r in after.stage_windows if r["tenant_id"] == "acme"} == {3_200}
+
+
+def test_health_versions_and_totals_add_up_to_the_window_fingerprint() -> None:
+    records = synthetic_records(2_000, span_ms=60_000)
+    health = aggregate_window(records, HOUR_START_MS, Settings()).window_health
+    assert sum(r["total"] for r in health) == len(records)
+    assert sum(r["computed_version"] for r in health) == sum(r["record_version"] for r in records)
 
 
 def test_strata_split_by_route_cache_and_prompt_length() -> None:
@@ -211,12 +219,9 @@ def test_series_overflow_goes_to_other_with_a_counter() -> None:
 
 
 def test_dead_letter_only_tenant_gets_a_health_row() -> None:
+    dead: dict[tuple[str, str] | str, int] = {"ghost": 4, ("acme", "v1"): 1}
     agg = aggregate_window(
-        [_record("a")],
-        0,
-        Settings(),
-        dead_letters={"ghost": 4, ("acme", "v1"): 1},
-        late_amendments={("acme", "v1"): 2},
+        [_record("a")], 0, Settings(), dead_letters=dead, late_amendments={("acme", "v1"): 2}
     )
     health = {(r["tenant_id"], r["version_id"]): r for r in agg.window_health}
     assert health[("ghost", "unknown")]["dead_letters"] == 4

@@ -1,0 +1,94 @@
+"""``ttft config check FILE``: validate a TTFT_CONFIG file the way a process would at start (for CI).
+
+The file alone is validated (no environment overrides, no other TTFT_CONFIG): the full
+:class:`~streams.settings.Settings`, unknown top-level keys, and the ``rules`` section as a
+:class:`~streams.rules.config.RulesConfig`. Each problem is printed as ``field.path: message``; any
+problem exits with status 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from streams.rules.config import RulesConfig
+from streams.settings import Settings, read_config_file
+
+
+def _paths(exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:
+    out = []
+    for error in exc.errors():
+        path = ".".join(str(p) for p in (*prefix, *error["loc"])) or "(top level)"
+        out.append(f"{path}: {error['msg']}")
+    return out
+
+
+def rules_of(settings: Settings) -> RulesConfig:
+    """The validated rules of ``settings`` (a plain mapping until ``Settings.rules`` is typed)."""
+    rules: Any = settings.rules
+    return rules if isinstance(rules, RulesConfig) else RulesConfig.model_validate(rules)
+
+
+def validate_config(data: dict[str, Any]) -> tuple[Settings | None, RulesConfig | None, list[str]]:
+    """Validate a parsed config mapping; returns what validated and the problems found."""
+    problems = [f"{key}: unknown setting" for key in sorted(set(data) - set(Settings.model_fields))]
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as exc:
+        problems += _paths(exc)
+        if not any(str(e["loc"][0]) == "rules" for e in exc.errors() if e["loc"]):
+            try:  # report the rules' problems too, not only the first failing section
+                RulesConfig.model_validate(data.get("rules") or {})
+            except ValidationError as rules_exc:
+                problems += _paths(rules_exc, ("rules",))
+        return None, None, problems
+    try:
+        rules = rules_of(settings)
+    except ValidationError as exc:
+        return settings, None, problems + _paths(exc, ("rules",))
+    return settings, rules, problems
+
+
+def _spans(settings: Settings, rules: RulesConfig) -> list[str]:
+    minutes = settings.windows.window_s / 60.0
+    reg = rules.stage_regression
+    lines = [
+        f"window: {settings.windows.window_s} s",
+        f"stage_regression: short {reg.short_windows * minutes:g} min, "
+        f"long {reg.long_windows * minutes:g} min, baseline {reg.baseline_windows * minutes:g} min",
+        f"canary: span {rules.canary.span_windows * minutes:g} min",
+    ]
+    for pair in rules.slo_burn.pairs:
+        lines.append(
+            f"slo_burn: {pair.long_windows * minutes:g} min & {pair.short_windows * minutes:g} min "
+            f"at x{pair.burn_rate:g} ({pair.severity})"
+        )
+    return lines
+
+
+@click.group(name="config")
+def config() -> None:
+    """Configuration files (TTFT_CONFIG)."""
+
+
+@config.command("check")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+def check(file: Path) -> None:
+    """Validate FILE as a TTFT_CONFIG; print OK or each failing field, exit 1 on failure."""
+    try:
+        data = read_config_file(file)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    settings, rules, problems = validate_config(data)
+    if problems or settings is None or rules is None:
+        for line in problems:
+            click.echo(f"error: {file}: {line}", err=True)
+        sys.exit(1)
+    click.echo(f"OK: {file}")
+    for line in _spans(settings, rules):
+        click.echo(f"  {line}")

@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from streams.alerting.alertmanager import AlertmanagerClient, alertmanager_alert
+from streams.alerting.outbox import DeliveryOptions, DeliveryState, alert_message, run_delivery_loop
+from streams.kafka.topics import kafka_client_kwargs
+from streams.rules import AlertTransition
+from streams.settings import Settings
+from tests.fixtures.alertmanager import AlertmanagerServer, wait_for
+
+pytestmark = [pytest.mark.alertmanager, pytest.mark.timeout(120)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def transition(state: str, at_ms: float, tenant: str = "t2") -> AlertTransition:
+    labels = {"alertname": "TTFTStageRegression", "tenant": tenant, "stage": "retrieval", "severity": "page"}
+    return AlertTransition(
+        "TTFTStageRegression",
+        labels,
+        {"summary": "retrieval P95 regressed", "description": "x1.5 over baseline", "runbook_url": "u"},
+        {"ratio_short": 1.5},
+        state,  # type: ignore[arg-type]
+        at_ms,
+        60_000.0,
+        60_000.0,
+        at_ms if state == "resolved" else None,
+    )
+
+
+def post(url: str, t: AlertTransition) -> bool:
+    async def go() -> bool:
+        from datetime import UTC, datetime, timedelta
+
+        body = [alertmanager_alert(t, now=datetime.now(UTC), ends_in=timedelta(minutes=4))]
+        async with AlertmanagerClient(url, attempts=1) as client:
+            return await client.post(body)
+
+    return asyncio.run(go())
+
+
+def test_firing_twice_notifies_once_and_the_resolution_arrives(alertmanager: AlertmanagerServer) -> None:
+    assert post(alertmanager.url, transition("firing", 120_000.0))
+    time.sleep(0.3)
+    assert post(alertmanager.url, transition("firing", 120_000.0))  # the periodic re-send
+    assert wait_for(lambda: alertmanager.webhook.alerts("firing"), timeout_s=10)
+    time.sleep(3.0)  # three more group intervals: a duplicate would have been notified by now
+    firing = alertmanager.webhook.alerts("firing")
+    assert len(firing) == 1
+    assert firing[0]["labels"]["tenant"] == "t2" and firing[0]["annotations"]["ratio_short"] == "1.5"
+    assert post(alertmanager.url, transition("resolved", 300_000.0))
+    assert wait_for(lambda: alertmanager.webhook.alerts("resolved"), timeout_s=10)
+    assert len(alertmanager.webhook.alerts("firing")) == 1
+
+
+def test_sample_config_passes_amtool_check_config() -> None:
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        pytest.skip("amtool not installed (ships with Debian's prometheus-alertmanager)")
+    result = subprocess.run(
+        [amtool, "check-config", str(REPO / "deploy" / "alertmanager" / "alertmanager.yml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+async def _produce(settings: Settings, transitions: list[AlertTransition]) -> None:
+    producer = AIOKafkaProducer(acks="all", **kafka_client_kwargs(settings))
+    await producer.start()
+    try:
+        for t in transitions:
+            key, value = alert_message(t)
+            await producer.send_and_wait(settings.topic("alerts"), value, key=key)
+    finally:
+        await producer.stop()
+
+
+async def _run_until(
+    settings: Settings, url: str, done: object, timeout_s: float
+) -> tuple[DeliveryState, int]:
+    """Run a delivery loop until ``done(state, client)`` or the timeout; returns its state and failures."""
+    options = DeliveryOptions(
+        resend_interval_s=60.0, poll_timeout_ms=200, retry_initial_s=0.2, retry_max_s=0.5
+    )
+    stop = asyncio.Event()
+    state = DeliveryState()
+    async with AlertmanagerClient(url, attempts=1, timeout_s=2.0) as client:
+        task = asyncio.create_task(run_delivery_loop(settings, client, stop, options=options, state=state))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not done(state, client) and not task.done():  # type: ignore[operator]
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+        return state, client.failed_attempts
+
+
+@pytest.mark.kafka
+def test_delivery_loop_survives_alertmanager_down_and_a_restart(
+    kafka_settings: Settings, alertmanager_server: AlertmanagerServer
+) -> None:
+    server = alertmanager_server
+    asyncio.run(_produce(kafka_settings, [transition("firing", 120_000.0)]))
+
+    # Alertmanager is down: the loop retries and commits nothing; then the "worker" stops.
+    state, failures = asyncio.run(
+        _run_until(kafka_settings, server.url, lambda s, c: c.failed_attempts >= 3, 20)
+    )
+    assert failures >= 3 and state.owed and state.stats.delivered == 0
+
+    # Alertmanager comes back; a fresh loop (a restarted worker) still owes the transition and delivers it.
+    server.start()
+    state, _ = asyncio.run(_run_until(kafka_settings, server.url, lambda s, c: s.stats.delivered >= 1, 20))
+    assert state.stats.delivered == 1 and not state.owed
+    assert wait_for(lambda: server.webhook.alerts("firing"), timeout_s=10)
+
+    # Its offset is committed now: a restart only re-sends the firing alert, then delivers the resolution.
+    asyncio.run(_produce(kafka_settings, [transition("resolved", 300_000.0)]))
+    state, _ = asyncio.run(_run_until(kafka_settings, server.url, lambda s, c: s.stats.delivered >= 1, 20))
+    assert state.stats.delivered == 1 and state.firing == {}
+    assert wait_for(lambda: server.webhook.alerts("resolved"), timeout_s=10)
+    assert len(server.webhook.alerts("firing")) == 1
