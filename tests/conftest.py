@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.clickhouse",
     "tests.fixtures.alertmanager",
+    "tests.fixtures.pipeline_run",
 ]

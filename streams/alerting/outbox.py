@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.alerting.alertmanager import AlertSink, alertmanager_alert
 from streams.kafka.topics import kafka_client_kwargs
@@ -61,6 +62,8 @@ class DeliveryStats:
     """Counters of the delivery loop (exported as metrics by the caller)."""
 
     folded: int = 0
+    #: folded messages below the committed offset (delivered before a restart)
+    replayed: int = 0
     malformed: int = 0
     delivered: int = 0
     resent: int = 0
@@ -85,6 +88,7 @@ class DeliveryState:
     def fold(self, transition: AlertTransition, *, replayed: bool = False) -> None:
         """Fold one transition; ``replayed`` ones (below the committed offset) were delivered already."""
         self.stats.folded += 1
+        self.stats.replayed += int(replayed)
         fp = transition.fingerprint
         if transition.muted:
             self.stats.muted += 1
@@ -191,6 +195,20 @@ class DeliveryOptions:
     paging_muted: bool = False
 
 
+async def topic_partitions(settings: Settings, topic: str) -> list[int]:
+    """Partition numbers of ``topic`` (the delivery loop assigns itself all of them)."""
+    admin = AIOKafkaAdminClient(**kafka_client_kwargs(settings))
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    for entry in described:
+        if entry.get("topic") == topic and not entry.get("error_code") and entry.get("partitions"):
+            return sorted(int(p["partition"]) for p in entry["partitions"])
+    raise RuntimeError(f"topic {topic} does not exist (create it with the worker's topic setup)")
+
+
 def delivery_group_id(settings: Settings) -> str:
     """Consumer group of the delivery loop (offsets = what Alertmanager has accepted)."""
     return f"{settings.app_id}-alert-delivery"
@@ -223,10 +241,7 @@ async def run_delivery_loop(
     )
     await consumer.start()
     try:
-        await consumer.topics()  # loads metadata so the partitions are known
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        if not tps:
-            raise RuntimeError(f"topic {topic} does not exist")
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
         consumer.assign(tps)
         committed = {tp: await consumer.committed(tp) for tp in tps}
         await consumer.seek_to_beginning(*tps)

@@ -105,13 +105,16 @@ class JoinAdapter:
             self.core.reset()
             restored = 0
             stale: list[bytes] = []
+            stale_partitions: set[int] = set()
             for key, packed in list(self.state.data.items()):
                 partition = self.core.restore(key.decode(), packed)
                 if partition not in assigned:
-                    self.core.revoke({partition})
+                    stale_partitions.add(partition)
                     stale.append(key)
                 else:
                     restored += 1
+            if stale_partitions:
+                self.core.revoke(stale_partitions)
             for key in stale:
                 self.state.data.pop(key, None)
             self._recovered = True
@@ -146,7 +149,7 @@ class JoinAdapter:
                     outputs.append(self._dead_letter_output(decoded))
                     continue
                 touched.add(msg.partition)
-                for out in self.core.add(decoded, msg.partition, now):
+                for out in self.core.add(decoded, msg.partition, now, offset=msg.offset):
                     if isinstance(out, TenantMismatch):
                         outputs.append(self._dead_letter_output(out.to_dead_letter(msg, now, caps)))
                     else:

@@ -116,6 +116,9 @@ class WindowCloser:
                 self.watermark = max(self.watermark + idle * 1000.0, settled)
                 self._last_progress_wall = now
         await self._close_due()
+        self.metrics.open_windows.set(len(self.open))
+        if self.watermark is not None:
+            self.metrics.watermark.set(self.watermark)
         for ws in sorted(amended):
             self.closed[ws] += 1
             self.metrics.window_amendments.inc()

@@ -30,12 +30,21 @@ SeriesCounts: TypeAlias = (
 )
 
 
+def series_key(key: tuple[str, str] | str) -> Series:
+    """The series of a caller count key: a bare tenant means version ``unknown``."""
+    return (key, UNKNOWN) if isinstance(key, str) else (key[0], key[1])
+
+
+def record_series(record: Record) -> Series:
+    """(tenant, version) of a record; a record without a version is version ``unknown``."""
+    return str(record["tenant_id"]), str(record.get("version_id") or UNKNOWN)
+
+
 def resolve_counts(counts: SeriesCounts, assignment: SeriesAssignment) -> dict[Series, int]:
     """Re-key caller counts by the admitted series (overflow adds up under ``__other__``)."""
     out: dict[Series, int] = {}
     for key, n in counts.items():
-        tenant, version = (key, UNKNOWN) if isinstance(key, str) else key
-        series = assignment.resolve(tenant, version)
+        series = assignment.resolve(*series_key(key))
         out[series] = out.get(series, 0) + int(n)
     return out
 

@@ -27,8 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from streams.core.attribution import tail_attribution_row
-from streams.core.health import SeriesCounts, llm_signals_row, resolve_counts, window_health_row
-from streams.core.series import Series, SeriesAdmission, SeriesAssignment
+from streams.core.health import (
+    SeriesCounts,
+    llm_signals_row,
+    record_series,
+    resolve_counts,
+    series_key,
+    window_health_row,
+)
+from streams.core.series import OTHER_SERIES, Series, SeriesAdmission, SeriesAssignment
 from streams.core.sketch import MIN_VALUE, gamma_for, quantile_from_bins
 from streams.core.stages import (
     TTFT,
@@ -94,15 +101,13 @@ def aggregate_window(
     admission = admission or SeriesAdmission.from_settings(settings)
     late = late_amendments or {}
     dead = dead_letters or {}
-    present = {(str(r["tenant_id"]), str(r.get("version_id") or "unknown")) for r in records}
-    present |= {_series_key(k) for k in (*late.keys(), *dead.keys())}
+    present = {record_series(r) for r in records}
+    present |= {series_key(k) for k in (*late.keys(), *dead.keys())}
     assignment = admission.assign(present, pinned_series)
 
     groups: dict[Series, list[Record]] = defaultdict(list)
     for record in records:
-        groups[
-            assignment.resolve(str(record["tenant_id"]), str(record.get("version_id") or "unknown"))
-        ].append(record)
+        groups[assignment.resolve(*record_series(record))].append(record)
     late_by_series = resolve_counts(late, assignment)
     dead_by_series = resolve_counts(dead, assignment)
     for series in (*late_by_series, *dead_by_series):
@@ -132,12 +137,8 @@ def aggregate_window(
     return out
 
 
-def _series_key(key: tuple[str, str] | str) -> Series:
-    return (key, "unknown") if isinstance(key, str) else (key[0], key[1])
-
-
 def _overflow_for(series: Series, assignment: SeriesAssignment) -> int:
-    return assignment.overflow_series if series == ("__other__", "__other__") else 0
+    return assignment.overflow_series if series == OTHER_SERIES else 0
 
 
 def _stage_rows(

@@ -8,7 +8,7 @@ absent.
 - ``seed-story``: four equal phases. ``before`` (serial recall, rerank top-k 50, no stable prompt
   prefix, one model), then the three fixes in turn, each kept by the next phase:
   ``parallel-recall`` (parallel recall, rerank top-k 20), ``stable-prefix`` (prompt-cache hits),
-  ``routing-speculative`` (a fast route for ~30 % of requests plus speculative decoding).
+  ``routing-speculative`` (a fast route for ~58 % of requests plus speculative decoding).
   :data:`SEED_STORY_TARGETS` holds the stage P95s each phase is calibrated to (a unit test checks
   them within 10 % on >= 20k requests).
 - ``canary-regression``: the fixed world; after the first 20 % of the run a canary version
@@ -38,8 +38,8 @@ INCIDENT_SLOWDOWN: Final = 1.8
 #: The "before" world and the three fixes of the seed's story, each keeping the previous ones.
 BEFORE: Final = RequestProfile()
 PARALLEL_RECALL: Final = replace(BEFORE, recall_mode="parallel", rerank_top_k=20)
-STABLE_PREFIX: Final = replace(PARALLEL_RECALL, stable_prefix=True, prompt_cache_max_rate=0.9)
-ROUTING_SPECULATIVE: Final = replace(STABLE_PREFIX, fast_route_share=0.3, speculative=True)
+STABLE_PREFIX: Final = replace(PARALLEL_RECALL, stable_prefix=True, prompt_cache_max_rate=0.97)
+ROUTING_SPECULATIVE: Final = replace(STABLE_PREFIX, fast_route_share=0.58, speculative=True)
 
 #: The canary's draft acceptance collapses and its LLM stage is CANARY_LLM_RATIO times slower in total.
 BAD_CANARY: Final = replace(

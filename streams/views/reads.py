@@ -16,7 +16,7 @@ from clickhouse_connect.driver.client import Client
 
 from streams.store.client import check_identifier
 from streams.store.requests_store import final_read_settings
-from streams.views.span import Span
+from streams.views.span import Anchor, Span, resolve_span
 
 _SPAN = (
     "window_start >= fromUnixTimestamp64Milli({start:Int64}, 'UTC') "
@@ -218,3 +218,21 @@ def request_ttfts(client: Client, database: str, request_ids: Iterable[str]) -> 
     )
     rows = _named(client, sql, {"ids": ids}, settings=final_read_settings(client))
     return {str(r["request_id"]): (None if r["ttft_ms"] is None else float(r["ttft_ms"])) for r in rows}
+
+
+def store_span(
+    client: Client,
+    database: str,
+    since: str,
+    until: str | None,
+    *,
+    window_ms: int,
+    now_ms: float,
+    tenant: str | None = None,
+    anchor: Anchor = "data",
+) -> Span:
+    """Resolve ``--since`` / ``--until`` against the end of the newest stored window (see :mod:`.span`)."""
+    newest = newest_window_start(client, database, tenant)
+    return resolve_span(
+        since, until, newest_end_ms=None if newest is None else newest + window_ms, now_ms=now_ms, anchor=anchor
+    )

@@ -116,17 +116,19 @@ def test_delivery_loop_survives_alertmanager_down_and_a_restart(
     state, failures = asyncio.run(
         _run_until(kafka_settings, server.url, lambda s, c: c.failed_attempts >= 3, 20)
     )
-    assert failures >= 3 and state.owed and state.stats.delivered == 0
+    assert failures >= 3 and state.owed and state.stats.delivered == 0 and state.stats.replayed == 0
 
     # Alertmanager comes back; a fresh loop (a restarted worker) still owes the transition and delivers it.
     server.start()
     state, _ = asyncio.run(_run_until(kafka_settings, server.url, lambda s, c: s.stats.delivered >= 1, 20))
     assert state.stats.delivered == 1 and not state.owed
+    assert state.stats.replayed == 0  # phase one committed nothing
     assert wait_for(lambda: server.webhook.alerts("firing"), timeout_s=10)
 
     # Its offset is committed now: a restart only re-sends the firing alert, then delivers the resolution.
     asyncio.run(_produce(kafka_settings, [transition("resolved", 300_000.0)]))
     state, _ = asyncio.run(_run_until(kafka_settings, server.url, lambda s, c: s.stats.delivered >= 1, 20))
     assert state.stats.delivered == 1 and state.firing == {}
+    assert state.stats.replayed == 1  # the firing message sits below the committed offset
     assert wait_for(lambda: server.webhook.alerts("resolved"), timeout_s=10)
     assert len(server.webhook.alerts("firing")) == 1

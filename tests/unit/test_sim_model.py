@@ -74,22 +74,22 @@ def test_ttft_contains_every_span_and_other_ms_is_small_and_non_negative(profile
 def test_stage_log_correlation_matches_the_stated_formula() -> None:
     # Mixtures that add their own variance off, so only the shared factor links the stages.
     profile = replace(BEFORE, prompt_tokens_sigma=0.0, prompt_cache_max_rate=0.0, fallback_rates=(0.0, 0.0))
-    values = [_sums(events) for events in _requests(profile, 20_000, seed=7)]
+    values = [_sums(events) for events in _requests(profile, 8_000, seed=7)]
     assemble = np.log([v["prompt_assemble"] for v in values])
     llm = np.log([v["llm_ttft"] for v in values])
     measured = float(np.corrcoef(assemble, llm)[0, 1])
-    expected = stage_log_correlation(profile.shared_log_variance(), profile.assemble_sigma, profile.llm_sigma)
-    assert expected == pytest.approx(0.80, abs=0.01)
-    assert measured == pytest.approx(expected, abs=0.03)
+    expected = stage_log_correlation(profile.shared_sigma, profile.assemble_sigma, profile.llm_sigma)
+    assert expected == pytest.approx(0.93, abs=0.01)
+    assert measured == pytest.approx(expected, abs=0.02)
 
 
 def test_whole_stage_correlations_are_as_documented_in_the_before_world() -> None:
-    values = [_sums(events) for events in _requests(BEFORE, 20_000, seed=3)]
+    values = [_sums(events) for events in _requests(BEFORE, 8_000, seed=3)]
     logs = {s: np.log([v[s] for v in values]) for s in PARENTS}
     retrieval_llm = float(np.corrcoef(logs["retrieval"], logs["llm_ttft"])[0, 1])
     assemble_llm = float(np.corrcoef(logs["prompt_assemble"], logs["llm_ttft"])[0, 1])
-    assert 0.3 <= retrieval_llm <= 0.5
-    assert 0.65 <= assemble_llm <= 0.85
+    assert retrieval_llm == pytest.approx(0.55, abs=0.07)
+    assert assemble_llm == pytest.approx(0.9, abs=0.05)
 
 
 def test_speculative_decoding_is_slower_than_none_below_sixty_percent_acceptance() -> None:
@@ -107,7 +107,7 @@ def test_prompt_cache_hits_depend_on_prompt_length() -> None:
         rows.append((attrs["prompt_tokens"], attrs["prompt_cache_hit"], attrs["cached_tokens"]))
     short = [hit for tokens, hit, _ in rows if tokens < CACHEABLE_MIN_TOKENS]
     medium = [hit for tokens, hit, _ in rows if CACHEABLE_MIN_TOKENS <= tokens < 2_500]
-    long = [hit for tokens, hit, _ in rows if tokens >= 4_096]
+    long = [hit for tokens, hit, _ in rows if tokens >= 3_072]
     assert short and not any(short)
     assert np.mean(long) > np.mean(medium) + 0.15
     assert all((cached > 0) == hit and cached < tokens for tokens, hit, cached in rows)
@@ -132,7 +132,7 @@ def test_fast_route_is_faster_and_speculative_attrs_are_set() -> None:
     for events in _requests(ROUTING_SPECULATIVE, 4_000):
         llm[events[0]["route"]].append(_sums(events)["llm_ttft"])
         accept.append(next(e["attrs"]["draft_accept_rate"] for e in events if e["stage"] == "llm_ttft"))
-    assert 0.2 < len(llm["fast"]) / 4_000 < 0.4
+    assert 0.5 < len(llm["fast"]) / 4_000 < 0.66
     assert np.median(llm["fast"]) < 0.6 * np.median(llm["main"])
     assert np.mean(accept) == pytest.approx(ROUTING_SPECULATIVE.draft_accept_mean, abs=0.02)
     assert all(0.0 <= a <= 1.0 for a in accept)

@@ -1,0 +1,66 @@
+"""``ttft breakdown``: the stage P95 table, sum-vs-true TTFT P95, tail attribution, completeness, advice."""
+
+from __future__ import annotations
+
+import time
+
+import click
+import orjson
+from rich.console import Console
+
+from streams.settings import load_settings
+from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
+from streams.views.breakdown import compute_breakdown, render_breakdown
+from streams.views.reads import store_span, table_exists, tenants_in_span
+from streams.views.span import SpanError
+
+SPAN_HELP = (
+    "a duration (1h, 30m, 1h30m) counted back from the end of the newest stored window (see --anchor), "
+    "or an ISO 8601 time (naive = UTC)"
+)
+
+
+@click.command()
+@click.option("--tenant", "tenant", default=None, help="Tenant id (default: each tenant in the span, in turn).")
+@click.option("--version", "version", default=None, help="One version (default: all versions merged).")
+@click.option("--since", default="1h", show_default=True, help=f"Span start: {SPAN_HELP}.")
+@click.option("--until", default=None, help=f"Span end (default: the anchor): {SPAN_HELP}.")
+@click.option(
+    "--anchor",
+    type=click.Choice(["data", "now"]),
+    default="data",
+    show_default=True,
+    help="What relative times count back from: the newest stored window (works on historical, replayed "
+    "or simulated data) or the wall clock.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON instead of tables.")
+def breakdown(
+    tenant: str | None, version: str | None, since: str, until: str | None, anchor: str, as_json: bool
+) -> None:
+    """Where TTFT goes, per stage, and which stage to cut first."""
+    settings = load_settings()
+    try:
+        client = make_client(settings)
+    except (StoreConfigError, StoreUnavailable) as exc:
+        raise click.ClickException(str(exc)) from None
+    database = check_identifier(settings.clickhouse_database)
+    if not table_exists(client, database, "stage_windows"):
+        raise click.ClickException(f"no stage_windows table in {database}: run 'ttft db migrate' first")
+    try:
+        span = store_span(
+            client, database, since, until, window_ms=settings.windows.window_s * 1000,
+            now_ms=time.time() * 1000.0, tenant=tenant, anchor="now" if anchor == "now" else "data",
+        )
+    except SpanError as exc:
+        raise click.BadParameter(str(exc)) from None
+    tenants = [tenant] if tenant is not None else tenants_in_span(client, database, span)
+    if not tenants:
+        raise click.ClickException("no stage windows in the span (has the worker closed any window yet?)")
+    results = [compute_breakdown(client, database, settings, span, tenant=t, version=version) for t in tenants]
+    if as_json:
+        payload = results[0].to_json() if tenant is not None else [b.to_json() for b in results]
+        click.echo(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+        return
+    console = Console()
+    for result in results:
+        render_breakdown(console, result)
