@@ -209,6 +209,33 @@ async def topic_partitions(settings: Settings, topic: str) -> list[int]:
     raise RuntimeError(f"topic {topic} does not exist (create it with the worker's topic setup)")
 
 
+async def read_outbox_state(settings: Settings, *, timeout_s: float = 30.0) -> DeliveryState:
+    """Fold the whole ``ttft.alerts`` topic without delivering anything (no group, no commit).
+
+    For a restarting worker: ``RuleEngine.restore(state.active_transitions())`` resumes its alerts.
+    """
+    state = DeliveryState()
+    topic = settings.topic("alerts")
+    tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, **kafka_client_kwargs(settings))
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} took longer than {timeout_s} s")
+            batch = await consumer.getmany(*tps, timeout_ms=500, max_records=1_000)
+            for records in batch.values():
+                for record in records:
+                    state.fold_message(record.value, replayed=True)
+    finally:
+        await consumer.stop()
+    return state
+
+
 def delivery_group_id(settings: Settings) -> str:
     """Consumer group of the delivery loop (offsets = what Alertmanager has accepted)."""
     return f"{settings.app_id}-alert-delivery"

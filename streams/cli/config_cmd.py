@@ -15,7 +15,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from streams.rules.config import RulesConfig
+from streams.rules.config import RulesConfig, rules_config
 from streams.settings import Settings, read_config_file
 
 
@@ -25,12 +25,6 @@ def _paths(exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:
         path = ".".join(str(p) for p in (*prefix, *error["loc"])) or "(top level)"
         out.append(f"{path}: {error['msg']}")
     return out
-
-
-def rules_of(settings: Settings) -> RulesConfig:
-    """The validated rules of ``settings`` (a plain mapping until ``Settings.rules`` is typed)."""
-    rules: Any = settings.rules
-    return rules if isinstance(rules, RulesConfig) else RulesConfig.model_validate(rules)
 
 
 def validate_config(data: dict[str, Any]) -> tuple[Settings | None, RulesConfig | None, list[str]]:
@@ -47,7 +41,7 @@ def validate_config(data: dict[str, Any]) -> tuple[Settings | None, RulesConfig 
                 problems += _paths(rules_exc, ("rules",))
         return None, None, problems
     try:
-        rules = rules_of(settings)
+        rules = rules_config(settings.rules)
     except ValidationError as exc:
         return settings, None, problems + _paths(exc, ("rules",))
     return settings, rules, problems

@@ -95,7 +95,9 @@ class _Progress:
             self._rich.update(self._task, completed=done_s, sent=sent, rate=rate)
         elif now - self._last_line >= _PLAIN_EVERY_S:
             self._last_line = now
-            click.echo(f"simulate: {sent} events, {done_s:.0f}/{self.total_s:.0f} s event time, {rate:,.0f} ev/s")
+            click.echo(
+                f"simulate: {sent} events, {done_s:.0f}/{self.total_s:.0f} s event time, {rate:,.0f} ev/s"
+            )
 
 
 def _write_lines(messages: Iterator[Message], out: IO[bytes], progress: Callable[[int, float], None]) -> int:
@@ -114,19 +116,38 @@ def _write_lines(messages: Iterator[Message], out: IO[bytes], progress: Callable
 
 @click.command("simulate")
 @click.option("--scenario", type=click.Choice(SCENARIOS), default="steady", show_default=True)
-@click.option("--rate", type=float, default=50.0, show_default=True, help="Requests per second of event time.")
+@click.option(
+    "--rate", type=float, default=50.0, show_default=True, help="Requests per second of event time."
+)
 @click.option("--duration", default="60", show_default=True, help="Event-time length: 90, 90s, 10m, 1h.")
-@click.option("--tenants", default=None, help=f"Comma-separated tenant ids [default: {','.join(DEFAULT_TENANTS)}].")
+@click.option(
+    "--tenants", default=None, help=f"Comma-separated tenant ids [default: {','.join(DEFAULT_TENANTS)}]."
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed and start: same events.")
 @click.option("--start", default=None, help="Event-time start: ISO 8601 or epoch ms [default: now].")
-@click.option("--speedup", type=float, default=1.0, show_default=True,
-              help="Event time runs this many times faster than wall time while producing.")
-@click.option("--as-fast-as-possible", "unpaced", is_flag=True, help="No pacing: send as fast as Kafka takes it.")
-@click.option("--errors", "errors_text", default=None,
-              help="Fault injection, e.g. dup=0.01,missing=0.01,orphan=0.01,malformed=0.005.")
+@click.option(
+    "--speedup",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Event time runs this many times faster than wall time while producing.",
+)
+@click.option(
+    "--as-fast-as-possible", "unpaced", is_flag=True, help="No pacing: send as fast as Kafka takes it."
+)
+@click.option(
+    "--errors",
+    "errors_text",
+    default=None,
+    help="Fault injection, e.g. dup=0.01,missing=0.01,orphan=0.01,malformed=0.005.",
+)
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers [default: TTFT_KAFKA_BOOTSTRAP].")
-@click.option("--out", type=click.File("wb"), default=None,
-              help="Write JSON lines here ('-' = stdout) instead of producing to Kafka.")
+@click.option(
+    "--out",
+    type=click.File("wb"),
+    default=None,
+    help="Write JSON lines here ('-' = stdout) instead of producing to Kafka.",
+)
 def simulate(
     scenario: str,
     rate: float,
@@ -152,8 +173,13 @@ def simulate(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--errors") from exc
     messages = generate(
-        scenario, rate_rps=rate, duration_s=duration_s, tenants=_parse_tenants(tenants), seed=seed,
-        start_ms=start_ms, errors=errors,
+        scenario,
+        rate_rps=rate,
+        duration_s=duration_s,
+        tenants=_parse_tenants(tenants),
+        seed=seed,
+        start_ms=start_ms,
+        errors=errors,
     )
     live = sys.stderr.isatty() and (out is None or out.name != "<stdout>")
     started = time.perf_counter()
@@ -161,14 +187,21 @@ def simulate(
         progress = _Progress(start_ms, duration_s, live=False)
         sent = _write_lines(messages, out, progress.update if out.name != "<stdout>" else lambda *_: None)
         elapsed = time.perf_counter() - started
-        click.echo(f"wrote {sent} events in {elapsed:.1f} s ({sent / max(elapsed, 1e-9):,.0f} events/s)", err=True)
+        click.echo(
+            f"wrote {sent} events in {elapsed:.1f} s ({sent / max(elapsed, 1e-9):,.0f} events/s)", err=True
+        )
         return
     _produce(messages, scenario, start_ms, duration_s, None if unpaced else speedup, bootstrap, live)
 
 
 def _produce(
-    messages: Iterator[Message], scenario: str, start_ms: float, duration_s: float,
-    speedup: float | None, bootstrap: str | None, live: bool,
+    messages: Iterator[Message],
+    scenario: str,
+    start_ms: float,
+    duration_s: float,
+    speedup: float | None,
+    bootstrap: str | None,
+    live: bool,
 ) -> None:
     from streams.kafka.topics import kafka_client_kwargs
     from streams.settings import load_settings
@@ -178,20 +211,28 @@ def _produce(
     topic = settings.topic("stage-events")
     pacer = Pacer(start_ms, speedup) if speedup is not None else None
     pacing = "as fast as possible" if speedup is None else f"speedup x{speedup:g}"
-    click.echo(f"simulate {scenario}: {duration_s:g} s of event time -> {topic} at {settings.kafka_bootstrap} "
-               f"({pacing})")
+    click.echo(
+        f"simulate {scenario}: {duration_s:g} s of event time -> {topic} at {settings.kafka_bootstrap} "
+        f"({pacing})"
+    )
     progress = _Progress(start_ms, duration_s, live=live)
     context: AbstractContextManager[Any] = progress if live else nullcontext()
     try:
         with context:
-            report = asyncio.run(produce_messages(
-                messages, topic=topic, client_kwargs=kafka_client_kwargs(settings), pacer=pacer,
-                on_progress=progress.update,
-            ))
+            report = asyncio.run(
+                produce_messages(
+                    messages,
+                    topic=topic,
+                    client_kwargs=kafka_client_kwargs(settings),
+                    pacer=pacer,
+                    on_progress=progress.update,
+                )
+            )
     except KeyboardInterrupt:
         raise click.Abort() from None
     except Exception as exc:  # a broker problem is a user-facing error, not a traceback
         raise click.ClickException(f"producing to {topic} failed: {exc!r}") from exc
-    click.echo(f"produced {report.messages} events ({report.bytes / 1e6:.1f} MB) in {report.elapsed_s:.1f} s: "
-               f"{report.messages_per_s:,.0f} events/s")
-
+    click.echo(
+        f"produced {report.messages} events ({report.bytes / 1e6:.1f} MB) in {report.elapsed_s:.1f} s: "
+        f"{report.messages_per_s:,.0f} events/s"
+    )

@@ -5,7 +5,7 @@ Entry points: :class:`RuleEngine` (``evaluate`` / ``evaluate_window``), :class:`
 :class:`CanaryVerdict`). Nothing here does I/O or reads a clock.
 """
 
-from streams.rules.config import RulesConfig
+from streams.rules.config import RulesConfig, rules_config
 from streams.rules.engine import RuleEngine
 from streams.rules.model import (
     ALERT_COLUMNS,
@@ -31,4 +31,5 @@ __all__ = [
     "WindowSnapshot",
     "fingerprint",
     "ingest_halted_transition",
+    "rules_config",
 ]

@@ -7,7 +7,8 @@ stage floors live in the ``tenants`` section of the settings (:class:`streams.se
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -209,3 +210,10 @@ class RulesConfig(BaseModel):
             self.canary.span_windows,
             max(p.long_windows for p in self.slo_burn.pairs),
         )
+
+
+def rules_config(raw: RulesConfig | Mapping[str, Any] | None) -> RulesConfig:
+    """``Settings.rules`` as a :class:`RulesConfig` (it is a plain mapping until settings types it)."""
+    if isinstance(raw, RulesConfig):
+        return raw
+    return RulesConfig.model_validate(dict(raw or {}))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from streams.core.sketch import LatencySketch
 from streams.rules.canary import ArmHistory, StrataHistory, evaluate_canary
@@ -28,7 +29,9 @@ from streams.rules.model import (
 from streams.rules.regression import SUB_STAGES_OF, Baselines, StageHistory, check_stage
 from streams.rules.slo import BurnHistory, check_burn
 from streams.rules.snapshot import WindowFacts, stratum_of, window_facts
-from streams.settings import Settings
+
+if TYPE_CHECKING:  # settings.py will import streams.rules.config: no runtime import back
+    from streams.settings import Settings
 
 _NOT_SERIES = frozenset({"Watchdog", "TTFTTenantSilent", "TTFTIngestHalted"})
 _VERDICT_OUTCOME: dict[str, Outcome] = {"pass": "ok", "fail": "breach", "inconclusive": "inconclusive"}
@@ -168,19 +171,8 @@ class RuleEngine:
                 severity="ticket",
                 resolve_windows=rule.resolve_windows,
                 summary=f"Telemetry of tenant {tenant} is incomplete",
-                description=(
-                    f"tenant {tenant}: {t.complete}/{t.total} requests complete ({completeness:.0%}, "
-                    f"floor {rule.completeness_floor:.0%}); missing_stage {t.missing_stage}, "
-                    f"timed_out {t.timed_out}, orphan {t.orphan}. Regression and canary verdicts are "
-                    "suspended for such windows."
-                ),
-                numbers={
-                    "completeness": completeness,
-                    "total": t.total,
-                    "timed_out": t.timed_out,
-                    "orphan": t.orphan,
-                    "missing_stage": t.missing_stage,
-                },
+                description=t.describe(tenant, rule.completeness_floor),
+                numbers=t.numbers(),
             )
         return degraded
 
@@ -283,19 +275,7 @@ class RuleEngine:
                     immediate=critical,
                     summary=f"Canary {version} fails on {stage} for tenant {tenant}",
                     description=description,
-                    numbers={
-                        k: v
-                        for k, v in (
-                            ("ratio", verdict.ratio),
-                            ("p95_canary_ms", verdict.p95_canary),
-                            ("p95_stable_ms", verdict.p95_stable),
-                            ("naive_ratio", verdict.naive_ratio),
-                            ("tail_p", verdict.tail_p),
-                            ("n_canary", float(verdict.n_canary)),
-                            ("n_stable", float(verdict.n_stable)),
-                        )
-                        if v is not None
-                    },
+                    numbers=verdict.numbers(),
                 )
 
     def _draft(self, now: float, snap: WindowSnapshot, out: WindowEvaluation) -> None:

@@ -168,6 +168,19 @@ class CanaryVerdict:
     drivers: tuple[str, ...] = ()
     explanation: str = ""
 
+    def numbers(self) -> dict[str, float]:
+        """The verdict's numbers for an alert's annotations."""
+        values = {
+            "ratio": self.ratio,
+            "p95_canary_ms": self.p95_canary,
+            "p95_stable_ms": self.p95_stable,
+            "naive_ratio": self.naive_ratio,
+            "tail_p": self.tail_p,
+            "n_canary": float(self.n_canary),
+            "n_stable": float(self.n_stable),
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
     def to_row(self) -> dict[str, Any]:
         """Column values for the ``canary_verdicts`` table."""
         return {

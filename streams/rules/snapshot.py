@@ -49,6 +49,25 @@ class TenantWindow:
             return None
         return self.complete / self.total
 
+    def describe(self, tenant: str, floor: float) -> str:
+        """Annotation text of a degraded window."""
+        return (
+            f"tenant {tenant}: {self.complete}/{self.total} requests complete "
+            f"({self.completeness or 0.0:.0%}, floor {floor:.0%}); missing_stage {self.missing_stage}, "
+            f"timed_out {self.timed_out}, "
+            f"orphan {self.orphan}. Regression and canary verdicts are suspended for such windows."
+        )
+
+    def numbers(self) -> dict[str, float]:
+        """Health numbers for an alert's annotations."""
+        return {
+            "completeness": self.completeness or 0.0,
+            "total": float(self.total),
+            "timed_out": float(self.timed_out),
+            "orphan": float(self.orphan),
+            "missing_stage": float(self.missing_stage),
+        }
+
 
 @dataclass(slots=True)
 class WindowFacts:

@@ -25,8 +25,13 @@ from typing import Any, Final
 import orjson
 
 DROPPABLE_STAGES: Final = ("retrieval", "prompt_assemble", "llm_ttft")
-_ALIASES: Final = {"dup": "duplicate", "duplicates": "duplicate", "missing": "missing_stage",
-                   "orphans": "orphan", "bad": "malformed"}
+_ALIASES: Final = {
+    "dup": "duplicate",
+    "duplicates": "duplicate",
+    "missing": "missing_stage",
+    "orphans": "orphan",
+    "bad": "malformed",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,7 @@ class RequestProfile:
     stage_gap_ms: float = 0.6
     first_token_gap_ms: float = 6.0
 
+
 def stage_log_correlation(shared_sigma: float, sigma_i: float, sigma_j: float) -> float:
     """Correlation of the ``log`` latencies of two stages that share the per-request slowness factor."""
     v = shared_sigma * shared_sigma
@@ -137,9 +138,124 @@ def _draft_accept_rate(rng: random.Random, profile: RequestProfile) -> float:
     return round(rng.betavariate(profile.draft_accept_mean * c, (1.0 - profile.draft_accept_mean) * c), 3)
 
 
-def _llm_attempt_ms(rng: random.Random, profile: RequestProfile, uncached_tokens: int, factor: float) -> float:
+def _llm_attempt_ms(
+    rng: random.Random, profile: RequestProfile, uncached_tokens: int, factor: float
+) -> float:
     prefill = profile.llm_base_ms + profile.llm_per_1k_uncached_ms * uncached_tokens / 1000.0
     return _round(prefill * math.exp(profile.llm_sigma * rng.gauss(0.0, 1.0)) * factor)
+
+
+class _Request:
+    """The events of one request under construction; one method per stage group."""
+
+    __slots__ = ("events", "labels", "profile", "request_id", "rng", "shared")
+
+    def __init__(self, rng: random.Random, profile: RequestProfile, request_id: str) -> None:
+        self.rng = rng
+        self.profile = profile
+        self.request_id = request_id
+        self.events: list[dict[str, Any]] = []
+        self.shared = math.exp(profile.shared_sigma * rng.gauss(0.0, 1.0))
+        fast = profile.fast_route_share > 0 and rng.random() < profile.fast_route_share
+        u = rng.random()
+        level1, level2 = profile.fallback_rates
+        self.labels: dict[str, Any] = {"version_id": profile.version_id}
+        if profile.rollout is not None:
+            self.labels["rollout"] = profile.rollout
+        self.labels["route"] = "fast" if fast else "main"
+        self.labels["fallback_level"] = 2 if u < level2 else 1 if u < level1 + level2 else 0
+
+    def emit(
+        self, stage: str, ts: float, duration: float | None, attrs: dict[str, Any], attempt: int = 1
+    ) -> None:
+        event: dict[str, Any] = {"request_id": self.request_id, "tenant_id": self.profile.tenant_id}
+        event["stage"] = stage
+        event["ts_ms"] = _round(ts)
+        if duration is not None:
+            event["duration_ms"] = duration
+        event.update(self.labels)
+        event["event_id"] = f"{self.request_id}/{stage}/{attempt}"
+        if attrs:
+            event["attrs"] = attrs
+        self.events.append(event)
+
+    def retrieval(self, start: float) -> float:
+        """Recall (parallel or serial), then rerank; a retrieval-cache hit skips both. Returns the end."""
+        profile, rng, gauss = self.profile, self.rng, self.rng.gauss
+        slow = self.shared * profile.retrieval_slowdown
+        attrs: dict[str, Any] = {"retrieval_cache_hit": False}
+        if rng.random() < profile.retrieval_cache_hit_rate:
+            attrs["retrieval_cache_hit"] = True
+            end = (
+                start
+                + profile.retrieval_cache_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * self.shared
+            )
+        else:
+            vector = _round(
+                profile.vector_recall_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * slow
+            )
+            bm25 = _round(profile.bm25_recall_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * slow)
+            v_start = start + 0.2
+            b_start = start + 0.3 if profile.recall_mode == "parallel" else v_start + vector + _gap(rng, 0.3)
+            self.emit("vector_recall", v_start, vector, {})
+            self.emit("bm25_recall", b_start, bm25, {})
+            end = max(v_start + vector, b_start + bm25)
+            if self.labels["fallback_level"] < 2:  # level 2 degrades retrieval: no rerank
+                k = profile.rerank_top_k
+                rerank_ms = profile.rerank_base_ms + profile.rerank_per_doc_ms * k
+                rerank = _round(rerank_ms * math.exp(profile.rerank_sigma * gauss(0.0, 1.0)) * slow)
+                rerank_start = end + _gap(rng, 0.2)
+                self.emit("rerank", rerank_start, rerank, {"rerank_top_k": k})
+                attrs["rerank_top_k"] = k
+                end = rerank_start + rerank
+            end += _MIN_GAP_MS
+        duration = _round(end - _round(start))
+        self.emit("retrieval", start, duration, attrs)
+        return _round(start) + duration
+
+    def prompt_assemble(self, start: float) -> tuple[float, dict[str, Any]]:
+        """Assembly; a prefix-cache hit makes it (and the LLM prefill) cheaper. Returns end and attrs."""
+        profile, rng = self.profile, self.rng
+        tokens = int(
+            profile.prompt_tokens_median * math.exp(profile.prompt_tokens_sigma * rng.gauss(0.0, 1.0))
+        )
+        tokens = min(max(tokens, 120), 64_000)
+        cache_hit = rng.random() < prompt_cache_hit_probability(profile, tokens)
+        cached = (int(tokens * (0.75 if profile.stable_prefix else 0.4)) // 128) * 128 if cache_hit else 0
+        attrs: dict[str, Any] = {
+            "prompt_tokens": tokens,
+            "cached_tokens": cached,
+            "prompt_cache_hit": cache_hit,
+        }
+        assemble_ms = profile.assemble_base_ms + profile.assemble_per_1k_tokens_ms * tokens / 1000.0
+        if cache_hit:
+            assemble_ms *= profile.assemble_cache_factor
+        duration = _round(assemble_ms * math.exp(profile.assemble_sigma * rng.gauss(0.0, 1.0)) * self.shared)
+        self.emit("prompt_assemble", start, duration, attrs)
+        return _round(start) + duration, attrs
+
+    def llm_ttft(self, start: float, prompt_attrs: dict[str, Any]) -> float:
+        """One span per attempt (fallback levels >= 1 retry on a backup). Returns the last end."""
+        profile, rng = self.profile, self.rng
+        factor = self.shared * profile.llm_factor
+        if self.labels["route"] == "fast":
+            factor *= profile.fast_route_factor
+        attrs = dict(prompt_attrs)
+        if profile.speculative:
+            accept = _draft_accept_rate(rng, profile)
+            attrs["draft_accept_rate"] = accept
+            factor *= speculative_multiplier(accept)
+        uncached = prompt_attrs["prompt_tokens"] - prompt_attrs["cached_tokens"]
+        attempts = 2 if self.labels["fallback_level"] >= 1 else 1
+        t = start
+        for attempt in range(1, attempts + 1):
+            # A failed first attempt is abandoned part-way, at the client's timeout.
+            share = 0.6 if attempt < attempts else 1.0
+            duration = _round(_llm_attempt_ms(rng, profile, uncached, factor) * share)
+            self.emit("llm_ttft", t, duration, attrs, attempt)
+            end = _round(t) + duration
+            t = end + _gap(rng, profile.stage_gap_ms)
+        return end
 
 
 def simulate_request(
@@ -150,87 +266,10 @@ def simulate_request(
     Deterministic for the state of ``rng``. Every dict validates as ``schemas.events.StageEvent`` and
     carries an ``event_id`` (``<request_id>/<stage>/<attempt>``). Order: by stage start, not emission.
     """
-    gauss = rng.gauss
-    shared = math.exp(profile.shared_sigma * gauss(0.0, 1.0))
-    route = "fast" if profile.fast_route_share > 0 and rng.random() < profile.fast_route_share else "main"
-    u = rng.random()
-    level1, level2 = profile.fallback_rates
-    fallback_level = 2 if u < level2 else 1 if u < level1 + level2 else 0
-
-    labels: dict[str, Any] = {"version_id": profile.version_id}
-    if profile.rollout is not None:
-        labels["rollout"] = profile.rollout
-    labels["route"] = route
-    labels["fallback_level"] = fallback_level
-    events: list[dict[str, Any]] = []
-
-    def emit(stage: str, ts: float, duration: float | None, attrs: dict[str, Any], attempt: int = 1) -> None:
-        event: dict[str, Any] = {"request_id": request_id, "tenant_id": profile.tenant_id, "stage": stage}
-        event["ts_ms"] = _round(ts)
-        if duration is not None:
-            event["duration_ms"] = duration
-        event.update(labels)
-        event["event_id"] = f"{request_id}/{stage}/{attempt}"
-        if attrs:
-            event["attrs"] = attrs
-        events.append(event)
-
-    emit("request_start", t0_ms, None, {"trace_id": f"{rng.getrandbits(128):032x}"})
-
-    # --- retrieval: recall (parallel or serial), then rerank; a retrieval-cache hit skips both.
-    r_start = t0_ms + _gap(rng, profile.start_gap_ms)
-    slow = shared * profile.retrieval_slowdown
-    retrieval_attrs: dict[str, Any] = {"retrieval_cache_hit": False}
-    if rng.random() < profile.retrieval_cache_hit_rate:
-        retrieval_attrs["retrieval_cache_hit"] = True
-        r_end = r_start + profile.retrieval_cache_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * shared
-    else:
-        vector = _round(profile.vector_recall_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * slow)
-        bm25 = _round(profile.bm25_recall_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * slow)
-        v_start = r_start + 0.2
-        b_start = r_start + 0.3 if profile.recall_mode == "parallel" else v_start + vector + _gap(rng, 0.3)
-        emit("vector_recall", v_start, vector, {})
-        emit("bm25_recall", b_start, bm25, {})
-        r_end = max(v_start + vector, b_start + bm25)
-        if fallback_level < 2:  # level 2 degrades retrieval: no rerank
-            k = profile.rerank_top_k
-            rerank_base = profile.rerank_base_ms + profile.rerank_per_doc_ms * k
-            rerank = _round(rerank_base * math.exp(profile.rerank_sigma * gauss(0.0, 1.0)) * slow)
-            rerank_start = r_end + _gap(rng, 0.2)
-            emit("rerank", rerank_start, rerank, {"rerank_top_k": k})
-            retrieval_attrs["rerank_top_k"] = k
-            r_end = rerank_start + rerank
-        r_end += _MIN_GAP_MS
-    retrieval = _round(r_end - _round(r_start))
-    emit("retrieval", r_start, retrieval, retrieval_attrs)
-
-    # --- prompt assembly; a prefix-cache hit makes both assembly and LLM prefill cheaper.
-    tokens = int(profile.prompt_tokens_median * math.exp(profile.prompt_tokens_sigma * gauss(0.0, 1.0)))
-    tokens = min(max(tokens, 120), 64_000)
-    cache_hit = rng.random() < prompt_cache_hit_probability(profile, tokens)
-    cached = (int(tokens * (0.75 if profile.stable_prefix else 0.4)) // 128) * 128 if cache_hit else 0
-    prompt_attrs = {"prompt_tokens": tokens, "cached_tokens": cached, "prompt_cache_hit": cache_hit}
-    a_start = _round(r_start) + retrieval + _gap(rng, profile.stage_gap_ms)
-    assemble_ms = profile.assemble_base_ms + profile.assemble_per_1k_tokens_ms * tokens / 1000.0
-    if cache_hit:
-        assemble_ms *= profile.assemble_cache_factor
-    assemble = _round(assemble_ms * math.exp(profile.assemble_sigma * gauss(0.0, 1.0)) * shared)
-    emit("prompt_assemble", a_start, assemble, prompt_attrs)
-
-    # --- LLM first token: one span per attempt (fallback levels >= 1 retry on a backup).
-    factor = shared * profile.llm_factor * (profile.fast_route_factor if route == "fast" else 1.0)
-    llm_attrs: dict[str, Any] = dict(prompt_attrs)
-    if profile.speculative:
-        accept = _draft_accept_rate(rng, profile)
-        llm_attrs["draft_accept_rate"] = accept
-        factor *= speculative_multiplier(accept)
-    t = _round(a_start) + assemble + _gap(rng, profile.stage_gap_ms)
-    attempts = 2 if fallback_level >= 1 else 1
-    for attempt in range(1, attempts + 1):
-        # A failed first attempt is abandoned part-way, at the client's timeout.
-        share = 0.6 if attempt < attempts else 1.0
-        llm = _round(_llm_attempt_ms(rng, profile, tokens - cached, factor) * share)
-        emit("llm_ttft", t, llm, llm_attrs, attempt)
-        t = _round(t) + llm + _gap(rng, profile.stage_gap_ms)
-    emit("first_token", t + _gap(rng, profile.first_token_gap_ms), None, {})
-    return events
+    request = _Request(rng, profile, request_id)
+    request.emit("request_start", t0_ms, None, {"trace_id": f"{rng.getrandbits(128):032x}"})
+    end = request.retrieval(t0_ms + _gap(rng, profile.start_gap_ms))
+    end, prompt_attrs = request.prompt_assemble(end + _gap(rng, profile.stage_gap_ms))
+    end = request.llm_ttft(end + _gap(rng, profile.stage_gap_ms), prompt_attrs)
+    request.emit("first_token", end + _gap(rng, profile.first_token_gap_ms), None, {})
+    return request.events

@@ -74,7 +74,7 @@ def producer_config(client_kwargs: dict[str, Any]) -> dict[str, Any]:
 class _BatchedSender:
     """Appends messages to per-partition batches and submits each batch when it is full."""
 
-    def __init__(self, producer: AIOKafkaProducer, topic: str, partitions: list[int]) -> None:
+    def __init__(self, producer: Any, topic: str, partitions: list[int]) -> None:
         self.producer = producer
         self.topic = topic
         self.partitions = partitions
@@ -123,14 +123,16 @@ async def produce_messages(
     progress_every: int = 2_000,
     max_in_flight: int = 64,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    producer_factory: Callable[..., Any] = AIOKafkaProducer,
 ) -> ProduceReport:
     """Produce ``messages`` (key, value, emit_ts_ms) to ``topic``; returns after every delivery is acked.
 
     When paced, open batches are submitted before each wait, so messages leave at their event time
     (give or take the wait threshold) rather than when a batch fills up. ``on_progress(sent,
-    last_emit_ts_ms)`` is called every ``progress_every`` messages and at the end.
+    last_emit_ts_ms)`` is called every ``progress_every`` messages and at the end. ``producer_factory``
+    is for tests: anything with aiokafka's start/stop/partitions_for/create_batch/send_batch.
     """
-    producer = AIOKafkaProducer(**producer_config(client_kwargs))
+    producer = producer_factory(**producer_config(client_kwargs))
     await producer.start()
     started = time.perf_counter()
     sent = 0

@@ -142,7 +142,9 @@ class ProfileBook:
             for t_index, tenant in enumerate(self.tenants):
                 self._book[(p_index, t_index, False)] = self._label(phase, phase.base, tenant, t_index, False)
                 if phase.canary is not None:
-                    self._book[(p_index, t_index, True)] = self._label(phase, phase.canary, tenant, t_index, True)
+                    self._book[(p_index, t_index, True)] = self._label(
+                        phase, phase.canary, tenant, t_index, True
+                    )
 
     def _label(
         self, phase: Phase, profile: RequestProfile, tenant: str, t_index: int, canary: bool

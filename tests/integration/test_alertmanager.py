@@ -10,7 +10,13 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streams.alerting.alertmanager import AlertmanagerClient, alertmanager_alert
-from streams.alerting.outbox import DeliveryOptions, DeliveryState, alert_message, run_delivery_loop
+from streams.alerting.outbox import (
+    DeliveryOptions,
+    DeliveryState,
+    alert_message,
+    read_outbox_state,
+    run_delivery_loop,
+)
 from streams.kafka.topics import kafka_client_kwargs
 from streams.rules import AlertTransition
 from streams.settings import Settings
@@ -117,6 +123,9 @@ def test_delivery_loop_survives_alertmanager_down_and_a_restart(
         _run_until(kafka_settings, server.url, lambda s, c: c.failed_attempts >= 3, 20)
     )
     assert failures >= 3 and state.owed and state.stats.delivered == 0 and state.stats.replayed == 0
+    # What a restarting worker's engine resumes (RuleEngine.restore): the firing alert.
+    restored = asyncio.run(read_outbox_state(kafka_settings)).active_transitions()
+    assert [(t.state, t.labels["tenant"]) for t in restored] == [("firing", "t2")]
 
     # Alertmanager comes back; a fresh loop (a restarted worker) still owes the transition and delivers it.
     server.start()

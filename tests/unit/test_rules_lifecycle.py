@@ -111,3 +111,15 @@ def test_muted_evaluation_marks_transitions_and_restore_resumes_firing_alerts() 
         resolved += [t for t in restarted.evaluate(ws, snap) if t.fingerprint == stale.fingerprint]
     # Tenant t9 never reports again: the restored alert resolves after stale_windows, not never.
     assert [(t.state, t.window_start) for t in resolved] == [("resolved", 10 * 60_000.0)]
+
+
+def test_every_alert_has_a_runbook_section_its_url_points_to() -> None:
+    from pathlib import Path
+
+    from streams.rules import ALERT_NAMES
+
+    runbook = (Path(__file__).resolve().parents[2] / "docs" / "runbook.md").read_text()
+    headings = {line[3:].strip() for line in runbook.splitlines() if line.startswith("## ")}
+    assert set(ALERT_NAMES) <= headings
+    book = AlertBook("https://example/docs/runbook.md")
+    assert book.runbook_url("TTFTSLOBurn").endswith("runbook.md#ttftsloburn")

@@ -36,7 +36,9 @@ def _sums(events: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("profile", [BEFORE, ROUTING_SPECULATIVE, replace(BEFORE, tenant_id="知识库", rollout="canary")])
+@pytest.mark.parametrize(
+    "profile", [BEFORE, ROUTING_SPECULATIVE, replace(BEFORE, tenant_id="知识库", rollout="canary")]
+)
 def test_every_event_validates_as_stage_event(profile: RequestProfile) -> None:
     for events in _requests(profile, 400):
         ids = set()
@@ -114,7 +116,13 @@ def test_prompt_cache_hits_depend_on_prompt_length() -> None:
 
 
 def test_prompt_cache_hits_lower_assembly_and_llm() -> None:
-    profile = replace(ROUTING_SPECULATIVE, fast_route_share=0.0, prompt_tokens_sigma=0.0, prompt_tokens_median=3_000)
+    profile = replace(
+        ROUTING_SPECULATIVE,
+        fast_route_share=0.0,
+        prompt_tokens_sigma=0.0,
+        prompt_tokens_median=3_000,
+        prompt_cache_max_rate=0.5,
+    )
     hit: dict[str, list[float]] = {"prompt_assemble": [], "llm_ttft": []}
     miss: dict[str, list[float]] = {"prompt_assemble": [], "llm_ttft": []}
     for events in _requests(profile, 4_000):
@@ -144,7 +152,9 @@ def test_recall_modes_overlap_only_when_parallel() -> None:
         for events in _requests(profile, 300):
             v = next(e for e in events if e["stage"] == "vector_recall")
             b = next(e for e in events if e["stage"] == "bm25_recall")
-            overlap = v["ts_ms"] < b["ts_ms"] + b["duration_ms"] and b["ts_ms"] < v["ts_ms"] + v["duration_ms"]
+            overlap = (
+                v["ts_ms"] < b["ts_ms"] + b["duration_ms"] and b["ts_ms"] < v["ts_ms"] + v["duration_ms"]
+            )
             assert overlap == (mode == "parallel")
 
 

@@ -1,0 +1,380 @@
+"""Dashboards 1 (TTFT overview) and 2 (Stage drill-down)."""
+
+from __future__ import annotations
+
+from streams.grafana.model import (
+    FORMAT_TABLE,
+    FORMAT_TIME_SERIES,
+    DashboardSpec,
+    PanelSpec,
+    PercentileCheck,
+    VariableSpec,
+)
+from streams.grafana.sql import (
+    BREAKDOWN_STAGES,
+    PARENTS,
+    STAGE,
+    TENANT,
+    VERSION,
+    count_rows,
+    health_share,
+    percentiles,
+    sketch_quantile,
+    slo_expression,
+    stage_in,
+    stage_order,
+    string_array,
+    where,
+)
+from streams.settings import Settings
+
+P95_P99 = {"p95": 0.95, "p99": 0.99}
+P50_P95_P99 = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+IN_RANGE = "$__timeFilter(window_start)"
+TTFT_ONLY = "stage = 'ttft'"
+ATTRIBUTED = "status = 'ok'"
+
+
+def tenant_variable() -> VariableSpec:
+    return VariableSpec(
+        "tenant",
+        "Tenant",
+        f"SELECT DISTINCT tenant_id FROM window_health FINAL {where(IN_RANGE)} ORDER BY tenant_id",
+    )
+
+
+def version_variable() -> VariableSpec:
+    return VariableSpec(
+        "version",
+        "Version",
+        f"SELECT DISTINCT version_id FROM window_health FINAL {where(IN_RANGE, TENANT)} ORDER BY version_id",
+    )
+
+
+def stage_variable() -> VariableSpec:
+    return VariableSpec(
+        "stage",
+        "Stage",
+        f"SELECT DISTINCT stage FROM stage_windows FINAL {where(IN_RANGE)} ORDER BY stage",
+    )
+
+
+def _ttft_over_time(settings: Settings) -> PanelSpec:
+    sql = (
+        "SELECT $__timeInterval(window_start) AS time, tenant_id,\n"
+        f"       {percentiles(P95_P99)},\n"
+        f"       {slo_expression(settings)} AS slo_ms\n"
+        "FROM stage_windows FINAL\n"
+        f"{where(IN_RANGE, TTFT_ONLY, TENANT, VERSION)}\n"
+        "GROUP BY time, tenant_id\nHAVING sum(count) > 0\nORDER BY time, tenant_id"
+    )
+    return PanelSpec(
+        title="TTFT P95 and P99 per tenant",
+        kind="timeseries",
+        sql=sql,
+        fmt=FORMAT_TIME_SERIES,
+        columns=("time", "tenant_id", "p95", "p99", "slo_ms"),
+        expect_sql=count_rows("stage_windows", "stage = 'ttft'", "count > 0"),
+        description="End-to-end TTFT percentiles merged from the stored sketches per interval, with each "
+        "tenant's SLO (tenants.<id>.slo_ms). Completeness is the panel beside it.",
+        check=PercentileCheck(P95_P99, group=("tenant_id",), stage="ttft", by_time=True),
+        field_config={"custom": {"drawStyle": "line", "lineWidth": 1, "showPoints": "never"}},
+        width=16,
+    )
+
+
+def _completeness_over_time() -> PanelSpec:
+    sql = (
+        "SELECT $__timeInterval(window_start) AS time, tenant_id,\n"
+        "       sum(complete) / sum(total) AS complete_ratio,\n"
+        "       sum(missing_stage) / sum(total) AS missing_stage_ratio,\n"
+        "       sum(timed_out) / sum(total) AS timed_out_ratio,\n"
+        "       sum(orphan) / sum(total) AS orphan_ratio\n"
+        "FROM window_health FINAL\n"
+        f"{where(IN_RANGE, TENANT, VERSION)}\n"
+        "GROUP BY time, tenant_id\nHAVING sum(total) > 0\nORDER BY time, tenant_id"
+    )
+    return PanelSpec(
+        title="Completeness per tenant",
+        kind="timeseries",
+        sql=sql,
+        fmt=FORMAT_TIME_SERIES,
+        columns=("time", "tenant_id", "complete_ratio", "missing_stage_ratio", "timed_out_ratio", "orphan_ratio"),
+        expect_sql=count_rows("window_health", "total > 0"),
+        description="Share of requests per status: below ~0.9 complete, the latency numbers beside it are "
+        "missing part of the traffic (timed-out and orphan requests count as SLO-bad, never as fast).",
+        unit="percentunit",
+        width=8,
+    )
+
+
+def _ttft_range_table(settings: Settings) -> PanelSpec:
+    sql = (
+        "SELECT s.tenant_id AS tenant_id, s.requests AS requests, s.p50 AS p50, s.p95 AS p95, s.p99 AS p99,\n"
+        "       s.slo_ms AS slo_ms, s.slo_bad / h.total_requests AS slo_bad_share,\n"
+        "       h.complete_share AS complete_share\n"
+        "FROM (\n"
+        "  SELECT tenant_id, sum(count) AS requests,\n"
+        f"       {percentiles(P50_P95_P99)},\n"
+        f"       {slo_expression(settings)} AS slo_ms, sum(slo_bad_count) AS slo_bad\n"
+        "  FROM stage_windows FINAL\n"
+        f"  {where(IN_RANGE, TTFT_ONLY, TENANT, VERSION)}\n"
+        "  GROUP BY tenant_id HAVING requests > 0\n"
+        ") AS s\n"
+        f"LEFT JOIN ({health_share(TENANT, VERSION)}) AS h USING (tenant_id)\n"
+        "ORDER BY tenant_id"
+    )
+    return PanelSpec(
+        title="TTFT over the range per tenant",
+        kind="table",
+        sql=sql,
+        fmt=FORMAT_TABLE,
+        columns=("tenant_id", "requests", "p50", "p95", "p99", "slo_ms", "slo_bad_share", "complete_share"),
+        expect_sql=count_rows("stage_windows", "stage = 'ttft'", "count > 0"),
+        description="Percentiles over the whole range (one merged sketch per tenant), SLO-bad share of all "
+        "requests and completeness beside them.",
+        check=PercentileCheck(P50_P95_P99, group=("tenant_id",), stage="ttft"),
+        width=12,
+    )
+
+
+def _stage_breakdown() -> PanelSpec:
+    sql = (
+        "SELECT s.tenant_id AS tenant_id, s.stage AS stage, s.requests AS requests, s.p95 AS p95,\n"
+        "       h.complete_share AS complete_share\n"
+        "FROM (\n"
+        "  SELECT tenant_id, stage, sum(count) AS requests,\n"
+        f"       {sketch_quantile(0.95)} AS p95\n"
+        "  FROM stage_windows FINAL\n"
+        f"  {where(IN_RANGE, stage_in(BREAKDOWN_STAGES), TENANT, VERSION)}\n"
+        "  GROUP BY tenant_id, stage HAVING requests > 0\n"
+        ") AS s\n"
+        f"LEFT JOIN ({health_share(TENANT, VERSION)}) AS h USING (tenant_id)\n"
+        f"ORDER BY tenant_id, {stage_order('s.stage')}"
+    )
+    return PanelSpec(
+        title="Stage P95 breakdown",
+        kind="table",
+        sql=sql,
+        fmt=FORMAT_TABLE,
+        columns=("tenant_id", "stage", "requests", "p95", "complete_share"),
+        expect_sql=count_rows("stage_windows", stage_in(BREAKDOWN_STAGES), "count > 0"),
+        description="P95 of each parent stage, the unattributed gap (other) and TTFT per tenant. "
+        "Stage P95s do not add up to the TTFT P95: cut the largest stage first.",
+        check=PercentileCheck({"p95": 0.95}, group=("tenant_id", "stage"), stage_column="stage"),
+        field_config={"custom": {"cellOptions": {"type": "auto"}}},
+        width=12,
+    )
+
+
+def _cut_first() -> PanelSpec:
+    parents = string_array(PARENTS)
+    sql = (
+        "SELECT p.tenant_id AS tenant_id, argMax(p.stage, p.p95) AS biggest_p95_stage,\n"
+        "       max(p.p95) AS biggest_p95_ms, any(t.tail_dominant_stage) AS tail_dominant_stage,\n"
+        "       any(t.exemplar_request_ids) AS exemplar_request_ids, any(t.attributed_windows) AS attributed_windows,\n"
+        "       any(h.complete_share) AS complete_share\n"
+        "FROM (\n"
+        f"  SELECT tenant_id, stage, {sketch_quantile(0.95)} AS p95\n"
+        "  FROM stage_windows FINAL\n"
+        f"  {where(IN_RANGE, stage_in(PARENTS), TENANT, VERSION)}\n"
+        "  GROUP BY tenant_id, stage HAVING sum(count) > 0\n"
+        ") AS p\n"
+        "LEFT JOIN (\n"
+        f"  SELECT tenant_id, attributed_windows, exemplar_request_ids,\n"
+        f"         arrayMap(s_ -> tail_w[s_] / tail_n - band_w[s_] / band_n, {parents}) AS delta_,\n"
+        f"         {parents}[arrayFirstIndex(d_ -> d_ = arrayMax(delta_), delta_)] AS tail_dominant_stage\n"
+        "  FROM (\n"
+        "    SELECT tenant_id, count() AS attributed_windows,\n"
+        "           sumMap(mapApply((k_, v_) -> (k_, v_ * tail_count), tail_share)) AS tail_w,\n"
+        "           sum(tail_count) AS tail_n,\n"
+        "           sumMap(mapApply((k_, v_) -> (k_, v_ * band_count), band_share)) AS band_w,\n"
+        "           sum(band_count) AS band_n,\n"
+        "           argMax(exemplar_request_ids, ttft_p95) AS exemplar_request_ids\n"
+        "    FROM tail_attribution FINAL\n"
+        f"    {where(IN_RANGE, ATTRIBUTED, TENANT, VERSION)}\n"
+        "    GROUP BY tenant_id HAVING tail_n > 0 AND band_n > 0\n"
+        "  )\n"
+        ") AS t USING (tenant_id)\n"
+        f"LEFT JOIN ({health_share(TENANT, VERSION)}) AS h USING (tenant_id)\n"
+        "GROUP BY tenant_id\nORDER BY tenant_id"
+    )
+    return PanelSpec(
+        title="Cut this stage first",
+        kind="table",
+        sql=sql,
+        fmt=FORMAT_TABLE,
+        columns=(
+            "tenant_id",
+            "biggest_p95_stage",
+            "biggest_p95_ms",
+            "tail_dominant_stage",
+            "exemplar_request_ids",
+            "attributed_windows",
+            "complete_share",
+        ),
+        expect_sql=count_rows("stage_windows", stage_in(PARENTS), "count > 0"),
+        description="Biggest-P95 parent stage (merged sketches over the range) and the tail-dominant stage "
+        "(whose share of TTFT grows most from typical to the slowest 5 %, weighted over the windows with "
+        "enough requests), with the slowest requests of the worst window as exemplars (see `ttft request`).",
+        check=PercentileCheck(
+            {"biggest_p95_ms": 0.95}, group=("tenant_id",), stage_column="biggest_p95_stage", argmax_over=PARENTS
+        ),
+        width=24,
+        height=7,
+    )
+
+
+def overview(settings: Settings) -> DashboardSpec:
+    """Dashboard 1: TTFT overview."""
+    return DashboardSpec(
+        uid="ttft-overview",
+        slug="ttft-overview",
+        title="TTFT overview",
+        description="End-to-end TTFT per tenant against its SLO, the stage breakdown and which stage to cut "
+        "first. Every number has its completeness beside it.",
+        variables=(tenant_variable(), version_variable()),
+        panels=(
+            _ttft_over_time(settings),
+            _completeness_over_time(),
+            _ttft_range_table(settings),
+            _stage_breakdown(),
+            _cut_first(),
+        ),
+    )
+
+
+def _stage_over_time() -> PanelSpec:
+    sql = (
+        "SELECT $__timeInterval(window_start) AS time, stage,\n"
+        f"       {percentiles(P50_P95_P99)}\n"
+        "FROM stage_windows FINAL\n"
+        f"{where(IN_RANGE, TENANT, VERSION, STAGE)}\n"
+        "GROUP BY time, stage\nHAVING sum(count) > 0\nORDER BY time, stage"
+    )
+    return PanelSpec(
+        title="Stage P50, P95 and P99 over time",
+        kind="timeseries",
+        sql=sql,
+        fmt=FORMAT_TIME_SERIES,
+        columns=("time", "stage", "p50", "p95", "p99"),
+        expect_sql=count_rows("stage_windows", "count > 0"),
+        description="Re-aggregated from the stored bins for the panel's interval (sumMap, then the sketch "
+        "quantile), so a 24 h range is as exact as a 1 h one (1 % relative accuracy).",
+        check=PercentileCheck(P50_P95_P99, group=("stage",), stage_column="stage", by_time=True),
+        width=24,
+    )
+
+
+def _stage_range_table() -> PanelSpec:
+    sql = (
+        "SELECT stage, sum(count) AS requests,\n"
+        f"       {percentiles(P50_P95_P99)},\n"
+        "       max(max) AS max_ms, sum(negative_count) AS negative_values\n"
+        "FROM stage_windows FINAL\n"
+        f"{where(IN_RANGE, TENANT, VERSION, STAGE)}\n"
+        f"GROUP BY stage\nHAVING requests > 0\nORDER BY {stage_order()}"
+    )
+    return PanelSpec(
+        title="Stage percentiles over the range",
+        kind="table",
+        sql=sql,
+        fmt=FORMAT_TABLE,
+        columns=("stage", "requests", "p50", "p95", "p99", "max_ms", "negative_values"),
+        expect_sql=count_rows("stage_windows", "count > 0"),
+        description="One merged sketch per stage over the whole range. negative_values counts requests "
+        "whose unattributed gap (other) was negative (clock skew between services).",
+        check=PercentileCheck(P50_P95_P99, group=("stage",), stage_column="stage"),
+    )
+
+
+def mix_sql(table: str, mix: str, label: str, *filters: str) -> str:
+    """Counts per key of a summed ``Map(String, UInt64)`` mix column, one row per interval and key."""
+    return (
+        f"SELECT time, {label}, requests\n"
+        "FROM (\n"
+        f"  SELECT $__timeInterval(window_start) AS time, sumMap({mix}) AS mix_\n"
+        f"  FROM {table} FINAL\n"
+        f"  {where(IN_RANGE, *filters)}\n"
+        "  GROUP BY time\n"
+        ")\n"
+        f"ARRAY JOIN mapKeys(mix_) AS {label}, mapValues(mix_) AS requests\n"
+        f"ORDER BY time, {label}"
+    )
+
+
+def recall_mode_panel() -> PanelSpec:
+    return PanelSpec(
+        title="Recall mode",
+        kind="timeseries",
+        sql=mix_sql("llm_signals", "recall_mode_mix", "recall_mode", TENANT, VERSION),
+        fmt=FORMAT_TIME_SERIES,
+        columns=("time", "recall_mode", "requests"),
+        expect_sql=count_rows("llm_signals", "requests > 0"),
+        description="Requests per recall mode: serial recall adds vector and BM25 latencies, parallel "
+        "takes the slower of the two.",
+        unit="short",
+    )
+
+
+def _rerank_top_k() -> PanelSpec:
+    sql = (
+        "SELECT $__timeInterval(window_start) AS time, toString(rerank_top_k) AS top_k, count() AS requests\n"
+        "FROM requests FINAL\n"
+        f"{where(IN_RANGE, 'rerank_top_k IS NOT NULL', TENANT, VERSION)}\n"
+        "GROUP BY time, top_k\nORDER BY time, top_k"
+    )
+    return PanelSpec(
+        title="Rerank top-k",
+        kind="timeseries",
+        sql=sql,
+        fmt=FORMAT_TIME_SERIES,
+        columns=("time", "top_k", "requests"),
+        expect_sql=count_rows("requests", "rerank_top_k IS NOT NULL"),
+        description="Requests per rerank top-k: rerank cost grows with k.",
+        unit="short",
+    )
+
+
+def _slowest_requests() -> PanelSpec:
+    sql = (
+        "SELECT request_id, tenant_id, version_id, started_at, ttft_ms, retrieval_ms, prompt_assemble_ms,\n"
+        "       llm_ttft_ms, other_ms, recall_mode, rerank_top_k, route, status, trace_id\n"
+        "FROM requests FINAL\n"
+        f"{where(IN_RANGE, 'ttft_ms IS NOT NULL', TENANT, VERSION)}\n"
+        "ORDER BY ttft_ms DESC, request_id\nLIMIT 50"
+    )
+    return PanelSpec(
+        title="Slowest requests",
+        kind="table",
+        sql=sql,
+        fmt=FORMAT_TABLE,
+        columns=(
+            "request_id", "tenant_id", "version_id", "started_at", "ttft_ms", "retrieval_ms",
+            "prompt_assemble_ms", "llm_ttft_ms", "other_ms", "recall_mode", "rerank_top_k", "route",
+            "status", "trace_id",
+        ),  # fmt: skip
+        expect_sql=count_rows("requests", "ttft_ms IS NOT NULL"),
+        description="The 50 slowest requests of the range with their stages; `ttft request <id>` shows one.",
+        width=24,
+        height=10,
+    )
+
+
+def stage_drilldown() -> DashboardSpec:
+    """Dashboard 2: Stage drill-down."""
+    return DashboardSpec(
+        uid="ttft-stages",
+        slug="ttft-stage-drilldown",
+        title="TTFT stage drill-down",
+        description="Per-stage percentiles over time from the stored sketches, the retrieval levers "
+        "(recall mode, rerank top-k) and the slowest requests.",
+        variables=(tenant_variable(), version_variable(), stage_variable()),
+        panels=(
+            _stage_over_time(),
+            _stage_range_table(),
+            recall_mode_panel(),
+            _rerank_top_k(),
+            _slowest_requests(),
+        ),
+    )

@@ -1,0 +1,60 @@
+"""Build the five dashboards (and the optional Grafana alert rules) from the settings.
+
+The committed ``dashboards/*.json`` are this module's output for the repository's config
+(``deploy/config/ttft.yaml`` when present, else the defaults); a test keeps them current. Regenerate with
+``ttft grafana build`` after changing SLOs or rule thresholds, so dashboards and alerts never fork from
+``TTFT_CONFIG``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from streams.grafana.boards_health import pipeline_health
+from streams.grafana.boards_latency import overview, stage_drilldown
+from streams.grafana.boards_levers import canary, llm_levers
+from streams.grafana.model import DashboardSpec, dashboard_json, render
+from streams.rules.config import RulesConfig
+from streams.settings import Settings
+
+REPO: Final = Path(__file__).resolve().parents[2]
+DASHBOARDS_DIR: Final = REPO / "dashboards"
+REPO_CONFIG: Final = REPO / "deploy" / "config" / "ttft.yaml"
+
+
+def rules_config(settings: Settings) -> RulesConfig:
+    """The validated ``rules`` section of the settings."""
+    return RulesConfig.model_validate(settings.rules or {})
+
+
+def dashboard_specs(settings: Settings) -> tuple[DashboardSpec, ...]:
+    """The five dashboards, in their documented order."""
+    rules = rules_config(settings)
+    return (overview(settings), stage_drilldown(), canary(rules), llm_levers(rules), pipeline_health())
+
+
+def dashboard_models(settings: Settings) -> dict[str, dict[str, Any]]:
+    """``{file name: dashboard JSON model}`` for every dashboard."""
+    return {f"{spec.slug}.json": dashboard_json(spec) for spec in dashboard_specs(settings)}
+
+
+def repo_settings() -> Settings:
+    """The settings the committed files are generated from: the repository config, environment ignored."""
+    config = REPO_CONFIG if REPO_CONFIG.is_file() else None
+    # Init arguments beat the environment for these fields only; nothing the dashboards read comes
+    # from the environment except through `config`.
+    return Settings(config=config) if config is not None else Settings()
+
+
+def write_dashboards(settings: Settings, directory: Path = DASHBOARDS_DIR) -> list[Path]:
+    """Write every dashboard JSON into ``directory``; returns the files whose content changed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    changed: list[Path] = []
+    for name, model in dashboard_models(settings).items():
+        path = directory / name
+        text = render(model)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
+    return changed

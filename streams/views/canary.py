@@ -1,0 +1,94 @@
+"""The canary comparison of ``ttft report``: stage P95s of the canary arm beside the stable arm.
+
+Which arm a version belongs to comes, in order of precedence, from the tenant's settings
+(``tenants.<t>.canary_version`` / ``stable_version``), the ``canary_verdicts`` rows of the span (their
+``canary_version`` and ``stable_versions``), and the ``rollout`` the requests of the span were served with
+(the majority of ``canary`` vs ``stable`` records of a version). When no version is marked stable, every
+version that is not a canary forms the stable arm. Arms merge their versions' bins; P95s come from the
+merged sketch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from streams.settings import TenantConfig
+from streams.views.summary import StageStat, stage_stats
+
+
+def version_arms(
+    tenant: str,
+    rollout_rows: Iterable[Mapping[str, Any]],
+    verdict_rows: Iterable[Mapping[str, Any]],
+    config: TenantConfig | None,
+    versions: Iterable[str],
+) -> dict[str, str]:
+    """``version -> "canary" | "stable"`` for one tenant; empty when the tenant has no canary."""
+    arms: dict[str, str] = {}
+    for row in rollout_rows:
+        if row["tenant_id"] == tenant and (row["canary"] or row["stable"]):
+            arms[str(row["version_id"])] = "canary" if int(row["canary"]) > int(row["stable"]) else "stable"
+    for row in verdict_rows:
+        if row["tenant_id"] == tenant:
+            arms[str(row["canary_version"])] = "canary"
+            for stable in row.get("stable_versions") or ():
+                arms.setdefault(str(stable), "stable")
+    if config is not None:
+        if config.stable_version:
+            arms[config.stable_version] = "stable"
+        if config.canary_version:
+            arms[config.canary_version] = "canary"
+    if "canary" not in arms.values():
+        return {}
+    if "stable" not in arms.values():
+        arms |= {v: "stable" for v in versions if v not in arms}
+    return dict(sorted(arms.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryComparison:
+    """Both arms of one tenant over the span, and the latest verdict per stage x canary version."""
+
+    tenant: str
+    arms: dict[str, str]
+    stages: dict[str, dict[str, StageStat]] = field(default_factory=dict)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+
+    def versions(self, arm: str) -> list[str]:
+        return [v for v, a in self.arms.items() if a == arm]
+
+    def ratio(self, stage: str) -> float | None:
+        """Canary P95 / stable P95 of a stage (``None`` when either is unknown)."""
+        canary, stable = self.stages.get("canary", {}).get(stage), self.stages.get("stable", {}).get(stage)
+        if canary is None or stable is None or not canary.p95 or not stable.p95:
+            return None
+        return canary.p95 / stable.p95
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "arms": self.arms,
+            "stages": {arm: {s: st.to_json() for s, st in stats.items()} for arm, stats in self.stages.items()},
+            "ratios": {s: self.ratio(s) for s in self.stages.get("canary", {})},
+            "verdicts": self.verdicts,
+        }
+
+
+def compare_arms(
+    tenant: str,
+    arms: Mapping[str, str],
+    stage_rows: Sequence[Mapping[str, Any]],
+    verdict_rows: Sequence[Mapping[str, Any]],
+) -> CanaryComparison:
+    """Merge a tenant's per-version ``stage_windows`` rows into arms; keep the newest verdict per key."""
+    stages = {
+        arm: stage_stats(r for r in stage_rows if r["tenant_id"] == tenant and arms.get(str(r["version_id"])) == arm)
+        for arm in ("stable", "canary")
+    }
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in verdict_rows:
+        if row["tenant_id"] == tenant:
+            latest[(str(row["stage"]), str(row["canary_version"]))] = dict(row)  # rows come oldest first
+    return CanaryComparison(tenant, dict(arms), stages, [latest[k] for k in sorted(latest)])
