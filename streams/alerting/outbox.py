@@ -224,7 +224,7 @@ async def read_outbox_state(settings: Settings, *, timeout_s: float = 30.0) -> D
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
         deadline = time.monotonic() + timeout_s
-        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} took longer than {timeout_s} s")
             batch = await consumer.getmany(*tps, timeout_ms=500, max_records=1_000)

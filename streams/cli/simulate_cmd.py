@@ -181,7 +181,7 @@ def simulate(
         start_ms=start_ms,
         errors=errors,
     )
-    live = sys.stderr.isatty() and (out is None or out.name != "<stdout>")
+    live = out is None and sys.stdout.isatty()
     started = time.perf_counter()
     if out is not None:
         progress = _Progress(start_ms, duration_s, live=False)

@@ -161,7 +161,9 @@ def _stage_breakdown() -> PanelSpec:
         expect_sql=count_rows("stage_windows", stage_in(BREAKDOWN_STAGES), "count > 0"),
         description="P95 of each parent stage, the unattributed gap (other) and TTFT per tenant. "
         "Stage P95s do not add up to the TTFT P95: cut the largest stage first.",
-        check=PercentileCheck({"p95": 0.95}, group=("tenant_id", "stage"), stage_column="stage"),
+        check=PercentileCheck(
+            {"p95": 0.95}, group=("tenant_id", "stage"), stage_column="stage", stages=BREAKDOWN_STAGES
+        ),
         field_config={"custom": {"cellOptions": {"type": "auto"}}},
         width=12,
     )
@@ -218,7 +220,11 @@ def _cut_first() -> PanelSpec:
         "(whose share of TTFT grows most from typical to the slowest 5 %, weighted over the windows with "
         "enough requests), with the slowest requests of the worst window as exemplars (see `ttft request`).",
         check=PercentileCheck(
-            {"biggest_p95_ms": 0.95}, group=("tenant_id",), stage_column="biggest_p95_stage", argmax_over=PARENTS
+            {"biggest_p95_ms": 0.95},
+            group=("tenant_id",),
+            stage_column="biggest_p95_stage",
+            stages=PARENTS,
+            argmax_over=True,
         ),
         width=24,
         height=7,

@@ -31,8 +31,8 @@ class PercentileCheck:
 
     ``stage`` names the value (a stage, ``ttft``, ``other`` or ``draft_accept_rate``), or ``stage_column``
     names the result column that holds it. ``group`` are the result's label columns (besides ``time``
-    when ``by_time``); ``columns`` maps a result column to its level. ``argmax_over``: the row's stage
-    must be the one with the largest percentile among these stages.
+    when ``by_time``); ``columns`` maps a result column to its level. ``stages`` restricts the stages the
+    panel selects (empty: all). ``argmax_over``: the row's stage must have the largest P95 among ``stages``.
     """
 
     columns: Mapping[str, float]
@@ -40,7 +40,8 @@ class PercentileCheck:
     stage: str | None = None
     stage_column: str | None = None
     by_time: bool = False
-    argmax_over: tuple[str, ...] = ()
+    stages: tuple[str, ...] = ()
+    argmax_over: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,13 +168,23 @@ class _Request:
     def emit(
         self, stage: str, ts: float, duration: float | None, attrs: dict[str, Any], attempt: int = 1
     ) -> None:
-        event: dict[str, Any] = {"request_id": self.request_id, "tenant_id": self.profile.tenant_id}
-        event["stage"] = stage
-        event["ts_ms"] = _round(ts)
-        if duration is not None:
-            event["duration_ms"] = duration
-        event.update(self.labels)
-        event["event_id"] = f"{self.request_id}/{stage}/{attempt}"
+        # One dict literal per event: this is the simulator's hottest function.
+        rid = self.request_id
+        tenant = self.profile.tenant_id
+        ts_ms = _round(ts)
+        event: dict[str, Any]
+        if duration is None:
+            event = {"request_id": rid, "tenant_id": tenant, "stage": stage, "ts_ms": ts_ms, **self.labels}
+        else:
+            event = {
+                "request_id": rid,
+                "tenant_id": tenant,
+                "stage": stage,
+                "ts_ms": ts_ms,
+                "duration_ms": duration,
+            }
+            event.update(self.labels)
+        event["event_id"] = f"{rid}/{stage}/{attempt}"
         if attrs:
             event["attrs"] = attrs
         self.events.append(event)

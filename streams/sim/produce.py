@@ -133,12 +133,12 @@ async def produce_messages(
     is for tests: anything with aiokafka's start/stop/partitions_for/create_batch/send_batch.
     """
     producer = producer_factory(**producer_config(client_kwargs))
-    await producer.start()
     started = time.perf_counter()
     sent = 0
     size = 0
     last_ts = 0.0
     try:
+        await producer.start()  # inside the try: a failed start must still close the client
         partitions = sorted(await producer.partitions_for(topic))
         sender = _BatchedSender(producer, topic, partitions)
         for key, value, ts in messages:

@@ -105,6 +105,14 @@ class ReportData:
     verdict: str = ""
     charts: list[str] = field(default_factory=list)
 
+    def time_range(self) -> tuple[float, float]:
+        """The x range of the time charts: from the first data point or alert in the span to its end
+        (a span reaching back before the first window would otherwise leave most charts empty)."""
+        points = [float(p["window_start"]) for r in self.tenants.values() for p in r.p95_series]
+        points += [a.active_at for a in self.alerts]
+        first = max(self.span.start_ms, min(points)) if points else self.span.start_ms
+        return first, float(self.span.end_ms)
+
     def to_json(self) -> dict[str, Any]:
         start, end = self.span.iso()
         return {
@@ -194,16 +202,16 @@ def collect_report(
 
 
 def _canary_sentence(canary: CanaryComparison) -> str:
-    ratios = {s: canary.ratio(s) for s in (*PARENT_STAGES, TTFT)}
-    known = {s: r for s, r in ratios.items() if r is not None}
+    known = {s: r for s in (*PARENT_STAGES, TTFT) if (r := canary.ratio(s)) is not None}
     if not known:
         return ""
-    worst = max((s for s in known if s != TTFT), key=lambda s: known[s], default=TTFT)
     text = f"Canary {', '.join(canary.versions('canary'))} vs stable {', '.join(canary.versions('stable'))}: "
-    if TTFT in known:
-        text += f"TTFT P95 {known[TTFT] - 1:+.0%}"
-    if worst != TTFT:
-        text += f" ({worst} {known[worst] - 1:+.0%})"
+    changes = [f"TTFT P95 {known[TTFT] - 1:+.0%}"] if TTFT in known else []
+    stages = [s for s in known if s != TTFT]
+    if stages:
+        moved = max(stages, key=lambda s: abs(known[s] - 1.0))
+        changes.append(f"largest stage change {moved} {known[moved] - 1:+.0%}")
+    text += ", ".join(changes)
     failed = [v for v in canary.verdicts if v.get("verdict") == "fail"]
     if failed:
         text += f"; the canary check failed on {', '.join(sorted({str(v['stage']) for v in failed}))}"
@@ -274,18 +282,19 @@ def build_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     data = collect_report(client, database, settings, span, tenants, step)
     slo = {t: settings.slo_ms(t) for t in data.tenants}
+    xlim = data.time_range()
     reports = list(data.tenants.values())
     breakdowns = [r.breakdown for r in reports]
     draw: dict[str, Callable[[Path], None]] = {
         "p95_over_time.png": lambda p: charts.chart_p95_over_time(
-            p, {t: r.p95_series for t, r in data.tenants.items()}, slo, data.bucket_ms
+            p, {t: r.p95_series for t, r in data.tenants.items()}, slo, data.bucket_ms, xlim
         ),
         "breakdown.png": lambda p: charts.chart_breakdown(p, breakdowns),
         "tail_attribution.png": lambda p: charts.chart_tail(p, breakdowns),
         "canary.png": lambda p: charts.chart_canary(p, [r.canary for r in reports if r.canary], slo),
-        "alerts.png": lambda p: charts.chart_alerts(p, data.alerts, span.start_ms, span.end_ms),
+        "alerts.png": lambda p: charts.chart_alerts(p, data.alerts, *xlim),
         "completeness.png": lambda p: charts.chart_completeness(
-            p, {t: r.completeness_series for t, r in data.tenants.items()}
+            p, {t: r.completeness_series for t, r in data.tenants.items()}, xlim
         ),
     }
     for name in CHART_FILES:

@@ -58,7 +58,9 @@ def _empty(path: Path, title: str, message: str) -> None:
     fig.savefig(path)
 
 
-def _time_axis(ax: Axes) -> None:
+def _time_axis(ax: Axes, xlim: tuple[float, float] | None = None) -> None:
+    if xlim is not None:
+        ax.set_xlim(_time(xlim[0]), _time(xlim[1]))
     locator = mdates.AutoDateLocator(minticks=4, maxticks=10)
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=UTC))
@@ -66,7 +68,7 @@ def _time_axis(ax: Axes) -> None:
 
 
 def chart_p95_over_time(path: Path, series: dict[str, list[dict[str, Any]]], slo_ms: dict[str, float],
-                        bucket_ms: int) -> None:
+                        bucket_ms: int, xlim: tuple[float, float] | None = None) -> None:
     """P95 per parent stage and end-to-end TTFT per time bucket, one panel per tenant, SLO line."""
     tenants = [t for t, s in series.items() if s]
     if not tenants:
@@ -82,43 +84,53 @@ def chart_p95_over_time(path: Path, series: dict[str, list[dict[str, Any]]], slo
                 ax.plot(times, [float("nan") if v is None else v for v in values], color=COLORS[stage],
                         lw=2.4 if stage == TTFT else 1.6, label="TTFT (end to end)" if stage == TTFT else stage,
                         marker="o" if len(points) < 30 else None, ms=3)
-        ax.axhline(slo_ms[tenant], color=SLO_COLOR, ls="--", lw=1.2, label=f"SLO {slo_ms[tenant]:,.0f} ms")
+        ax.axhline(slo_ms[tenant], color=SLO_COLOR, ls="--", lw=1.2, label=f"TTFT SLO {slo_ms[tenant]:,.0f} ms")
         ax.set_title(f"{tenant}: P95 per {bucket_ms // 1000} s bucket (merged sketches)", loc="left")
         ax.yaxis.set_major_formatter(_MS)
         ax.set_ylim(bottom=0)
-        _time_axis(ax)
+        _time_axis(ax, xlim)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     fig.suptitle("P95 per stage over time", fontweight="bold", x=0.01, ha="left")
     fig.savefig(path)
 
 
 def chart_breakdown(path: Path, breakdowns: Sequence[Breakdown]) -> None:
-    """Stage P95 bars (sub-stages lighter, under retrieval) against the true TTFT P95, the parents' sum
-    and the SLO."""
+    """Stage P95 bars (sub-stages lighter, under retrieval), then the parents' P95s stacked beside the true
+    TTFT P95: the two bottom bars differ, which is the point."""
     usable = [b for b in breakdowns if b.stages]
     if not usable:
         _empty(path, "Stage breakdown", "no stage windows in the span")
         return
-    fig, axes = _figure(len(usable), height=0.42 * max(len(b.stages) for b in usable) + 1.3)
+    fig, axes = _figure(len(usable), height=0.36 * (max(len(b.stages) for b in usable) + 2) + 1.2)
     for ax, bd in zip(axes, usable, strict=True):
-        stages = list(reversed(bd.stages))
-        labels = [f"   {s.stage}" if s.kind == "sub" else s.stage for s in stages]
-        values = [s.p95 or 0.0 for s in stages]
-        colors = [COLORS.get(s.stage, "#bcbd22") for s in stages]
-        bars = ax.barh(labels, values, color=colors, height=0.65)
+        n = len(bd.stages)
+        rows = list(range(n + 2))  # y positions, top to bottom after invert_yaxis
+        values = [s.p95 or 0.0 for s in bd.stages]
+        bars = ax.barh(rows[:n], values, color=[COLORS.get(s.stage, "#bcbd22") for s in bd.stages], height=0.65)
         ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=8)
+        left = 0.0
+        for s in bd.stages:
+            if s.kind == "parent" and s.p95:
+                ax.barh(n, s.p95, left=left, color=COLORS[s.stage], height=0.65, edgecolor="white")
+                left += s.p95
+        if left:
+            ax.text(left, n, f" {left:,.0f}", va="center", fontsize=8)
         if bd.ttft_p95 is not None:
-            ax.axvline(bd.ttft_p95, color=COLORS[TTFT], lw=2, label=f"true TTFT P95 {bd.ttft_p95:,.0f} ms")
-        if bd.parent_p95_sum is not None:
-            ax.axvline(bd.parent_p95_sum, color="#555555", ls=":", lw=2,
-                       label=f"sum of parent P95s {bd.parent_p95_sum:,.0f} ms")
-        ax.axvline(bd.slo_ms, color=SLO_COLOR, ls="--", lw=1.2, label=f"SLO {bd.slo_ms:,.0f} ms")
+            ax.barh(n + 1, bd.ttft_p95, color=COLORS[TTFT], height=0.65)
+            ax.text(bd.ttft_p95, n + 1, f" {bd.ttft_p95:,.0f}", va="center", fontsize=8, fontweight="bold")
+        labels = [f"└ {s.stage}" if s.kind == "sub" else s.stage for s in bd.stages]
+        ax.set_yticks(rows, [*labels, "Σ parent P95s", "true TTFT P95"], fontsize=9)
+        ax.axhline(n - 0.5, color="#999999", lw=0.8)
+        ax.axvline(bd.slo_ms, color=SLO_COLOR, ls="--", lw=1.2, label=f"TTFT SLO {bd.slo_ms:,.0f} ms")
+        ax.invert_yaxis()
+        ax.set_xlim(0, max([*values, left, bd.ttft_p95 or 0.0, bd.slo_ms]) * 1.12)
         ax.xaxis.set_major_formatter(_MS)
         ax.grid(True, axis="x", alpha=0.3)
         ax.grid(False, axis="y")
-        ax.set_title(f"{bd.tenant}: stage P95 (cut {bd.cut_first or '-'} first)", loc="left")
-        ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle("Where TTFT goes: stage P95s", fontweight="bold", x=0.01, ha="left")
+        ax.set_title(f"{bd.tenant}: stage P95 over the span (cut {bd.cut_first or '-'} first)", loc="left")
+        ax.legend(loc="upper right", fontsize=8)
+    fig.suptitle("Where TTFT goes: stage P95s (they do not add up to the TTFT P95)", fontweight="bold",
+                 x=0.01, ha="left")
     fig.savefig(path)
 
 
@@ -169,7 +181,7 @@ def chart_canary(path: Path, comparisons: Sequence[CanaryComparison], slo_ms: di
                       label=f"canary ({', '.join(comp.versions('canary'))})")
         ratios = [comp.ratio(s) for s in stages]
         ax.bar_label(bars, labels=["" if r is None else f"{r - 1:+.0%}" for r in ratios], fontsize=8, padding=2)
-        ax.axhline(slo_ms[comp.tenant], color=SLO_COLOR, ls="--", lw=1.2, label=f"SLO {slo_ms[comp.tenant]:,.0f} ms")
+        ax.axhline(slo_ms[comp.tenant], color=SLO_COLOR, ls="--", lw=1.2, label=f"TTFT SLO {slo_ms[comp.tenant]:,.0f} ms")
         ax.set_xticks(list(x), ["TTFT" if s == TTFT else s for s in stages])
         ax.yaxis.set_major_formatter(_MS)
         ax.set_title(f"{comp.tenant}: P95 per arm (label: canary vs stable)", loc="left")
@@ -179,7 +191,8 @@ def chart_canary(path: Path, comparisons: Sequence[CanaryComparison], slo_ms: di
 
 
 def chart_alerts(path: Path, alerts: Sequence[Any], start_ms: float, end_ms: float) -> None:
-    """Alert timeline: pending (amber) and firing (red) intervals per alert, open-ended ones to the span end."""
+    """Alert timeline over ``[start_ms, end_ms]``: pending (amber) and firing (red) intervals per alert,
+    open-ended ones drawn to the end."""
     shown = [a for a in alerts if a.alertname != "Watchdog"]
     if not shown:
         _empty(path, "Alert timeline", "no alerts in the span")
@@ -198,16 +211,17 @@ def chart_alerts(path: Path, alerts: Sequence[Any], start_ms: float, end_ms: flo
             ax.barh(i, num(end) - num(a.fired_at), left=num(a.fired_at), color="#d62728", height=0.6, hatch=hatch)
     ax.set_yticks(range(len(shown)), [a.label for a in shown], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(num(start_ms), num(end_ms))
     ax.grid(True, axis="x", alpha=0.3)
-    _time_axis(ax)
+    _time_axis(ax, (start_ms, end_ms))
     handles = [Patch(color="#fdae6b", label="pending"), Patch(color="#d62728", label="firing")]
-    ax.legend(handles=handles, fontsize=8, loc="lower right")
-    ax.set_title("Alert timeline (event time; hatched = muted replay)", loc="left", fontweight="bold")
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.suptitle("Alert timeline (event time; hatched = muted replay)", fontweight="bold", x=0.01, ha="left")
     fig.savefig(path)
 
 
-def chart_completeness(path: Path, series: dict[str, list[dict[str, Any]]]) -> None:
+def chart_completeness(
+    path: Path, series: dict[str, list[dict[str, Any]]], xlim: tuple[float, float] | None = None
+) -> None:
     """Incomplete records per bucket (stacked: missing stage, timed out, orphan), one panel per tenant."""
     tenants = [t for t, s in series.items() if s]
     if not tenants:
@@ -226,7 +240,7 @@ def chart_completeness(path: Path, series: dict[str, list[dict[str, Any]]]) -> N
         ax.set_ylim(0, max(0.02, max((sum(v) for v in zip(*layers, strict=True)), default=0.0) * 1.25))
         ax.set_ylabel("share of records")
         ax.set_title(f"{tenant}: {complete:.1%} of {total:,} records complete", loc="left")
-        _time_axis(ax)
+        _time_axis(ax, xlim)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.suptitle("Completeness: records that are not complete", fontweight="bold", x=0.01, ha="left")
     fig.savefig(path)

@@ -14,12 +14,33 @@ from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from rich.console import Console
 from rich.live import Live
 
 from streams.kafka.topics import kafka_client_kwargs
 from streams.settings import Settings
 from streams.views.top import KINDS, TopFrame, TopModel, frame_text, render_frame
+
+
+async def _partitions(settings: Settings, topics: list[str]) -> list[TopicPartition]:
+    # A metadata request through the admin client: a group-less consumer's own metadata only covers the
+    # topics it already knows, so partitions_for_topic() would answer None for the ones it never saw.
+    admin = AIOKafkaAdminClient(**kafka_client_kwargs(settings))
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    found = {
+        str(entry["topic"]): sorted(int(p["partition"]) for p in entry["partitions"])
+        for entry in described
+        if not entry.get("error_code") and entry.get("partitions")
+    }
+    missing = [t for t in topics if t not in found]
+    if missing:
+        raise RuntimeError(f"topic(s) {', '.join(missing)} do not exist (run the worker's topic setup first)")
+    return [TopicPartition(t, p) for t in topics for p in found[t]]
 
 
 class TopicFeed:
@@ -36,15 +57,10 @@ class TopicFeed:
 
     async def start(self) -> None:
         """Connect, assign all partitions and seek to the start; raises if a topic does not exist."""
+        self._tps = await _partitions(self.settings, list(self._kinds))
         consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, **kafka_client_kwargs(self.settings))
         await consumer.start()
         self._consumer = consumer
-        await consumer.topics()
-        for topic in self._kinds:
-            partitions = consumer.partitions_for_topic(topic)
-            if not partitions:
-                raise RuntimeError(f"topic {topic} does not exist (is the worker set up?)")
-            self._tps.extend(TopicPartition(topic, p) for p in sorted(partitions))
         consumer.assign(self._tps)
         self._end = await consumer.end_offsets(self._tps)
         if self.start_ms is None:
@@ -112,8 +128,8 @@ async def run_top(
     model = TopModel(window_ms=settings.windows.window_s * 1000, span_ms=span_ms)
     start_ms = None if lookback_ms is None else clock() * 1000.0 - lookback_ms
     feed = TopicFeed(settings, model, start_ms=start_ms)
-    await feed.start()
     try:
+        await feed.start()
         if once:
             await feed.catch_up(timeout_s=max(30.0, duration_s or 0.0))
             frame = model.frame(settings.slo_ms)

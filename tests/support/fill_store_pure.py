@@ -84,7 +84,7 @@ def main() -> None:
         by_window[int(record["window_start"])].append(record)
     dead: dict[int, Counter[str]] = defaultdict(Counter)
     for letter in letters:
-        ts = letter.kafka_timestamp_ms or 0
+        ts = letter.kafka_timestamp or 0
         dead[int(ts // window_ms) * window_ms][letter.tenant_id or "unknown"] += 1
     engine = RuleEngine(rules_config(settings), settings)
     verdicts: list[dict[str, Any]] = []

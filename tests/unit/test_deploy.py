@@ -1,11 +1,12 @@
-"""Static checks of the deployment artefacts in deploy/ (compose, Kubernetes, Dockerfile, ClickHouse users).
+"""Static checks of the deployment artefacts: deploy/compose.yaml, deploy/Dockerfile, deploy/clickhouse/.
 
-No container engine or Kubernetes API runs here (nor in CI), so nothing is started: the files are validated
-against bundled schemas (tests/data/compose-spec.json; the Kubernetes schemas of the `kubernetes-validate`
-package) and the references between files are checked: mounted paths exist, every TTFT_* variable is a real
-Settings field, ConfigMap/Secret keys resolve, probes hit the metrics port, the ClickHouse users and row
-policies match the migrated schema. Only the last test touches the embedded ClickHouse engine, to parse
-and run the row-policy conditions.
+No container engine runs here (nor in CI), so nothing is started: these are static checks. compose.yaml is
+validated against the bundled compose-spec schema (tests/data/compose-spec.json, see tests/data/README.md)
+and the references between files are checked: mounted paths exist, every TTFT_* variable is a real Settings
+field, health checks hit the metrics port, Grafana's provisioning and dashboards are where its config says,
+the ClickHouse users match what compose passes, the row policies cover every table with a tenant. The two
+`clickhouse` tests parse and run the row-policy conditions and the documented TTL statements on the embedded
+engine against the migrated schema. The Kubernetes manifests are checked in test_deploy_k8s.py.
 """
 
 from __future__ import annotations
@@ -14,124 +15,27 @@ import json
 import re
 import shlex
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
-from functools import cache
-from pathlib import Path, PurePosixPath
-from typing import Any
+from pathlib import PurePosixPath
 
 import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 from clickhouse_connect.driver.client import Client
-from pydantic import BaseModel
 
-from streams.cli.config_cmd import validate_config
-from streams.settings import Settings
 from streams.store.migrate import load_migrations, split_statements
-
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy"
-K8S = DEPLOY / "k8s"
-TTFT_IMAGE_PREFIX = "ttft-pipeline:"
-K8S_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
-
-
-# --- helpers ------------------------------------------------------------------------------------------
-
-
-def is_settings_env(name: str) -> bool:
-    """True when ``name`` is read by :class:`Settings`: TTFT_ + field, sections nested with ``__``."""
-    if not name.startswith("TTFT_"):
-        return False
-    model: type[BaseModel] = Settings
-    parts = name[len("TTFT_") :].lower().split("__")
-    for i, part in enumerate(parts):
-        field = model.model_fields.get(part)
-        if field is None:
-            return False
-        if i == len(parts) - 1:
-            return True
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
-        else:  # dict-valued sections (tenants, rules) take free keys below them
-            return getattr(annotation, "__origin__", None) is dict
-    return False
-
-
-@cache
-def compose() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.yaml").read_text(encoding="utf-8"))
-    return data
-
-
-def services() -> dict[str, dict[str, Any]]:
-    result: dict[str, dict[str, Any]] = compose()["services"]
-    return result
-
-
-def ttft_services() -> dict[str, dict[str, Any]]:
-    return {n: s for n, s in services().items() if str(s.get("image", "")).startswith(TTFT_IMAGE_PREFIX)}
-
-
-def service_env(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
-    return {str(k): str(v) for k, v in env.items()}
-
-
-def bind_mounts(service: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(source, target) of every bind mount; named volumes are skipped."""
-    for volume in service.get("volumes", []):
-        source, target = (volume["source"], volume["target"]) if isinstance(volume, dict) else volume.split(":")[:2]
-        if source.startswith((".", "/")):
-            yield source, target
-
-
-@cache
-def k8s_docs() -> list[tuple[str, dict[str, Any]]]:
-    docs = []
-    for path in sorted(K8S.rglob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-            if doc:
-                docs.append((str(path.relative_to(REPO)), doc))
-    return docs
-
-
-def k8s_objects(kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for _, d in k8s_docs() if d["kind"] == kind}
-
-
-def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
-    for name, deployment in k8s_objects("Deployment").items():
-        yield name, deployment["spec"]["template"]["spec"]
-
-
-def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    return [*pod.get("initContainers", []), *pod["containers"]]
-
-
-def env_file_settings() -> dict[str, str]:
-    data: dict[str, str] = k8s_objects("ConfigMap")["ttft-env"]["data"]
-    return data
-
-
-@cache
-def dockerfile() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
-    text = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
-    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
-    joined = re.sub(r"\\\n", " ", "\n".join(lines))
-    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1]) for ln in joined.splitlines() if ln.strip()]
-
-
-def healthz_port(command: str) -> int:
-    match = re.search(r"127\.0\.0\.1:(\d+)/healthz", command)
-    assert match, f"no http://127.0.0.1:<port>/healthz in {command!r}"
-    return int(match.group(1))
-
+from tests.unit.deploy_files import (
+    DEPLOY,
+    REPO,
+    bind_mounts,
+    compose,
+    dockerfile,
+    env_file_settings,
+    healthz_port,
+    is_settings_env,
+    service_env,
+    services,
+    ttft_services,
+)
 
 # --- compose ------------------------------------------------------------------------------------------
 
@@ -171,7 +75,10 @@ def test_compose_named_volumes_are_declared() -> None:
 def test_compose_worker_env_vars_are_settings_fields() -> None:
     assert set(ttft_services()) >= {"migrate", "writer", "join"}
     unknown = [
-        f"{name}: {var}" for name, s in ttft_services().items() for var in service_env(s) if not is_settings_env(var)
+        f"{name}: {var}"
+        for name, s in ttft_services().items()
+        for var in service_env(s)
+        if not is_settings_env(var)
     ]
     assert unknown == []
 
@@ -190,7 +97,9 @@ def test_compose_start_order_waits_for_health_and_migrations() -> None:
             assert dependency in services(), f"{name} depends on unknown {dependency}"
             if rule["condition"] == "service_healthy":
                 target = services()[dependency]
-                assert "healthcheck" in target or dependency in ttft_services(), f"{dependency}: no healthcheck"
+                assert "healthcheck" in target or dependency in ttft_services(), (
+                    f"{dependency}: no healthcheck"
+                )
     for name in ("writer", "join"):
         assert services()[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert services()["migrate"]["command"] == ["db", "migrate"]
@@ -237,7 +146,9 @@ def test_compose_sets_every_variable_the_grafana_datasource_reads() -> None:
 
 def test_compose_mounts_the_sample_alertmanager_config() -> None:
     alertmanager = services()["alertmanager"]
-    assert ("./alertmanager/alertmanager.yml", "/etc/alertmanager/alertmanager.yml") in bind_mounts(alertmanager)
+    assert ("./alertmanager/alertmanager.yml", "/etc/alertmanager/alertmanager.yml") in bind_mounts(
+        alertmanager
+    )
     assert "--config.file=/etc/alertmanager/alertmanager.yml" in alertmanager["command"]
 
 
@@ -253,7 +164,9 @@ def test_dockerfile_builds_a_non_root_ttft_image_with_a_healthz_check() -> None:
     user = by_name["USER"][-1].split(":")[0]
     assert user not in ("root", "0")
     assert json.loads(by_name["ENTRYPOINT"][-1]) == ["ttft"]
-    env = dict(shlex.split(pair)[0].split("=", 1) for pair in re.findall(r"\w+=\S+", " ".join(by_name["ENV"])))
+    env = dict(
+        shlex.split(pair)[0].split("=", 1) for pair in re.findall(r"\w+=\S+", " ".join(by_name["ENV"]))
+    )
     ttft_env = {k: v for k, v in env.items() if k.startswith("TTFT_")}
     assert [k for k in ttft_env if not is_settings_env(k)] == []
     assert healthz_port(by_name["HEALTHCHECK"][-1].replace("{port}", ttft_env["TTFT_METRICS_PORT"])) == int(
@@ -263,112 +176,6 @@ def test_dockerfile_builds_a_non_root_ttft_image_with_a_healthz_check() -> None:
     for args in by_name["COPY"]:
         for source in args.split()[:-1]:
             assert (REPO / source).exists(), f"COPY source {source} missing"
-
-
-# --- Kubernetes ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_k8s_manifests_match_the_kubernetes_schemas(version: str) -> None:
-    assert {d["kind"] for _, d in k8s_docs()} >= {
-        "Namespace", "ConfigMap", "Secret", "Deployment", "PodDisruptionBudget", "Service",
-    }  # fmt: skip
-    for path, doc in k8s_docs():
-        try:
-            kubernetes_validate.validate(doc, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{path} {doc['kind']}/{doc['metadata']['name']}: {list(exc.path)}: {exc.message}")
-
-
-def test_k8s_objects_live_in_the_declared_namespace() -> None:
-    (namespace,) = k8s_objects("Namespace")
-    for path, doc in k8s_docs():
-        if doc["kind"] != "Namespace":
-            assert doc["metadata"].get("namespace") == namespace, path
-
-
-def test_k8s_env_vars_are_settings_fields_or_used_in_args() -> None:
-    unknown = [key for key in env_file_settings() if not is_settings_env(key)]
-    for name, pod in pod_specs():
-        for container in containers(pod):
-            args = " ".join(container.get("args", []))
-            for var in container.get("env", []):
-                if not is_settings_env(var["name"]) and f"$({var['name']})" not in args:
-                    unknown.append(f"{name}/{container['name']}: {var['name']}")
-    assert unknown == []
-
-
-def test_k8s_config_and_secret_references_resolve() -> None:
-    config_maps = {n: set(c.get("data", {})) for n, c in k8s_objects("ConfigMap").items()}
-    secrets = {n: set(s.get("stringData", {})) | set(s.get("data", {})) for n, s in k8s_objects("Secret").items()}
-    secret_refs = set()
-    for name, pod in pod_specs():
-        for volume in pod.get("volumes", []):
-            if "configMap" in volume:
-                assert volume["configMap"]["name"] in config_maps, f"{name}: volume {volume['name']}"
-        for container in containers(pod):
-            for source in container.get("envFrom", []):
-                assert source["configMapRef"]["name"] in config_maps, f"{name}: envFrom"
-            for var in container.get("env", []):
-                ref = var.get("valueFrom", {})
-                if "secretKeyRef" in ref:
-                    secret_refs.add(var["name"])
-                    assert ref["secretKeyRef"]["key"] in secrets[ref["secretKeyRef"]["name"]], var["name"]
-                if "configMapKeyRef" in ref:
-                    assert ref["configMapKeyRef"]["key"] in config_maps[ref["configMapKeyRef"]["name"]]
-            mounted = {m["name"] for m in container.get("volumeMounts", [])}
-            assert mounted <= {v["name"] for v in pod.get("volumes", [])}, f"{name}/{container['name']}"
-    assert secret_refs == {"TTFT_KAFKA_SASL_PASSWORD", "TTFT_CLICKHOUSE_PASSWORD"}
-    assert not {"TTFT_KAFKA_SASL_PASSWORD", "TTFT_CLICKHOUSE_PASSWORD"} & set(env_file_settings())
-    assert "@" not in env_file_settings()["TTFT_CLICKHOUSE_URL"], "no credentials in the URL"
-
-
-def test_k8s_rules_file_is_mounted_as_ttft_config_and_passes_config_check() -> None:
-    config_path = PurePosixPath(env_file_settings()["TTFT_CONFIG"])
-    (file_key,) = k8s_objects("ConfigMap")["ttft-config"]["data"]
-    assert config_path.name == file_key
-    for name, pod in pod_specs():
-        for container in containers(pod):
-            mounts = {m["mountPath"] for m in container["volumeMounts"] if m["name"] == "config"}
-            assert mounts == {str(config_path.parent)}, f"{name}/{container['name']}"
-    data = yaml.safe_load(k8s_objects("ConfigMap")["ttft-config"]["data"][file_key])
-    _, _, problems = validate_config(data)
-    assert problems == []
-
-
-def test_k8s_probes_and_scraping_use_the_metrics_port() -> None:
-    metrics_port = int(env_file_settings()["TTFT_METRICS_PORT"])
-    for name, pod in pod_specs():
-        for container in pod["containers"]:
-            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-            assert ports["metrics"] == metrics_port
-            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-                get = container[probe]["httpGet"]
-                assert get["path"] == "/healthz", f"{name} {probe}"
-                port = get["port"]
-                assert (ports[port] if isinstance(port, str) else port) == metrics_port, f"{name} {probe}"
-        annotations = k8s_objects("Deployment")[name]["spec"]["template"]["metadata"]["annotations"]
-        assert int(annotations["prometheus.io/port"]) == metrics_port
-    (service,) = k8s_objects("Service").values()
-    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
-    assert service["spec"]["ports"][0]["port"] == metrics_port
-
-
-def test_k8s_selectors_match_and_join_replicas_fit_the_partitions() -> None:
-    deployments = k8s_objects("Deployment")
-    assert set(deployments) == {"ttft-writer", "ttft-join"}
-    for deployment in deployments.values():
-        selector = deployment["spec"]["selector"]["matchLabels"]
-        assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    join = deployments["ttft-join"]
-    assert 1 <= join["spec"]["replicas"] <= int(env_file_settings()["TTFT_PARTITIONS"])
-    (pdb,) = k8s_objects("PodDisruptionBudget").values()
-    assert pdb["spec"]["selector"]["matchLabels"] == join["spec"]["selector"]["matchLabels"]
-    (service,) = k8s_objects("Service").values()
-    for deployment in deployments.values():
-        assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    writer_pod = deployments["ttft-writer"]["spec"]["template"]["spec"]
-    assert writer_pod["initContainers"][0]["args"] == ["db", "migrate"]
 
 
 # --- ClickHouse users and row policies ----------------------------------------------------------------
@@ -398,7 +205,9 @@ def test_users_xml_defines_a_readonly_grafana_user_and_the_writer() -> None:
 def tenant_tables() -> set[str]:
     tables = set()
     for migration in load_migrations():
-        for match in re.finditer(r"CREATE TABLE IF NOT EXISTS \{database\}\.(\w+)\s*\((.*?)\)\s*ENGINE", migration.sql, re.S):
+        for match in re.finditer(
+            r"CREATE TABLE IF NOT EXISTS \{database\}\.(\w+)\s*\((.*?)\)\s*ENGINE", migration.sql, re.S
+        ):
             if re.search(r"^\s*tenant_id\s", match.group(2), re.M):
                 tables.add(match.group(1))
     return tables
@@ -415,7 +224,10 @@ def test_row_policies_cover_every_table_with_a_tenant() -> None:
         on = f"ON ttft.{table} FOR SELECT USING"
         assert f"GRANT SELECT ON ttft.{table} TO ttft_tenant_viewer" in statements, table
         assert any("ttft_tenant_scope " + on in s and s.endswith("TO ttft_tenant_viewer") for s in statements)
-        assert any("ttft_full_access " + on in s and s.endswith("TO ALL EXCEPT ttft_tenant_viewer") for s in statements)
+        assert any(
+            "ttft_full_access " + on in s and s.endswith("TO ALL EXCEPT ttft_tenant_viewer")
+            for s in statements
+        )
     granted = {m for s in statements for m in re.findall(r"^GRANT SELECT ON ttft\.(\w+)", s)}
     assert granted == tenant_tables(), "tenant readers get exactly the tables with a tenant"
 
@@ -430,3 +242,30 @@ def test_row_policy_statements_parse_and_their_conditions_run(ch_client: Client,
             # chDB has no custom settings: substitute the tenant the setting would hold.
             condition = match.group(2).replace("getSetting('SQL_ttft_tenant')", "'acme'")
             ch_client.query(f"SELECT count() FROM {ch_database}.{match.group(1)} WHERE {condition}")
+
+
+# --- docs/operations.md retention statements -----------------------------------------------------------
+
+
+def documented_ttl_statements() -> list[str]:
+    text = (REPO / "docs/operations.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```sql\n(.*?)```", text, re.S)
+    return [s for block in blocks for s in split_statements(block) if "TTL" in s]
+
+
+def ttl_days(statement: str) -> int:
+    return int(re.search(r"INTERVAL (\d+) DAY", statement).group(1))  # type: ignore[union-attr]
+
+
+def test_documented_exemplar_ttl_expires_before_the_requests_ttl() -> None:
+    statements = documented_ttl_statements()
+    (requests,) = [s for s in statements if "ttft.requests MODIFY TTL toDateTime(started_at)" in s]
+    (exemplars,) = [s for s in statements if "MODIFY COLUMN exemplar_request_ids" in s]
+    assert "toDateTime(window_start)" in exemplars  # window_start <= started_at of every exemplar
+    assert ttl_days(exemplars) < ttl_days(requests)
+
+
+@pytest.mark.clickhouse
+def test_documented_ttl_statements_apply_to_the_migrated_schema(ch_client: Client, ch_database: str) -> None:
+    for statement in documented_ttl_statements():
+        ch_client.command(statement.replace("ttft.", f"{ch_database}."))
