@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from streams.rules.config import RulesConfig
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -76,7 +77,9 @@ class WindowConfig(_Section):
     """Event-time windows of the aggregates (DESIGN.md, windows)."""
 
     window_s: int = Field(60, gt=0, description="W: window_start = floor(started_at / W) * W.")
-    grace_s: int = Field(10, ge=0, description="Allowed lateness before a window closes; later data amends it.")
+    grace_s: int = Field(
+        40, ge=0, description="Allowed lateness before a window closes; covers join timeout + grace by default."
+    )
     relative_accuracy: float = Field(0.01, gt=0, lt=0.5)
     max_series: int = Field(1_000, gt=0, description="Cap on tenant x version series; overflow -> __other__.")
     cacheable_min_tokens: int = Field(1_024, ge=0)
@@ -150,7 +153,8 @@ class Settings(BaseSettings):
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     default_slo_ms: float = Field(2_000.0, gt=0)
     default_slo_target: float = Field(0.99, gt=0, lt=1)
-    rules: dict[str, Any] = Field(default_factory=dict, description="Alert rule settings (streams.rules).")
+    rules: RulesConfig = Field(default_factory=RulesConfig, description="Alert rules (streams.rules.config).")
+    paging_muted: bool = Field(False, description="Replay/backfill: store alerts, never page (counted).")
 
     @field_validator("topic_prefix")
     @classmethod

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from streams.app.arms import arms_from_records
 from streams.app.metrics import WorkerMetrics
 from streams.core.series import SeriesAdmission
 from streams.core.windows import WindowAggregates, aggregate_window
@@ -36,8 +37,10 @@ log = logging.getLogger("ttft.windows")
 
 StoreCall = Callable[..., Awaitable[Any]]
 Publish = Callable[[str, bytes, bytes], Awaitable[None]]
-#: (window_start_ms, aggregates, first_close) -> awaitable; the rule engine hooks in here.
-WindowClosedHook = Callable[[int, WindowAggregates, bool], Awaitable[None]]
+#: (window_start_ms, aggregates, first_close, arms) -> awaitable; the rule engine hooks in here.
+WindowClosedHook = Callable[[int, WindowAggregates, bool, dict[Any, str]], Awaitable[None]]
+#: (watermark_ms, open window starts) -> awaitable; lets the rules evaluate windows without records.
+WatermarkHook = Callable[[float, set[int]], Awaitable[None]]
 
 _CLOSED_MEMORY = 1_440  # windows remembered as closed (one day at W = 60 s)
 
@@ -66,6 +69,7 @@ class WindowCloser:
         self.watermark: float | None = None
         self._last_progress_wall = clock()
         self.hooks: list[WindowClosedHook] = []
+        self.watermark_hooks: list[WatermarkHook] = []
         self.db = settings.clickhouse_database
 
     # --- start-up -------------------------------------------------------------------------------
@@ -119,6 +123,8 @@ class WindowCloser:
         self.metrics.open_windows.set(len(self.open))
         if self.watermark is not None:
             self.metrics.watermark.set(self.watermark)
+            for watermark_hook in self.watermark_hooks:
+                await watermark_hook(self.watermark, self.open)
         for ws in sorted(amended):
             self.closed[ws] += 1
             self.metrics.window_amendments.inc()
@@ -167,8 +173,9 @@ class WindowCloser:
         self.metrics.windows_closed.inc()
         if agg.overflow_series:
             self.metrics.series_overflow.inc(agg.overflow_series)
+        arms = arms_from_records(records, self.settings)
         for hook in self.hooks:
-            await hook(ws, agg, first_close)
+            await hook(ws, agg, first_close, arms)
         return agg
 
     async def _publish(self, ws: int, agg: WindowAggregates) -> None:

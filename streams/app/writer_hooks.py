@@ -7,6 +7,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from streams.alerting.alertmanager import AlertmanagerClient
+from streams.alerting.outbox import DeliveryOptions, run_delivery_loop
+from streams.app.alerting_hook import AlertingHook
 from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import WindowCloser
 from streams.kafka.topics import kafka_client_kwargs
@@ -41,11 +44,27 @@ class TopicPublisher:
 
 
 async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics) -> WindowCloser:
-    """Attach the window closer (and through it the rule engine) to a started writer."""
+    """Attach the window closer, the rule engine and (with an Alertmanager URL) the delivery loop."""
     publisher = TopicPublisher(settings)
     await publisher.start()
     closer = WindowCloser(settings, metrics, writer.store_call, publisher.publish)
     await closer.recover()
+    alerting = AlertingHook(
+        settings, metrics, writer.store_call, publisher.publish, publisher.flush, muted=settings.paging_muted
+    )
+    await alerting.rebuild(closer)
+    alerting.attach(closer)
+    if settings.alertmanager_url:
+        stop = asyncio.Event()
+        client = AlertmanagerClient(settings.alertmanager_url)
+        options = DeliveryOptions(paging_muted=settings.paging_muted)
+        task = asyncio.create_task(run_delivery_loop(settings, client, stop, options=options))
+
+        async def stop_delivery() -> None:
+            stop.set()
+            await asyncio.wait_for(task, timeout=30)
+
+        writer.on_stop.append(stop_delivery)
 
     async def on_batch(records: list[dict[str, Any]]) -> None:
         await closer.on_records(records)

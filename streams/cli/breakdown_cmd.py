@@ -21,7 +21,9 @@ SPAN_HELP = (
 
 
 @click.command()
-@click.option("--tenant", "tenant", default=None, help="Tenant id (default: each tenant in the span, in turn).")
+@click.option(
+    "--tenant", "tenant", default=None, help="Tenant id (default: each tenant in the span, in turn)."
+)
 @click.option("--version", "version", default=None, help="One version (default: all versions merged).")
 @click.option("--since", default="1h", show_default=True, help=f"Span start: {SPAN_HELP}.")
 @click.option("--until", default=None, help=f"Span end (default: the anchor): {SPAN_HELP}.")
@@ -48,15 +50,23 @@ def breakdown(
         raise click.ClickException(f"no stage_windows table in {database}: run 'ttft db migrate' first")
     try:
         span = store_span(
-            client, database, since, until, window_ms=settings.windows.window_s * 1000,
-            now_ms=time.time() * 1000.0, tenant=tenant, anchor="now" if anchor == "now" else "data",
+            client,
+            database,
+            since,
+            until,
+            window_ms=settings.windows.window_s * 1000,
+            now_ms=time.time() * 1000.0,
+            tenant=tenant,
+            anchor="now" if anchor == "now" else "data",
         )
     except SpanError as exc:
         raise click.BadParameter(str(exc)) from None
     tenants = [tenant] if tenant is not None else tenants_in_span(client, database, span)
     if not tenants:
         raise click.ClickException("no stage windows in the span (has the worker closed any window yet?)")
-    results = [compute_breakdown(client, database, settings, span, tenant=t, version=version) for t in tenants]
+    results = [
+        compute_breakdown(client, database, settings, span, tenant=t, version=version) for t in tenants
+    ]
     if as_json:
         payload = results[0].to_json() if tenant is not None else [b.to_json() for b in results]
         click.echo(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())

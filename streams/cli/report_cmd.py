@@ -7,7 +7,14 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from streams.cli.breakdown_cmd import SPAN_HELP
 from streams.settings import load_settings
@@ -20,10 +27,20 @@ from streams.views.span import SpanError
 @click.command()
 @click.option("--since", default="1h", show_default=True, help=f"Span start: {SPAN_HELP}.")
 @click.option("--until", default=None, help=f"Span end (default: the anchor): {SPAN_HELP}.")
-@click.option("--anchor", type=click.Choice(["data", "now"]), default="data", show_default=True,
-              help="What relative times count back from: the newest stored window or the wall clock.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Directory for index.html, report.json and the PNGs (created if needed).")
+@click.option(
+    "--anchor",
+    type=click.Choice(["data", "now"]),
+    default="data",
+    show_default=True,
+    help="What relative times count back from: the newest stored window or the wall clock.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory for index.html, report.json and the PNGs (created if needed).",
+)
 @click.option("--tenant", "tenants", multiple=True, help="Tenant(s) to include (default: all in the span).")
 def report(since: str, until: str | None, anchor: str, out_dir: Path, tenants: tuple[str, ...]) -> None:
     """Write a TTFT report: verdict, P95 over time, breakdown, tail, canary, alerts, completeness."""
@@ -36,16 +53,30 @@ def report(since: str, until: str | None, anchor: str, out_dir: Path, tenants: t
     if not table_exists(client, database, "stage_windows"):
         raise click.ClickException(f"no stage_windows table in {database}: run 'ttft db migrate' first")
     try:
-        span = store_span(client, database, since, until, window_ms=settings.windows.window_s * 1000,
-                          now_ms=time.time() * 1000.0, anchor="now" if anchor == "now" else "data")
+        span = store_span(
+            client,
+            database,
+            since,
+            until,
+            window_ms=settings.windows.window_s * 1000,
+            now_ms=time.time() * 1000.0,
+            anchor="now" if anchor == "now" else "data",
+        )
     except SpanError as exc:
         raise click.BadParameter(str(exc)) from None
     names = list(tenants) or tenants_in_span(client, database, span)
     if not names:
         raise click.ClickException("no stage windows in the span (has the worker closed any window yet?)")
     console = Console(stderr=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("report", total=report_steps(len(names)))
         first = True
 

@@ -22,17 +22,33 @@ def _duration_ms(text: str, name: str) -> float:
 
 
 @click.command()
-@click.option("--lookback", default="15m", show_default=True,
-              help="Start with messages published this long ago (wall clock).")
+@click.option(
+    "--lookback",
+    default="15m",
+    show_default=True,
+    help="Start with messages published this long ago (wall clock).",
+)
 @click.option("--from-beginning", is_flag=True, help="Read the topics from their beginning instead.")
-@click.option("--span", "span", default="5m", show_default=True,
-              help="Event time merged into each panel, ending with the newest window.")
+@click.option(
+    "--span",
+    "span",
+    default="5m",
+    show_default=True,
+    help="Event time merged into each panel, ending with the newest window.",
+)
 @click.option("--once", is_flag=True, help="Catch up, print one frame and exit.")
 @click.option("--duration", "duration_s", type=float, default=None, help="Stop after this many seconds.")
-@click.option("--interval", "interval_s", type=float, default=1.0, show_default=True, help="Refresh period (s).")
+@click.option(
+    "--interval", "interval_s", type=float, default=1.0, show_default=True, help="Refresh period (s)."
+)
 @click.option("--plain", is_flag=True, help="Plain-text frames even on a terminal.")
 def top(
-    lookback: str, from_beginning: bool, span: str, once: bool, duration_s: float | None, interval_s: float,
+    lookback: str,
+    from_beginning: bool,
+    span: str,
+    once: bool,
+    duration_s: float | None,
+    interval_s: float,
     plain: bool,
 ) -> None:
     """Per tenant: TTFT P95 vs SLO, stage P95 bars, biggest and tail-dominant stages, levers, alerts."""

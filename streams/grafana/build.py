@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
+from streams.grafana.alert_rules import alert_rules, render_rules
 from streams.grafana.boards_health import pipeline_health
 from streams.grafana.boards_latency import overview, stage_drilldown
 from streams.grafana.boards_levers import canary, llm_levers
@@ -21,6 +22,7 @@ from streams.settings import Settings
 REPO: Final = Path(__file__).resolve().parents[2]
 DASHBOARDS_DIR: Final = REPO / "dashboards"
 REPO_CONFIG: Final = REPO / "deploy" / "config" / "ttft.yaml"
+RULES_FILE: Final = REPO / "deploy" / "grafana" / "provisioning" / "alerting" / "rules.yaml"
 
 
 def rules_config(settings: Settings) -> RulesConfig:
@@ -58,3 +60,18 @@ def write_dashboards(settings: Settings, directory: Path = DASHBOARDS_DIR) -> li
             path.write_text(text, encoding="utf-8")
             changed.append(path)
     return changed
+
+
+def rules_text(settings: Settings) -> str:
+    """The generated ``provisioning/alerting/rules.yaml`` text (all rules paused)."""
+    return render_rules(alert_rules(settings, rules_config(settings)))
+
+
+def write_rules(settings: Settings, path: Path = RULES_FILE) -> bool:
+    """Write the Grafana alert rules file; True when its content changed."""
+    text = rules_text(settings)
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return True

@@ -145,7 +145,10 @@ async def ensure_topics(
         if not wanted:
             return created
         response = await admin.create_topics(
-            [NewTopic(t, settings.partitions, settings.replication_factor) for t in wanted],
+            [
+                NewTopic(t, settings.partitions, settings.replication_factor, topic_configs=_topic_configs(t, settings))
+                for t in wanted
+            ],
             timeout_ms=int(timeout_s * 1000),
         )
         errors: list[str] = []
@@ -162,6 +165,13 @@ async def ensure_topics(
         await admin.close()
     await _await_leaders(settings, created, timeout_s)
     return created
+
+
+def _topic_configs(topic: str, settings: Settings) -> dict[str, str]:
+    """Per-topic configs: the alert outbox is compacted by fingerprint (the delivery loop reads it whole)."""
+    if topic == settings.topic("alerts"):
+        return {"cleanup.policy": "compact", "min.compaction.lag.ms": "3600000"}
+    return {}
 
 
 async def _await_leaders(settings: Settings, topics: list[str], timeout_s: float) -> None:

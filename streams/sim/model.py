@@ -15,7 +15,7 @@ With the defaults (s = 0.45, s_i = s_j = 0.12) the log correlation is 0.93 and t
 (:func:`stage_log_correlation`; a unit test measures it). Whole stages correlate less, because prompt
 length, cache hits, routes and fallbacks add their own variance: in the calibrated "before" world the
 log correlation is about 0.55 between retrieval and llm_ttft and about 0.9 between prompt_assemble
-and llm_ttft (measured by the same tests).
+and llm_ttft (both measured by unit tests).
 
 Why so strongly shared: the seed's numbers put the TTFT P95 (3.2 s) above the sum of its stage P95s
 (0.9 + 0.4 + 1.8 s). The P95 of a sum only reaches the sum of the P95s when the stages are nearly

@@ -106,3 +106,67 @@ def dead_letter_counts(client: Client, database: str, start_ms: float, end_ms: f
         parameters={"s": int(start_ms), "e": int(end_ms)},
     )
     return {str(r[0]): int(r[1]) for r in result.result_rows}
+
+
+_SNAPSHOT_TABLES: tuple[str, ...] = ("stage_windows", "stage_strata", "window_health", "llm_signals")
+
+
+def fetch_window_rows(client: Client, database: str, since_ms: float, until_ms: float) -> dict[int, Any]:
+    """Stored aggregate rows per window in ``[since_ms, until_ms)`` as rule-engine snapshots.
+
+    Returns ``{window_start_ms: WindowSnapshot}``; the arms come from the records' ``rollout``.
+    """
+    from streams.rules import WindowSnapshot
+
+    db = check_identifier(database)
+    params = {"s": int(since_ms), "e": int(until_ms)}
+    where = (
+        "WHERE window_start >= fromUnixTimestamp64Milli({s:Int64}) "
+        "AND window_start < fromUnixTimestamp64Milli({e:Int64})"
+    )
+    per_table: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for table in _SNAPSHOT_TABLES:
+        cols = [c for c in table_columns(client, db, table) if c != "window_start"]
+        result = client.query(
+            f"SELECT toUnixTimestamp64Milli(window_start) AS ws_ms, {', '.join(cols)} FROM {db}.{table} FINAL "
+            f"{where} ORDER BY ws_ms",
+            parameters=params,
+        )
+        by_window: dict[int, list[dict[str, Any]]] = {}
+        for row in result.result_rows:
+            ws = int(row[0])
+            values = dict(zip(cols, row[1:], strict=True))
+            values["window_start"] = ws
+            by_window.setdefault(ws, []).append(values)
+        per_table[table] = by_window
+    arms_rows = client.query(
+        f"SELECT toUnixTimestamp64Milli(window_start) AS ws_ms, tenant_id, version_id, rollout, count() "
+        f"FROM {db}.requests FINAL {where} AND rollout IS NOT NULL GROUP BY ws_ms, tenant_id, version_id, rollout",
+        parameters=params,
+        settings=final_read_settings(client),
+    ).result_rows
+    votes: dict[int, dict[tuple[str, str], dict[str, int]]] = {}
+    for ws, tenant, version, rollout, n in arms_rows:
+        votes.setdefault(int(ws), {}).setdefault((str(tenant), str(version)), {})[str(rollout)] = int(n)
+    windows = set().union(*(set(t) for t in per_table.values()))
+    out: dict[int, Any] = {}
+    for ws in sorted(windows):
+        arms = {k: max(v, key=lambda arm: (v[arm], arm)) for k, v in votes.get(ws, {}).items()}
+        out[ws] = WindowSnapshot(
+            stage_windows=per_table["stage_windows"].get(ws, []),
+            stage_strata=per_table["stage_strata"].get(ws, []),
+            window_health=per_table["window_health"].get(ws, []),
+            llm_signals=per_table["llm_signals"].get(ws, []),
+            arms=arms,
+        )
+    return out
+
+
+def stored_alert_keys(client: Client, database: str, since_ms: float) -> set[tuple[str, str, int]]:
+    """(fingerprint, state, event_at ms) of the stored alert transitions since ``since_ms``."""
+    result = client.query(
+        f"SELECT fingerprint, state, toUnixTimestamp64Milli(event_at) FROM {check_identifier(database)}.alerts "
+        "WHERE event_at >= fromUnixTimestamp64Milli({s:Int64})",
+        parameters={"s": int(since_ms)},
+    )
+    return {(str(r[0]), str(r[1]), int(r[2])) for r in result.result_rows}

@@ -82,8 +82,13 @@ class Breakdown:
             "tenant": self.tenant,
             "version": self.version,
             "versions": self.versions,
-            "span": {"start_ms": self.span.start_ms, "end_ms": self.span.end_ms, "start": start, "end": end,
-                     "anchor": self.span.anchor},
+            "span": {
+                "start_ms": self.span.start_ms,
+                "end_ms": self.span.end_ms,
+                "start": start,
+                "end": end,
+                "anchor": self.span.anchor,
+            },
             "windows": self.windows,
             "stages": [s.to_json() for s in self.stages],
             "ttft": None if self.ttft is None else self.ttft.to_json(),
@@ -200,9 +205,18 @@ def sum_vs_true(bd: Breakdown) -> str:
 
 def _stage_table(bd: Breakdown) -> Table:
     scale = max([s.p95 or 0.0 for s in bd.stages] + [bd.ttft_p95 or 0.0]) or 1.0
-    table = Table(title="Stage P95 (largest first; sub-stages are parts of their parent)", title_justify="left")
-    for name, justify in (("stage", "left"), ("P50", "right"), ("P95", "right"), ("P99", "right"),
-                          ("max", "right"), ("count", "right"), ("", "left")):
+    table = Table(
+        title="Stage P95 (largest first; sub-stages are parts of their parent)", title_justify="left"
+    )
+    for name, justify in (
+        ("stage", "left"),
+        ("P50", "right"),
+        ("P95", "right"),
+        ("P99", "right"),
+        ("max", "right"),
+        ("count", "right"),
+        ("", "left"),
+    ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     rows = [*bd.stages, *([bd.ttft] if bd.ttft else [])]
     for s in rows:
@@ -212,8 +226,16 @@ def _stage_table(bd: Breakdown) -> Table:
         if s.kind == "ttft":
             table.add_section()
             label = "TTFT (end to end)"
-        table.add_row(label, fmt_ms(s.p50), fmt_ms(s.p95), fmt_ms(s.p99), fmt_ms(s.max), f"{s.count:,}", bar,
-                      style=style)
+        table.add_row(
+            label,
+            fmt_ms(s.p50),
+            fmt_ms(s.p95),
+            fmt_ms(s.p99),
+            fmt_ms(s.max),
+            f"{s.count:,}",
+            bar,
+            style=style,
+        )
     return table
 
 
@@ -223,8 +245,12 @@ def _tail_table(tail: TailSummary) -> Table:
         table.add_column(name, justify="left" if name == "stage" else "right")
     for stage in (*PARENT_STAGES, OTHER):
         if stage in tail.tail_share:
-            table.add_row(stage, fmt_share(tail.band_share.get(stage)), fmt_share(tail.tail_share[stage]),
-                          fmt_share(tail.share_delta.get(stage), signed=True))
+            table.add_row(
+                stage,
+                fmt_share(tail.band_share.get(stage)),
+                fmt_share(tail.tail_share[stage]),
+                fmt_share(tail.share_delta.get(stage), signed=True),
+            )
     return table
 
 
@@ -234,8 +260,11 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
     who = bd.tenant if bd.tenant is not None else "all tenants"
     versions = bd.version or f"all versions ({', '.join(bd.versions) or '-'})"
     console.rule(Text(f"TTFT breakdown · {who} · {versions}", style="bold"))
-    console.print(f"span {start} → {end} ({bd.windows} windows; relative times anchored on "
-                  f"{'the newest stored data' if bd.span.anchor == 'data' else bd.span.anchor})", highlight=False)
+    console.print(
+        f"span {start} → {end} ({bd.windows} windows; relative times anchored on "
+        f"{'the newest stored data' if bd.span.anchor == 'data' else bd.span.anchor})",
+        highlight=False,
+    )
     if bd.ttft is None and not bd.stages:
         console.print("[yellow]no stage windows in this span[/]")
         return
@@ -243,7 +272,11 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
     slo = bd.slo_bad_share
     console.print(
         f"TTFT P95 [bold]{fmt_ms(bd.ttft_p95)}[/] vs SLO {fmt_ms(bd.slo_ms)}"
-        + (f": {fmt_share(slo)} of requests SLO-bad (timed-out and orphan ones included)" if slo is not None else ""),
+        + (
+            f": {fmt_share(slo)} of requests SLO-bad (timed-out and orphan ones included)"
+            if slo is not None
+            else ""
+        ),
         highlight=False,
     )
     console.print(sum_vs_true(bd), highlight=False)
@@ -269,7 +302,9 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
         highlight=False,
     )
     sig = bd.signals
-    draft = ", ".join(f"{v} P50 {p50:.2f}" for v, (p50, _p10, _ws) in sig.draft_accept.items() if p50 is not None)
+    draft = ", ".join(
+        f"{v} P50 {p50:.2f}" for v, (p50, _p10, _ws) in sig.draft_accept.items() if p50 is not None
+    )
     console.print(
         f"LLM signals: prompt-cache hit rate {fmt_share(sig.prompt_cache_hit_rate)}, prompts below the cacheable "
         f"minimum {fmt_share(sig.below_cacheable_share)}, draft acceptance {draft or '-'} (newest window)",
@@ -278,8 +313,11 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
     for note in bd.notes:
         console.print(f"[dim]note: {note}[/]")
     if bd.cut_first:
-        console.print(Text.assemble(("→ cut ", "bold green"), (bd.cut_first, "bold green"),
-                                    (" first: ", "bold green"), bd.reason))
+        console.print(
+            Text.assemble(
+                ("→ cut ", "bold green"), (bd.cut_first, "bold green"), (" first: ", "bold green"), bd.reason
+            )
+        )
     else:
         console.print(f"→ no advice: {bd.reason}")
 

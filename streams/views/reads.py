@@ -29,7 +29,13 @@ ALERT_LOOKBACK_MS = 86_400_000
 
 
 def _params(span: Span, tenant: str | None, version: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"start": span.start_ms, "end": span.end_ms, "tenant": tenant or "", "version": version or "", **extra}
+    return {
+        "start": span.start_ms,
+        "end": span.end_ms,
+        "tenant": tenant or "",
+        "version": version or "",
+        **extra,
+    }
 
 
 def _bucket(bucket_ms: int | None) -> str:
@@ -125,8 +131,17 @@ def health_rows(
 ) -> list[dict[str, Any]]:
     """``window_health`` counts summed per (bucket, tenant): shares are recomputed from the sums."""
     counts = (
-        "total", "complete", "missing_stage", "timed_out", "orphan", "late_events", "late_amendments",
-        "amendments", "dead_letters", "duplicate_events", "overflow_series",
+        "total",
+        "complete",
+        "missing_stage",
+        "timed_out",
+        "orphan",
+        "late_events",
+        "late_amendments",
+        "amendments",
+        "dead_letters",
+        "duplicate_events",
+        "overflow_series",
     )
     sums = ", ".join(f"sum({c}) AS {c}_" for c in counts)
     sql = (
@@ -162,7 +177,9 @@ def signal_rows(
     return _named(client, sql, _params(span, tenant, version))
 
 
-def version_rollouts(client: Client, database: str, span: Span, tenant: str | None = None) -> list[dict[str, Any]]:
+def version_rollouts(
+    client: Client, database: str, span: Span, tenant: str | None = None
+) -> list[dict[str, Any]]:
     """Per tenant x version in ``requests``: how many records were served as ``canary`` / ``stable``."""
     sql = (
         "SELECT tenant_id, version_id, countIf(rollout = 'canary') AS canary, "
@@ -173,7 +190,9 @@ def version_rollouts(client: Client, database: str, span: Span, tenant: str | No
     return _named(client, sql, _params(span, tenant), settings=final_read_settings(client))
 
 
-def canary_verdict_rows(client: Client, database: str, span: Span, tenant: str | None = None) -> list[dict[str, Any]]:
+def canary_verdict_rows(
+    client: Client, database: str, span: Span, tenant: str | None = None
+) -> list[dict[str, Any]]:
     """``canary_verdicts`` of the span, oldest first (empty when the table does not exist)."""
     if not table_exists(client, database, "canary_verdicts"):
         return []
@@ -234,5 +253,9 @@ def store_span(
     """Resolve ``--since`` / ``--until`` against the end of the newest stored window (see :mod:`.span`)."""
     newest = newest_window_start(client, database, tenant)
     return resolve_span(
-        since, until, newest_end_ms=None if newest is None else newest + window_ms, now_ms=now_ms, anchor=anchor
+        since,
+        until,
+        newest_end_ms=None if newest is None else newest + window_ms,
+        now_ms=now_ms,
+        anchor=anchor,
     )

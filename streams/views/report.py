@@ -65,13 +65,21 @@ def alert_spans(rows: Sequence[dict[str, Any]], span: Span) -> list[AlertSpan]:
         resolved = [float(s["resolved_at"]) for s in steps if s.get("resolved_at") is not None]
         last = steps[-1]
         episode = AlertSpan(
-            fingerprint=fp, alertname=str(last["alertname"]), tenant=str(last["tenant_id"]),
-            stage=str(last["stage"]), version=str(last["version_id"]), severity=str(last["severity"]),
-            active_at=active_at, fired_at=min(fired) if fired else None,
-            resolved_at=max(resolved) if resolved else None, muted=bool(last.get("muted")),
+            fingerprint=fp,
+            alertname=str(last["alertname"]),
+            tenant=str(last["tenant_id"]),
+            stage=str(last["stage"]),
+            version=str(last["version_id"]),
+            severity=str(last["severity"]),
+            active_at=active_at,
+            fired_at=min(fired) if fired else None,
+            resolved_at=max(resolved) if resolved else None,
+            muted=bool(last.get("muted")),
             summary=str(dict(last.get("annotations") or {}).get("summary", "")),
         )
-        if episode.active_at < span.end_ms and (episode.resolved_at is None or episode.resolved_at >= span.start_ms):
+        if episode.active_at < span.end_ms and (
+            episode.resolved_at is None or episode.resolved_at >= span.start_ms
+        ):
             out.append(episode)
     return sorted(out, key=lambda a: (a.active_at, a.label))
 
@@ -116,8 +124,13 @@ class ReportData:
     def to_json(self) -> dict[str, Any]:
         start, end = self.span.iso()
         return {
-            "span": {"start_ms": self.span.start_ms, "end_ms": self.span.end_ms, "start": start, "end": end,
-                     "anchor": self.span.anchor},
+            "span": {
+                "start_ms": self.span.start_ms,
+                "end_ms": self.span.end_ms,
+                "start": start,
+                "end": end,
+                "anchor": self.span.anchor,
+            },
             "bucket_ms": self.bucket_ms,
             "verdict": self.verdict,
             "tenants": {t: r.to_json() for t, r in self.tenants.items()},
@@ -140,8 +153,13 @@ def _series(rows: Sequence[dict[str, Any]], tenant: str) -> list[dict[str, Any]]
     out = []
     for ws in sorted(by_bucket):
         stats = stage_stats(by_bucket[ws])
-        out.append({"window_start": ws, "p95": {s: st.p95 for s, st in stats.items()},
-                    "count": {s: st.count for s, st in stats.items()}})
+        out.append(
+            {
+                "window_start": ws,
+                "p95": {s: st.p95 for s, st in stats.items()},
+                "count": {s: st.count for s, st in stats.items()},
+            }
+        )
     return out
 
 
@@ -178,7 +196,10 @@ def collect_report(
         attributions = reads.attribution_rows(client, database, span, tenant)
         ids = [rid for r in ok_attributions(attributions) for rid in r.get("exemplar_request_ids") or ()]
         bd = breakdown_from_rows(
-            tenant=tenant, version=None, span=span, slo_ms=settings.slo_ms(tenant),
+            tenant=tenant,
+            version=None,
+            span=span,
+            slo_ms=settings.slo_ms(tenant),
             stage_rows=[r for r in series_rows if r["tenant_id"] == tenant],
             attribution_rows=attributions,
             health_rows=[r for r in health_series if r["tenant_id"] == tenant],
@@ -232,8 +253,10 @@ def verdict_paragraph(data: ReportData) -> str:
             text += f" ({fmt_share(bd.slo_bad_share)} of requests SLO-bad)"
         text += f". Cut {bd.cut_first} first: {bd.reason}." if bd.cut_first else f". {bd.reason}."
         if bd.parent_p95_sum is not None:
-            text += (f" The parent stage P95s add up to {fmt_ms(bd.parent_p95_sum)}, not the true "
-                     f"{fmt_ms(bd.ttft_p95)}: stage P95s do not add up.")
+            text += (
+                f" The parent stage P95s add up to {fmt_ms(bd.parent_p95_sum)}, not the true "
+                f"{fmt_ms(bd.ttft_p95)}: stage P95s do not add up."
+            )
         complete = bd.completeness.share("complete")
         if complete is not None and complete < 0.95:
             text += f" Caution: only {fmt_share(complete)} of records are complete."
@@ -252,7 +275,12 @@ def write_json(data: ReportData, path: Path) -> None:
 
 
 CHART_FILES = (
-    "p95_over_time.png", "breakdown.png", "tail_attribution.png", "canary.png", "alerts.png", "completeness.png",
+    "p95_over_time.png",
+    "breakdown.png",
+    "tail_attribution.png",
+    "canary.png",
+    "alerts.png",
+    "completeness.png",
 )
 
 

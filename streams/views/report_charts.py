@@ -15,20 +15,26 @@ import matplotlib
 
 matplotlib.use("Agg")  # before any other matplotlib import: the report never needs a display
 
-import matplotlib.dates as mdates  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
+import matplotlib.dates as mdates
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from streams.core.stages import OTHER, TTFT  # noqa: E402
-from streams.settings import PARENT_STAGES  # noqa: E402
-from streams.views.breakdown import Breakdown  # noqa: E402
-from streams.views.canary import CanaryComparison  # noqa: E402
+from streams.core.stages import OTHER, TTFT
+from streams.settings import PARENT_STAGES
+from streams.views.breakdown import Breakdown
+from streams.views.canary import CanaryComparison
 
 COLORS: Final = {
-    "retrieval": "#1f77b4", "vector_recall": "#6baed6", "bm25_recall": "#9ecae1", "rerank": "#c6dbef",
-    "prompt_assemble": "#ff7f0e", "llm_ttft": "#9467bd", OTHER: "#8c8c8c", TTFT: "#111111",
+    "retrieval": "#1f77b4",
+    "vector_recall": "#6baed6",
+    "bm25_recall": "#9ecae1",
+    "rerank": "#c6dbef",
+    "prompt_assemble": "#ff7f0e",
+    "llm_ttft": "#9467bd",
+    OTHER: "#8c8c8c",
+    TTFT: "#111111",
 }
 STATUS_COLORS: Final = {"missing_stage": "#f2c14e", "timed_out": "#d62728", "orphan": "#9467bd"}
 SLO_COLOR: Final = "#d62728"
@@ -67,8 +73,13 @@ def _time_axis(ax: Axes, xlim: tuple[float, float] | None = None) -> None:
     ax.set_xlabel("event time (UTC)")
 
 
-def chart_p95_over_time(path: Path, series: dict[str, list[dict[str, Any]]], slo_ms: dict[str, float],
-                        bucket_ms: int, xlim: tuple[float, float] | None = None) -> None:
+def chart_p95_over_time(
+    path: Path,
+    series: dict[str, list[dict[str, Any]]],
+    slo_ms: dict[str, float],
+    bucket_ms: int,
+    xlim: tuple[float, float] | None = None,
+) -> None:
     """P95 per parent stage and end-to-end TTFT per time bucket, one panel per tenant, SLO line."""
     tenants = [t for t, s in series.items() if s]
     if not tenants:
@@ -81,10 +92,18 @@ def chart_p95_over_time(path: Path, series: dict[str, list[dict[str, Any]]], slo
         for stage in (TTFT, *PARENT_STAGES):
             values = [p["p95"].get(stage) for p in points]
             if any(v is not None for v in values):
-                ax.plot(times, [float("nan") if v is None else v for v in values], color=COLORS[stage],
-                        lw=2.4 if stage == TTFT else 1.6, label="TTFT (end to end)" if stage == TTFT else stage,
-                        marker="o" if len(points) < 30 else None, ms=3)
-        ax.axhline(slo_ms[tenant], color=SLO_COLOR, ls="--", lw=1.2, label=f"TTFT SLO {slo_ms[tenant]:,.0f} ms")
+                ax.plot(
+                    times,
+                    [float("nan") if v is None else v for v in values],
+                    color=COLORS[stage],
+                    lw=2.4 if stage == TTFT else 1.6,
+                    label="TTFT (end to end)" if stage == TTFT else stage,
+                    marker="o" if len(points) < 30 else None,
+                    ms=3,
+                )
+        ax.axhline(
+            slo_ms[tenant], color=SLO_COLOR, ls="--", lw=1.2, label=f"TTFT SLO {slo_ms[tenant]:,.0f} ms"
+        )
         ax.set_title(f"{tenant}: P95 per {bucket_ms // 1000} s bucket (merged sketches)", loc="left")
         ax.yaxis.set_major_formatter(_MS)
         ax.set_ylim(bottom=0)
@@ -106,7 +125,9 @@ def chart_breakdown(path: Path, breakdowns: Sequence[Breakdown]) -> None:
         n = len(bd.stages)
         rows = list(range(n + 2))  # y positions, top to bottom after invert_yaxis
         values = [s.p95 or 0.0 for s in bd.stages]
-        bars = ax.barh(rows[:n], values, color=[COLORS.get(s.stage, "#bcbd22") for s in bd.stages], height=0.65)
+        bars = ax.barh(
+            rows[:n], values, color=[COLORS.get(s.stage, "#bcbd22") for s in bd.stages], height=0.65
+        )
         ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=8)
         left = 0.0
         for s in bd.stages:
@@ -129,8 +150,12 @@ def chart_breakdown(path: Path, breakdowns: Sequence[Breakdown]) -> None:
         ax.grid(False, axis="y")
         ax.set_title(f"{bd.tenant}: stage P95 over the span (cut {bd.cut_first or '-'} first)", loc="left")
         ax.legend(loc="upper right", fontsize=8)
-    fig.suptitle("Where TTFT goes: stage P95s (they do not add up to the TTFT P95)", fontweight="bold",
-                 x=0.01, ha="left")
+    fig.suptitle(
+        "Where TTFT goes: stage P95s (they do not add up to the TTFT P95)",
+        fontweight="bold",
+        x=0.01,
+        ha="left",
+    )
     fig.savefig(path)
 
 
@@ -138,7 +163,11 @@ def chart_tail(path: Path, breakdowns: Sequence[Breakdown]) -> None:
     """Share of TTFT per stage in typical (P40-P60) vs the slowest 5 % of requests."""
     usable = [b for b in breakdowns if b.tail.windows_ok]
     if not usable:
-        _empty(path, "Tail attribution", "too few complete requests per window (needs ≥ 200) to attribute the tail")
+        _empty(
+            path,
+            "Tail attribution",
+            "too few complete requests per window (needs ≥ 200) to attribute the tail",
+        )
         return
     fig, axes = _figure(len(usable), height=2.9)
     stages = [*PARENT_STAGES, OTHER]
@@ -146,7 +175,9 @@ def chart_tail(path: Path, breakdowns: Sequence[Breakdown]) -> None:
         x = range(len(stages))
         band = [bd.tail.band_share.get(s, 0.0) for s in stages]
         tail = [bd.tail.tail_share.get(s, 0.0) for s in stages]
-        b1 = ax.bar([i - 0.2 for i in x], band, width=0.4, color="#9ecae1", label="typical requests (P40-P60)")
+        b1 = ax.bar(
+            [i - 0.2 for i in x], band, width=0.4, color="#9ecae1", label="typical requests (P40-P60)"
+        )
         b2 = ax.bar([i + 0.2 for i in x], tail, width=0.4, color="#08519c", label="slowest 5 %")
         ax.bar_label(b1, labels=[f"{v:.0%}" for v in band], fontsize=8, padding=2)
         ax.bar_label(b2, labels=[f"{v:.0%}" for v in tail], fontsize=8, padding=2)
@@ -154,8 +185,11 @@ def chart_tail(path: Path, breakdowns: Sequence[Breakdown]) -> None:
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.set_ylim(0, max([*band, *tail, 0.1]) * 1.2)
         ax.set_ylabel("share of TTFT")
-        ax.set_title(f"{bd.tenant}: biggest P95 {bd.tail.biggest_p95_stage}, tail-dominant "
-                     f"{bd.tail.tail_dominant_stage}", loc="left")
+        ax.set_title(
+            f"{bd.tenant}: biggest P95 {bd.tail.biggest_p95_stage}, tail-dominant "
+            f"{bd.tail.tail_dominant_stage}",
+            loc="left",
+        )
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle("Tail attribution: what makes slow requests slow", fontweight="bold", x=0.01, ha="left")
     fig.savefig(path)
@@ -175,13 +209,31 @@ def chart_canary(path: Path, comparisons: Sequence[CanaryComparison], slo_ms: di
         x = range(len(stages))
         sv = [(s.p95 or 0.0) if s is not None else 0.0 for s in stable]
         cv = [c.p95 or 0.0 for c in canary]
-        ax.bar([i - 0.2 for i in x], sv, width=0.4, color="#74c476",
-               label=f"stable ({', '.join(comp.versions('stable'))})")
-        bars = ax.bar([i + 0.2 for i in x], cv, width=0.4, color="#fd8d3c",
-                      label=f"canary ({', '.join(comp.versions('canary'))})")
+        ax.bar(
+            [i - 0.2 for i in x],
+            sv,
+            width=0.4,
+            color="#74c476",
+            label=f"stable ({', '.join(comp.versions('stable'))})",
+        )
+        bars = ax.bar(
+            [i + 0.2 for i in x],
+            cv,
+            width=0.4,
+            color="#fd8d3c",
+            label=f"canary ({', '.join(comp.versions('canary'))})",
+        )
         ratios = [comp.ratio(s) for s in stages]
-        ax.bar_label(bars, labels=["" if r is None else f"{r - 1:+.0%}" for r in ratios], fontsize=8, padding=2)
-        ax.axhline(slo_ms[comp.tenant], color=SLO_COLOR, ls="--", lw=1.2, label=f"TTFT SLO {slo_ms[comp.tenant]:,.0f} ms")
+        ax.bar_label(
+            bars, labels=["" if r is None else f"{r - 1:+.0%}" for r in ratios], fontsize=8, padding=2
+        )
+        ax.axhline(
+            slo_ms[comp.tenant],
+            color=SLO_COLOR,
+            ls="--",
+            lw=1.2,
+            label=f"TTFT SLO {slo_ms[comp.tenant]:,.0f} ms",
+        )
         ax.set_xticks(list(x), ["TTFT" if s == TTFT else s for s in stages])
         ax.yaxis.set_major_formatter(_MS)
         ax.set_title(f"{comp.tenant}: P95 per arm (label: canary vs stable)", loc="left")
@@ -198,6 +250,7 @@ def chart_alerts(path: Path, alerts: Sequence[Any], start_ms: float, end_ms: flo
         _empty(path, "Alert timeline", "no alerts in the span")
         return
     fig, (ax,) = _figure(1, height=0.42 * len(shown) + 1.4)
+
     def num(ms: float) -> float:
         return float(mdates.date2num(_time(min(max(ms, start_ms), end_ms))))
 
@@ -205,10 +258,18 @@ def chart_alerts(path: Path, alerts: Sequence[Any], start_ms: float, end_ms: flo
         end = a.resolved_at if a.resolved_at is not None else end_ms
         fired = a.fired_at if a.fired_at is not None else end
         hatch = "//" if a.muted else None
-        ax.barh(i, num(min(fired, end)) - num(a.active_at), left=num(a.active_at), color="#fdae6b", height=0.6,
-                hatch=hatch)
+        ax.barh(
+            i,
+            num(min(fired, end)) - num(a.active_at),
+            left=num(a.active_at),
+            color="#fdae6b",
+            height=0.6,
+            hatch=hatch,
+        )
         if a.fired_at is not None and a.fired_at < end:
-            ax.barh(i, num(end) - num(a.fired_at), left=num(a.fired_at), color="#d62728", height=0.6, hatch=hatch)
+            ax.barh(
+                i, num(end) - num(a.fired_at), left=num(a.fired_at), color="#d62728", height=0.6, hatch=hatch
+            )
     ax.set_yticks(range(len(shown)), [a.label for a in shown], fontsize=8)
     ax.invert_yaxis()
     ax.grid(True, axis="x", alpha=0.3)
@@ -232,8 +293,13 @@ def chart_completeness(
         points = series[tenant]
         times = [_time(p["window_start"]) for p in points]
         layers = [[p.get(f"{s}_share") or 0.0 for p in points] for s in STATUS_COLORS]
-        ax.stackplot(times, layers, labels=[s.replace("_", " ") for s in STATUS_COLORS],
-                     colors=list(STATUS_COLORS.values()), alpha=0.85)
+        ax.stackplot(
+            times,
+            layers,
+            labels=[s.replace("_", " ") for s in STATUS_COLORS],
+            colors=list(STATUS_COLORS.values()),
+            alpha=0.85,
+        )
         total = sum(p["total"] for p in points)
         complete = sum(p["complete"] for p in points) / total if total else 0.0
         ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=1))

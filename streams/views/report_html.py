@@ -12,15 +12,30 @@ from streams.views.canary import CanaryComparison
 from streams.views.report import AlertSpan, ReportData
 
 CHARTS: Final = (
-    ("p95_over_time.png", "P95 per stage over time",
-     "Each point merges the sketches of its windows (and versions); the dashed line is the tenant's SLO."),
-    ("breakdown.png", "Breakdown", "Stage P95s over the whole span, with the true end-to-end TTFT P95, the sum of "
-     "the parent stage P95s (they differ) and the SLO."),
-    ("tail_attribution.png", "Tail attribution", "Each stage's share of TTFT in typical requests (P40-P60) and "
-     "in the slowest 5 %: a stage whose share grows is what makes slow requests slow."),
+    (
+        "p95_over_time.png",
+        "P95 per stage over time",
+        "Each point merges the sketches of its windows (and versions); the dashed line is the tenant's SLO.",
+    ),
+    (
+        "breakdown.png",
+        "Breakdown",
+        "Stage P95s over the whole span, with the true end-to-end TTFT P95, the sum of "
+        "the parent stage P95s (they differ) and the SLO.",
+    ),
+    (
+        "tail_attribution.png",
+        "Tail attribution",
+        "Each stage's share of TTFT in typical requests (P40-P60) and "
+        "in the slowest 5 %: a stage whose share grows is what makes slow requests slow.",
+    ),
     ("canary.png", "Canary comparison", "P95 per stage of the canary arm beside the stable arm."),
     ("alerts.png", "Alert timeline", "Pending and firing intervals of every alert in the span (event time)."),
-    ("completeness.png", "Completeness", "Records that are not complete: their latencies are missing or partial."),
+    (
+        "completeness.png",
+        "Completeness",
+        "Records that are not complete: their latencies are missing or partial.",
+    ),
 )
 
 _CSS: Final = """
@@ -47,13 +62,18 @@ def _stage_table(bd: Breakdown) -> str:
             f'<tr class="{s.kind}"><td>{escape(name)}</td><td>{fmt_ms(s.p50)}</td><td>{fmt_ms(s.p95)}</td>'
             f"<td>{fmt_ms(s.p99)}</td><td>{s.count:,}</td></tr>"
         )
-    return ("<table><tr><th>stage</th><th>P50</th><th>P95</th><th>P99</th><th>count</th></tr>"
-            + "".join(rows) + "</table>")
+    return (
+        "<table><tr><th>stage</th><th>P50</th><th>P95</th><th>P99</th><th>count</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def _tenant_section(bd: Breakdown) -> str:
     c, t = bd.completeness, bd.tail
-    exemplars = ", ".join(escape(rid) + (f" ({fmt_ms(ms)})" if ms is not None else "") for rid, ms in t.exemplars)
+    exemplars = ", ".join(
+        escape(rid) + (f" ({fmt_ms(ms)})" if ms is not None else "") for rid, ms in t.exemplars
+    )
     return (
         f"<h3>{escape(str(bd.tenant))}</h3>{_stage_table(bd)}"
         f"<p>{escape(sum_vs_true(bd))}</p>"
@@ -80,7 +100,7 @@ def _canary_table(comp: CanaryComparison) -> str:
         )
     verdicts = "".join(
         f'<li><span class="{escape(str(v["verdict"]))}">{escape(str(v["verdict"]))}</span> '
-        f'{escape(str(v["stage"]))} {escape(str(v["canary_version"]))}: {escape(str(v.get("explanation", "")))}</li>'
+        f"{escape(str(v['stage']))} {escape(str(v['canary_version']))}: {escape(str(v.get('explanation', '')))}</li>"
         for v in comp.verdicts
     )
     return (
@@ -100,8 +120,10 @@ def _alert_table(alerts: list[AlertSpan]) -> str:
         f"<td>{escape(a.summary)}{' (muted)' if a.muted else ''}</td></tr>"
         for a in alerts
     )
-    return ("<table><tr><th>alert</th><th>severity</th><th>pending</th><th>fired</th><th>resolved</th>"
-            "<th>summary</th></tr>" + rows + "</table>")
+    return (
+        "<table><tr><th>alert</th><th>severity</th><th>pending</th><th>fired</th><th>resolved</th>"
+        "<th>summary</th></tr>" + rows + "</table>"
+    )
 
 
 def render_html(data: ReportData) -> str:
@@ -117,8 +139,12 @@ def render_html(data: ReportData) -> str:
 
     def figure(name: str) -> str:
         title, caption = charts[name]
-        return (f'<h2>{escape(title)}</h2><p class="note">{escape(caption)}</p>'
-                f'<img src="{name}" alt="{escape(title)}">' if name in data.charts else "")
+        return (
+            f'<h2>{escape(title)}</h2><p class="note">{escape(caption)}</p>'
+            f'<img src="{name}" alt="{escape(title)}">'
+            if name in data.charts
+            else ""
+        )
 
     body.append(figure("p95_over_time.png"))
     body.append(figure("breakdown.png"))

@@ -17,7 +17,14 @@ from typing import Final, Literal
 Anchor = Literal["data", "now"]
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
-_UNIT_MS: Final = {"ms": 1.0, "s": 1_000.0, "m": 60_000.0, "h": 3_600_000.0, "d": 86_400_000.0, "w": 604_800_000.0}
+_UNIT_MS: Final = {
+    "ms": 1.0,
+    "s": 1_000.0,
+    "m": 60_000.0,
+    "h": 3_600_000.0,
+    "d": 86_400_000.0,
+    "w": 604_800_000.0,
+}
 
 
 class SpanError(ValueError):

@@ -23,8 +23,17 @@ from streams.settings import PARENT_STAGES, SUB_STAGES
 #: Sub-stages belong to a parent: they are parts of its time, never extra time.
 SUB_STAGE_PARENT: Final = dict.fromkeys(SUB_STAGES, "retrieval")
 HEALTH_COUNTS: Final = (
-    "total", "complete", "missing_stage", "timed_out", "orphan", "late_events", "late_amendments",
-    "amendments", "dead_letters", "duplicate_events", "overflow_series",
+    "total",
+    "complete",
+    "missing_stage",
+    "timed_out",
+    "orphan",
+    "late_events",
+    "late_amendments",
+    "amendments",
+    "dead_letters",
+    "duplicate_events",
+    "overflow_series",
 )
 
 

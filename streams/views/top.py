@@ -66,7 +66,9 @@ class ActiveAlert:
 
     def describe(self) -> str:
         labels = " ".join(f"{k}={v}" for k, v in self.labels.items() if k not in ("alertname", "tenant"))
-        return f"{self.state.upper()} {self.alertname} {labels}".strip() + (f": {self.summary}" if self.summary else "")
+        return f"{self.state.upper()} {self.alertname} {labels}".strip() + (
+            f": {self.summary}" if self.summary else ""
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,25 +141,33 @@ class TopModel:
     def _newer(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
         return old is None or int(new.get("computed_version") or 0) >= int(old.get("computed_version") or 0)
 
-    def _see_window(self, ws: int) -> None:
+    def _see_window(self, ws: int) -> bool:
+        """Advance the span to ``ws`` if newer; whether a row of window ``ws`` belongs in the span.
+
+        Partitions are read in no particular order, so older windows can arrive after newer ones."""
         if self.newest_window is None or ws > self.newest_window:
             self.newest_window = ws
             self._prune()
+        first = self._first_window()
+        return first is None or ws >= first
 
     def _fold_stage_window(self, msg: dict[str, Any]) -> None:
         ws = int(msg["window_start"])
-        row = {**msg, "window_start": ws, "bins": _int_bins(msg["bins"]), "zero_count": int(msg["zero_count"])}
+        row = {
+            **msg,
+            "window_start": ws,
+            "bins": _int_bins(msg["bins"]),
+            "zero_count": int(msg["zero_count"]),
+        }
         key = (str(msg["tenant_id"]), str(msg["version_id"]), str(msg["stage"]), ws)
-        if self._newer(self.stage_rows.get(key), row):
+        if self._see_window(ws) and self._newer(self.stage_rows.get(key), row):
             self.stage_rows[key] = row
-        self._see_window(ws)
 
     def _fold_window_health(self, msg: dict[str, Any]) -> None:
         ws = int(msg["window_start"])
         key = (str(msg["tenant_id"]), str(msg["version_id"]), ws)
-        if self._newer(self.health.get(key), msg):
+        if self._see_window(ws) and self._newer(self.health.get(key), msg):
             self.health[key] = {**msg, "window_start": ws}
-        self._see_window(ws)
 
     def _fold_alert(self, msg: dict[str, Any]) -> None:
         if "alertname" not in msg or "state" not in msg:
@@ -185,21 +195,28 @@ class TopModel:
         for msg in self.alerts.values():
             if msg.get("state") in ("pending", "firing"):
                 annotations = dict(msg.get("annotations") or {})
-                out.append(ActiveAlert(
-                    alertname=str(msg["alertname"]),
-                    state=str(msg["state"]),
-                    labels={str(k): str(v) for k, v in dict(msg["labels"]).items()},
-                    summary=str(annotations.get("summary", "")),
-                    since_ms=float(msg.get("active_at") or 0.0),
-                ))
+                out.append(
+                    ActiveAlert(
+                        alertname=str(msg["alertname"]),
+                        state=str(msg["state"]),
+                        labels={str(k): str(v) for k, v in dict(msg["labels"]).items()},
+                        summary=str(annotations.get("summary", "")),
+                        since_ms=float(msg.get("active_at") or 0.0),
+                    )
+                )
         return sorted(out, key=lambda a: (a.state != "firing", a.alertname, sorted(a.labels.items())))
 
     def frame(self, slo_ms: Callable[[str], float]) -> TopFrame:
         """The current frame; ``slo_ms(tenant)`` gives a tenant's TTFT SLO (``Settings.slo_ms``)."""
         alerts = self._active_alerts()
-        tenants = sorted({k[0] for k in self.stage_rows} | {k[0] for k in self.health}
-                         | {a.labels["tenant"] for a in alerts if "tenant" in a.labels})
-        panels = [self._panel(t, slo_ms(t), [a for a in alerts if a.labels.get("tenant") == t]) for t in tenants]
+        tenants = sorted(
+            {k[0] for k in self.stage_rows}
+            | {k[0] for k in self.health}
+            | {a.labels["tenant"] for a in alerts if "tenant" in a.labels}
+        )
+        panels = [
+            self._panel(t, slo_ms(t), [a for a in alerts if a.labels.get("tenant") == t]) for t in tenants
+        ]
         first = self._first_window()
         return TopFrame(
             span_start_ms=first,
@@ -239,10 +256,13 @@ def _clock(ms: float | None) -> str:
     return "-" if ms is None else datetime.fromtimestamp(ms / 1000.0, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _bar(value: float | None, scale: float, ascii_only: bool) -> str:
-    if not value or scale <= 0:
-        return ""
-    return ("#" if ascii_only else "█") * max(1, round(_BAR_WIDTH * min(value, scale) / scale))
+def _bar(value: float | None, scale: float, ascii_only: bool, mark: float | None = None) -> str:
+    """A fixed-width bar; ``mark`` (e.g. the SLO) is drawn as a tick at its position."""
+    filled = 0 if not value or scale <= 0 else max(1, round(_BAR_WIDTH * min(value, scale) / scale))
+    cells = [("#" if ascii_only else "█") if i < filled else " " for i in range(_BAR_WIDTH)]
+    if mark is not None and scale > 0:
+        cells[min(_BAR_WIDTH - 1, round(_BAR_WIDTH * mark / scale) - 1)] = "|" if ascii_only else "┃"
+    return "".join(cells)
 
 
 def render_panel(panel: TenantPanel, ascii_only: bool = False) -> RenderableType:
@@ -250,22 +270,36 @@ def render_panel(panel: TenantPanel, ascii_only: bool = False) -> RenderableType
     ttft_p95 = panel.ttft.p95 if panel.ttft is not None else None
     over = ttft_p95 is not None and ttft_p95 > panel.slo_ms
     head = Text.assemble(
-        ("TTFT P95 ", "bold"), (fmt_ms(ttft_p95), "bold red" if over else "bold green"),
-        f" vs SLO {fmt_ms(panel.slo_ms)}",
+        ("TTFT P95 ", "bold"),
+        (fmt_ms(ttft_p95), "bold red" if over else "bold green"),
+        f" vs SLO {fmt_ms(panel.slo_ms)} ({'|' if ascii_only else '┃'} in the TTFT bar)",
         (" OVER SLO" if over else " within SLO", "red" if over else "green"),
         f"   n={panel.ttft.count if panel.ttft else 0:,}   SLO-bad {fmt_share(panel.slo_bad_share)}",
     )
     scale = max([s.p95 or 0.0 for s in panel.stages] + [ttft_p95 or 0.0, panel.slo_ms])
     bars = Table.grid(padding=(0, 1))
-    for name, justify in (("stage", "left"), ("p95", "right"), ("bar", "left"), ("n", "right")):
+    for name, justify in (("stage", "left"), ("p95", "right"), ("bar", "left"), ("n", "left")):
         bars.add_column(name, justify=justify)  # type: ignore[arg-type]
     for s in panel.stages:
         label = f"  {s.stage}" if s.kind == "sub" else s.stage
         style = "dim" if s.kind == "sub" else ("cyan" if s.kind == "parent" else "")
-        bars.add_row(label, fmt_ms(s.p95), Text(_bar(s.p95, scale, ascii_only), style=style or "white"),
-                     f"n={s.count:,}")
+        bars.add_row(
+            label,
+            fmt_ms(s.p95),
+            Text(_bar(s.p95, scale, ascii_only), style=style or "white"),
+            f"n={s.count:,}",
+        )
+    if panel.ttft is not None:
+        bars.add_row(
+            Text("TTFT", style="bold"),
+            fmt_ms(ttft_p95),
+            Text(_bar(ttft_p95, scale, ascii_only, mark=panel.slo_ms), style="red" if over else "green"),
+            f"n={panel.ttft.count:,}",
+        )
     c = panel.completeness
-    draft = ", ".join(f"{v} {p50:.2f}" for v, (p50, _p10, _ws) in panel.draft_accept.items() if p50 is not None)
+    draft = ", ".join(
+        f"{v} {p50:.2f}" for v, (p50, _p10, _ws) in panel.draft_accept.items() if p50 is not None
+    )
     facts = Text(
         f"biggest P95: {panel.biggest_p95_stage or '-'}   tail-dominant: {panel.tail_dominant_stage or '-'}\n"
         f"cache hit rate {fmt_share(panel.cache_hit_rate)}   draft acceptance P50 {draft or '-'}\n"
@@ -273,16 +307,21 @@ def render_panel(panel: TenantPanel, ascii_only: bool = False) -> RenderableType
         f"{fmt_share(c.share('timed_out'))}, orphan {fmt_share(c.share('orphan'))}, missing stage "
         f"{fmt_share(c.share('missing_stage'))}, dead letters {c.dead_letters:,})"
     )
-    alert_lines = [Text(a.describe(), style="bold red" if a.state == "firing" else "yellow") for a in panel.alerts]
+    alert_lines = [
+        Text(a.describe(), style="bold red" if a.state == "firing" else "yellow") for a in panel.alerts
+    ]
     body = Group(head, bars, facts, *(alert_lines or [Text("no active alerts", style="dim")]))
-    return Panel(body, title=f"[bold]{panel.tenant}[/]", title_align="left", border_style="red" if over else "blue")
+    return Panel(
+        body, title=f"[bold]{panel.tenant}[/]", title_align="left", border_style="red" if over else "blue"
+    )
 
 
 def render_frame(frame: TopFrame, ascii_only: bool = False) -> RenderableType:
     """The whole frame as one rich renderable."""
     header = Text(
         f"ttft top · event time {_clock(frame.span_start_ms)} → {_clock(frame.span_end_ms)} UTC · "
-        f"{frame.messages:,} messages" + (f" ({frame.bad_messages} undecodable)" if frame.bad_messages else ""),
+        f"{frame.messages:,} messages"
+        + (f" ({frame.bad_messages} undecodable)" if frame.bad_messages else ""),
         style="bold",
     )
     parts: list[RenderableType] = [header]
@@ -295,6 +334,8 @@ def render_frame(frame: TopFrame, ascii_only: bool = False) -> RenderableType:
 
 def frame_text(frame: TopFrame, width: int = 110) -> str:
     """The frame as plain text (no colours, ASCII bars): for pipes, CI logs and tests."""
-    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False, highlight=False)
+    console = Console(
+        file=io.StringIO(), width=width, color_system=None, force_terminal=False, highlight=False
+    )
     console.print(render_frame(frame, ascii_only=True))
     return console.file.getvalue()  # type: ignore[attr-defined,no-any-return]

@@ -58,7 +58,9 @@ class TopicFeed:
     async def start(self) -> None:
         """Connect, assign all partitions and seek to the start; raises if a topic does not exist."""
         self._tps = await _partitions(self.settings, list(self._kinds))
-        consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, **kafka_client_kwargs(self.settings))
+        consumer = AIOKafkaConsumer(
+            group_id=None, enable_auto_commit=False, **kafka_client_kwargs(self.settings)
+        )
         await consumer.start()
         self._consumer = consumer
         consumer.assign(self._tps)
@@ -135,8 +137,15 @@ async def run_top(
             frame = model.frame(settings.slo_ms)
             _print(console, frame, live if live is not None else console.is_terminal)
             return frame
-        return await _loop(feed, model, settings, console, duration_s, interval_s,
-                           console.is_terminal if live is None else live)
+        return await _loop(
+            feed,
+            model,
+            settings,
+            console,
+            duration_s,
+            interval_s,
+            console.is_terminal if live is None else live,
+        )
     finally:
         await feed.stop()
 

@@ -28,22 +28,43 @@ def _messages(settings: Settings) -> list[tuple[str, bytes, bytes]]:
     opts = orjson.OPT_NON_STR_KEYS
     for ws, agg in aggregate_windows(records, settings).items():
         for row in agg.stage_windows:
-            out.append((settings.topic("stage-windows"), f"{row['tenant_id']}|{row['stage']}|{ws}".encode(),
-                        orjson.dumps(row, option=opts)))
+            out.append(
+                (
+                    settings.topic("stage-windows"),
+                    f"{row['tenant_id']}|{row['stage']}|{ws}".encode(),
+                    orjson.dumps(row, option=opts),
+                )
+            )
         signals = {(r["tenant_id"], r["version_id"]): r for r in agg.llm_signals}
         tails = {(r["tenant_id"], r["version_id"]): r for r in agg.tail_attribution}
         for row in agg.window_health:
             series = (row["tenant_id"], row["version_id"])
             msg = {**row, "llm_signals": signals.get(series), "tail_attribution": tails.get(series)}
             out.append((settings.topic("window-health"), str(ws).encode(), orjson.dumps(msg, option=opts)))
-    labels = {"alertname": "TTFTCanaryFailed", "tenant": "acme", "stage": "llm_ttft", "version": "v2",
-              "severity": "page"}
+    labels = {
+        "alertname": "TTFTCanaryFailed",
+        "tenant": "acme",
+        "stage": "llm_ttft",
+        "version": "v2",
+        "severity": "page",
+    }
     at = HOUR_START_MS + WINDOW_MS
     for state, fired in (("pending", None), ("firing", at + WINDOW_MS)):
-        t = AlertTransition("TTFTCanaryFailed", labels, {"summary": "canary v2 is slower"}, {}, state, at, at, fired)
+        t = AlertTransition(
+            "TTFTCanaryFailed", labels, {"summary": "canary v2 is slower"}, {}, state, at, at, fired
+        )
         out.append((settings.topic("alerts"), t.fingerprint.encode(), orjson.dumps(t.to_message())))
-    gone = AlertTransition("TTFTSLOBurn", {"alertname": "TTFTSLOBurn", "tenant": "globex", "severity": "ticket"},
-                           {}, {}, "resolved", at, at, at, at + WINDOW_MS)
+    gone = AlertTransition(
+        "TTFTSLOBurn",
+        {"alertname": "TTFTSLOBurn", "tenant": "globex", "severity": "ticket"},
+        {},
+        {},
+        "resolved",
+        at,
+        at,
+        at,
+        at + WINDOW_MS,
+    )
     out.append((settings.topic("alerts"), gone.fingerprint.encode(), orjson.dumps(gone.to_message())))
     out.append((settings.topic("alerts"), b"bad", b"{not json"))
     return out
@@ -86,8 +107,11 @@ def test_top_once_renders_the_topics(kafka_settings: Settings) -> None:
     messages = _messages(kafka_settings)
     asyncio.run(_produce(kafka_settings, messages))
     console = Console(file=io.StringIO(), width=120)
-    frame = asyncio.run(asyncio.wait_for(
-        run_top(kafka_settings, console=console, span_ms=3 * WINDOW_MS, once=True, live=False), timeout=60))
+    frame = asyncio.run(
+        asyncio.wait_for(
+            run_top(kafka_settings, console=console, span_ms=3 * WINDOW_MS, once=True, live=False), timeout=60
+        )
+    )
     text = console.file.getvalue()  # type: ignore[attr-defined]
 
     assert frame.messages == len(messages) - 1 and frame.bad_messages == 1
@@ -104,7 +128,7 @@ def test_top_once_renders_the_topics(kafka_settings: Settings) -> None:
     assert [a.alertname for a in acme.alerts] == ["TTFTCanaryFailed"] and acme.alerts[0].state == "firing"
     assert frame.tenants[1].alerts == []  # the resolved one is gone
 
-    assert f"TTFT P95 {expected:,.0f} ms vs SLO 2,000 ms" in text
+    assert f"TTFT P95 {expected:,.0f} ms vs SLO 2,000 ms" in text and "|" in text
     assert "FIRING TTFTCanaryFailed stage=llm_ttft version=v2 severity=page: canary v2 is slower" in text
     assert "biggest P95: llm_ttft" in text and "retrieval" in text and "#" in text
     assert "globex" in text and "(1 undecodable)" in text

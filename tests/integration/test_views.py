@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from clickhouse_connect.driver.client import Client
 from click.testing import CliRunner
+from clickhouse_connect.driver.client import Client
 
 from streams.core.windows import aggregate_windows
 from streams.rules.model import ALERT_COLUMNS, AlertTransition
@@ -34,26 +34,52 @@ def _fill(client: Client, database: str) -> list[dict[str, Any]]:
         r["rollout"] = "canary" if r["version_id"] == "v2" else "stable"
     insert_requests(client, database, records)
     for agg in aggregate_windows(records, SETTINGS).values():
-        insert_window_aggregates(client, database, {
-            "stage_windows": agg.stage_windows, "tail_attribution": agg.tail_attribution,
-            "window_health": agg.window_health, "llm_signals": agg.llm_signals,
-        })
+        insert_window_aggregates(
+            client,
+            database,
+            {
+                "stage_windows": agg.stage_windows,
+                "tail_attribution": agg.tail_attribution,
+                "window_health": agg.window_health,
+                "llm_signals": agg.llm_signals,
+            },
+        )
     return records
 
 
 def _insert_alerts(client: Client, database: str) -> None:
-    labels = {"alertname": "TTFTCanaryFailed", "tenant": "acme", "stage": "llm_ttft", "version": "v2",
-              "severity": "page"}
+    labels = {
+        "alertname": "TTFTCanaryFailed",
+        "tenant": "acme",
+        "stage": "llm_ttft",
+        "version": "v2",
+        "severity": "page",
+    }
     at = HOUR_START_MS + 2 * WINDOW_MS
     steps = [
         AlertTransition("TTFTCanaryFailed", labels, {"summary": "canary"}, {}, "pending", at, at),
-        AlertTransition("TTFTCanaryFailed", labels, {"summary": "canary"}, {}, "firing", at, at, at + WINDOW_MS),
-        AlertTransition("TTFTCanaryFailed", labels, {"summary": "canary"}, {}, "resolved", at, at, at + WINDOW_MS,
-                        at + 5 * WINDOW_MS),
+        AlertTransition(
+            "TTFTCanaryFailed", labels, {"summary": "canary"}, {}, "firing", at, at, at + WINDOW_MS
+        ),
+        AlertTransition(
+            "TTFTCanaryFailed",
+            labels,
+            {"summary": "canary"},
+            {},
+            "resolved",
+            at,
+            at,
+            at + WINDOW_MS,
+            at + 5 * WINDOW_MS,
+        ),
     ]
     rows = [t.to_row() for t in steps]
-    client.insert("alerts", [[r[c] for c in ALERT_COLUMNS] for r in rows], column_names=list(ALERT_COLUMNS),
-                  database=database)
+    client.insert(
+        "alerts",
+        [[r[c] for c in ALERT_COLUMNS] for r in rows],
+        column_names=list(ALERT_COLUMNS),
+        database=database,
+    )
 
 
 def _walk(bins: dict[int, int], zero_count: int, q: float, accuracy: float = 0.01) -> float | None:
@@ -79,11 +105,15 @@ def _approx(value: Any) -> Any:
 
 
 def _span_where() -> str:
-    return (f"window_start >= fromUnixTimestamp64Milli({SPAN.start_ms}, 'UTC') "
-            f"AND window_start < fromUnixTimestamp64Milli({SPAN.end_ms}, 'UTC')")
+    return (
+        f"window_start >= fromUnixTimestamp64Milli({SPAN.start_ms}, 'UTC') "
+        f"AND window_start < fromUnixTimestamp64Milli({SPAN.end_ms}, 'UTC')"
+    )
 
 
-def _sql_stage_p95(client: Client, db: str, tenant: str, extra: str = "") -> dict[str, tuple[int, float | None]]:
+def _sql_stage_p95(
+    client: Client, db: str, tenant: str, extra: str = ""
+) -> dict[str, tuple[int, float | None]]:
     rows = client.query(
         f"SELECT stage, sum(count), sumMap(bins), sum(zero_count) FROM {db}.stage_windows FINAL "
         f"WHERE tenant_id = '{tenant}' AND {_span_where()} {extra} GROUP BY stage"
@@ -108,16 +138,21 @@ def test_breakdown_numbers_equal_hand_written_sql(ch_client: Client, ch_database
     assert bd.parent_p95_sum != pytest.approx(bd.ttft_p95, rel=0.01)
 
     # Independent of sketches: numpy over the raw records is within the 1 % relative accuracy.
-    sketched = [r for r in records if r["tenant_id"] == "acme" and r["status"] in ("complete", "missing_stage")]
+    sketched = [
+        r for r in records if r["tenant_id"] == "acme" and r["status"] in ("complete", "missing_stage")
+    ]
     exact = float(np.quantile([r["ttft_ms"] for r in sketched], 0.95, method="lower"))
     assert bd.ttft_p95 == pytest.approx(exact, rel=0.01)
 
-    status = dict(ch_client.query(
-        f"SELECT status, count() FROM {ch_database}.requests FINAL WHERE tenant_id = 'acme' GROUP BY status"
-    ).result_rows)
+    status = dict(
+        ch_client.query(
+            f"SELECT status, count() FROM {ch_database}.requests FINAL WHERE tenant_id = 'acme' GROUP BY status"
+        ).result_rows
+    )
     c = bd.completeness
     assert (c.complete, c.missing_stage, c.timed_out, c.orphan) == tuple(
-        status.get(s, 0) for s in ("complete", "missing_stage", "timed_out", "orphan"))
+        status.get(s, 0) for s in ("complete", "missing_stage", "timed_out", "orphan")
+    )
     assert c.total == sum(status.values())
 
     tail = ch_client.query(
@@ -160,17 +195,22 @@ def test_report_numbers_equal_hand_written_sql(ch_client: Client, ch_database: s
         "GROUP BY ws ORDER BY ws"
     ).result_rows
     assert [(p["window_start"], p["p95"]["ttft"]) for p in acme["p95_series"]] == [
-        (int(r[0]), _approx(_walk(dict(r[1]), int(r[2]), 0.95))) for r in per_window]
+        (int(r[0]), _approx(_walk(dict(r[1]), int(r[2]), 0.95))) for r in per_window
+    ]
 
     # Canary arms: versions served with rollout = 'canary' in requests, bins merged per arm.
     for arm in ("canary", "stable"):
         expected = _sql_stage_p95(
-            ch_client, ch_database, "acme",
+            ch_client,
+            ch_database,
+            "acme",
             f"AND version_id IN (SELECT version_id FROM {ch_database}.requests FINAL WHERE tenant_id = 'acme' "
             f"GROUP BY version_id HAVING countIf(rollout = '{arm}') > countIf(rollout != '{arm}'))",
         )
         got = acme["canary"]["stages"][arm]
-        assert {s: (v["count"], v["p95"]) for s, v in got.items()} == {s: _approx(v) for s, v in expected.items()}
+        assert {s: (v["count"], v["p95"]) for s, v in got.items()} == {
+            s: _approx(v) for s, v in expected.items()
+        }
     assert acme["canary"]["arms"] == {"v1": "stable", "v2": "canary"}
 
     # Completeness per window straight from the records.
@@ -179,8 +219,9 @@ def test_report_numbers_equal_hand_written_sql(ch_client: Client, ch_database: s
         f"countIf(status = 'timed_out') FROM {ch_database}.requests FINAL WHERE tenant_id = 'acme' "
         "GROUP BY ws ORDER BY ws"
     ).result_rows
-    assert [(p["window_start"], p["total"], p["complete"], p["timed_out"]) for p in acme["completeness_series"]] == [
-        tuple(int(x) for x in r) for r in status]
+    assert [
+        (p["window_start"], p["total"], p["complete"], p["timed_out"]) for p in acme["completeness_series"]
+    ] == [tuple(int(x) for x in r) for r in status]
 
     breakdown = compute_breakdown(ch_client, ch_database, SETTINGS, SPAN, tenant="acme").to_json()
     assert acme["breakdown"]["stages"] == breakdown["stages"]
@@ -189,7 +230,10 @@ def test_report_numbers_equal_hand_written_sql(ch_client: Client, ch_database: s
     (alert,) = report["alerts"]
     assert alert["alertname"] == "TTFTCanaryFailed"
     assert (alert["active_at"], alert["fired_at"], alert["resolved_at"]) == (
-        HOUR_START_MS + 2 * WINDOW_MS, HOUR_START_MS + 3 * WINDOW_MS, HOUR_START_MS + 7 * WINDOW_MS)
+        HOUR_START_MS + 2 * WINDOW_MS,
+        HOUR_START_MS + 3 * WINDOW_MS,
+        HOUR_START_MS + 7 * WINDOW_MS,
+    )
 
 
 @pytest.mark.clickhouse
@@ -206,7 +250,9 @@ def test_breakdown_cli_smoke(
     result = runner.invoke(main, ["breakdown", "--tenant", "acme", "--since", "1h", "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
-    assert payload["span"]["end_ms"] == SPAN.end_ms  # anchored on the newest stored window, not the wall clock
+    assert (
+        payload["span"]["end_ms"] == SPAN.end_ms
+    )  # anchored on the newest stored window, not the wall clock
     in_process = compute_breakdown(ch_client, ch_database, SETTINGS, SPAN, tenant="acme")
     assert payload["ttft_p95"] == in_process.ttft_p95 and payload["cut_first"] == "llm_ttft"
 
@@ -221,7 +267,9 @@ def test_breakdown_cli_smoke(
 
 def test_span_resolution() -> None:
     newest = HOUR_START_MS + 10 * WINDOW_MS
-    assert resolve_span("1h", None, newest_end_ms=newest, now_ms=9e12) == Span(newest - 3_600_000, newest, "data")
+    assert resolve_span("1h", None, newest_end_ms=newest, now_ms=9e12) == Span(
+        newest - 3_600_000, newest, "data"
+    )
     assert resolve_span("1h", None, newest_end_ms=newest, now_ms=9e12, anchor="now").end_ms == int(9e12)
     assert resolve_span("2h", "1h", newest_end_ms=newest, now_ms=0).duration_ms == 3_600_000
     assert resolve_span("1h30m", None, newest_end_ms=None, now_ms=1e13).anchor == "now"

@@ -193,6 +193,27 @@ def selection(client: Any) -> dict[str, Variable]:
     }
 
 
+def check_alert_rules(client: Any, to_ms: int) -> dict[str, Any]:
+    """Run each provisioned Grafana alert rule's query over its relative time range ending at ``to_ms``."""
+    import yaml
+
+    document = yaml.safe_load((REPO / "deploy/grafana/provisioning/alerting/rules.yaml").read_text("utf-8"))
+    out: dict[str, Any] = {}
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            query = rule["data"][0]
+            span = query["relativeTimeRange"]
+            ctx = QueryContext(to_ms - span["from"] * 1000, to_ms - span["to"] * 1000, query["model"]["intervalMs"])
+            entry: dict[str, Any] = {"paused": rule.get("isPaused")}
+            try:
+                columns, rows = run_query(client, expand_query(query["model"]["rawSql"], ctx))
+                entry |= {"columns": columns, "rows": _plain(rows[:20]), "row_count": len(rows)}
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+            out[rule["uid"]] = entry
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data-from-ms", type=int, required=True)
@@ -249,6 +270,7 @@ def main() -> None:
                 entry["seconds"] = round(time.perf_counter() - started, 3)
                 out[f"{path.stem}/{suffix}"] = entry
         report["runs"][run] = out
+    report["alert_rules"] = check_alert_rules(client, hour_to)
     print(json.dumps(report, ensure_ascii=False, default=str))
 
 
