@@ -145,6 +145,7 @@ class Settings(BaseSettings):
     config: Path | None = Field(None, description="YAML file with the sections below; env overrides it.")
     app_id: str = "ttft"
     metrics_port: int = Field(0, ge=0, le=65535, description="/metrics and /healthz; 0 picks a free port.")
+    metrics_host: str = Field("127.0.0.1", description="Bind address of /metrics and /healthz; 0.0.0.0 in containers.")
     session_timeout_s: float = Field(10.0, gt=0)
 
     join: JoinConfig = JoinConfig()

@@ -17,8 +17,9 @@ def arms_from_records(records: list[dict[str, Any]], settings: Settings) -> dict
             votes[(r["tenant_id"], r.get("version_id") or "unknown")][rollout] += 1
     arms = {k: max(v, key=lambda arm: (v[arm], arm)) for k, v in votes.items()}
     for tenant, cfg in settings.tenants.items():
-        for (t, version) in {k for k in arms if k[0] == tenant} | {(tenant, v) for v in
-                                                                   (cfg.stable_version, cfg.canary_version) if v}:
+        for t, version in {k for k in arms if k[0] == tenant} | {
+            (tenant, v) for v in (cfg.stable_version, cfg.canary_version) if v
+        }:
             if version == cfg.stable_version:
                 arms[(t, version)] = "stable"
             elif version == cfg.canary_version:

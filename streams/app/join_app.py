@@ -76,8 +76,12 @@ class JoinAdapter:
         self.metrics = metrics
         self.core = RequestJoin(settings.join, settings.windows.window_s * 1000)
         self.events_topic = app.topic(
-            settings.topic("stage-events"), key_type=bytes, value_type=bytes, key_serializer="raw",
-            value_serializer="raw", partitions=settings.partitions,
+            settings.topic("stage-events"),
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=settings.partitions,
         )
         self.requests_topic = settings.topic("requests")
         self.dead_letter_topic = settings.topic("dead-letter")
@@ -100,8 +104,11 @@ class JoinAdapter:
     async def _on_recover(self) -> None:
         """Rebuild the in-memory join from the recovered table (after start and every rebalance)."""
         async with self._lock:
-            assigned = {tp.partition for tp in self.app.assignor.assigned_actives()
-                        if tp.topic == self.events_topic.get_topic_name()}
+            assigned = {
+                tp.partition
+                for tp in self.app.assignor.assigned_actives()
+                if tp.topic == self.events_topic.get_topic_name()
+            }
             self.core.reset()
             restored = 0
             stale: list[bytes] = []
@@ -190,7 +197,9 @@ class JoinAdapter:
         producer = self.app.producer
         futures: list[Awaitable[Any]] = []
         for topic, key, value in outputs:
-            futures.append(await producer.send(topic, key, value, partition=None, timestamp=None, headers=None))
+            futures.append(
+                await producer.send(topic, key, value, partition=None, timestamp=None, headers=None)
+            )
         # Records first, state second: a crash in between re-emits (absorbed), never loses a record.
         if futures:
             await asyncio.gather(*futures)
@@ -202,8 +211,9 @@ class JoinAdapter:
             else:
                 self.state.data[key] = packed
             futures.append(
-                await producer.send(self.changelog_topic, key, packed, partition=partition, timestamp=None,
-                                    headers=None)
+                await producer.send(
+                    self.changelog_topic, key, packed, partition=partition, timestamp=None, headers=None
+                )
             )
         if futures:
             await asyncio.gather(*futures)

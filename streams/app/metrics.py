@@ -24,7 +24,9 @@ class WorkerMetrics:
         r = self.registry = CollectorRegistry()
         self.events_consumed = Counter("ttft_events_consumed", "Stage events consumed", registry=r)
         self.events_acked = Counter("ttft_events_acked", "Stage events acknowledged", registry=r)
-        self.unacked_events = Gauge("ttft_unacked_events", "Events taken but not yet acknowledged", registry=r)
+        self.unacked_events = Gauge(
+            "ttft_unacked_events", "Events taken but not yet acknowledged", registry=r
+        )
         self.open_requests = Gauge("ttft_open_requests", "Requests waiting for their stages", registry=r)
         self.evictions = Counter("ttft_evictions", "Open requests evicted by max_open_requests", registry=r)
         self.duplicates = Counter("ttft_duplicate_events", "Duplicate events counted once", registry=r)
@@ -37,7 +39,9 @@ class WorkerMetrics:
             "ttft_consumer_lag", "Messages behind the log end", ["topic", "partition"], registry=r
         )
         self.records_written = Counter("ttft_records_written", "Request rows inserted", registry=r)
-        self.dead_letters_written = Counter("ttft_dead_letters_written", "Dead-letter rows inserted", registry=r)
+        self.dead_letters_written = Counter(
+            "ttft_dead_letters_written", "Dead-letter rows inserted", registry=r
+        )
         self.unacked_records = Gauge(
             "ttft_unacked_records", "Records consumed by the writer, not yet committed", registry=r
         )
@@ -54,7 +58,9 @@ class WorkerMetrics:
         self.watermark = Gauge("ttft_writer_watermark_ms", "Event-time watermark of the writer", registry=r)
         self.window_amendments = Counter("ttft_window_amendments", "Closed windows re-aggregated", registry=r)
         self.series_overflow = Counter("ttft_series_overflow", "Records mapped to __other__", registry=r)
-        self.alerts_sent = Counter("ttft_alert_transitions", "Alert transitions produced", ["state"], registry=r)
+        self.alerts_sent = Counter(
+            "ttft_alert_transitions", "Alert transitions produced", ["state"], registry=r
+        )
         self.alerts_pending_delivery = Gauge(
             "ttft_alerts_pending_delivery", "Alert notifications not yet delivered", registry=r
         )
@@ -67,9 +73,12 @@ class WorkerMetrics:
 
 
 async def serve_metrics(
-    metrics: WorkerMetrics, port: int, health: Callable[[], dict[str, Any]] | None = None
+    metrics: WorkerMetrics,
+    port: int,
+    health: Callable[[], dict[str, Any]] | None = None,
+    host: str = "127.0.0.1",
 ) -> tuple[web.AppRunner, int]:
-    """Start ``/metrics`` and ``/healthz`` on 127.0.0.1:port (0 = free port); returns the runner and port."""
+    """Start ``/metrics`` and ``/healthz`` on host:port (0 = free port); returns the runner and port."""
 
     async def _metrics(_: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -86,7 +95,7 @@ async def serve_metrics(
     app.router.add_get("/healthz", _healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
+    site = web.TCPSite(runner, host, port)
     await site.start()
     server = site._server
     bound = port

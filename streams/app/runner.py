@@ -9,6 +9,7 @@ the batch in flight and commits it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -35,7 +36,9 @@ def _write_run_file(settings: Settings, role: str, worker_id: str, port: int) ->
     run_dir = settings.home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / f"{role}-{worker_id}.json"
-    path.write_text(json.dumps({"pid": os.getpid(), "role": role, "worker_id": worker_id, "metrics_port": port}))
+    path.write_text(
+        json.dumps({"pid": os.getpid(), "role": role, "worker_id": worker_id, "metrics_port": port})
+    )
     return path
 
 
@@ -60,10 +63,10 @@ def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: st
 
     @app.task
     async def _serve() -> None:
-        runner, port = await serve_metrics(metrics, metrics_port)
+        runner, port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
         state["runner"] = runner
         state["run_file"] = _write_run_file(settings, "join", worker_id, port)
-        log.warning("join worker %s: metrics on http://127.0.0.1:%d/metrics", worker_id, port)
+        log.warning("join worker %s: metrics on http://%s:%d/metrics", worker_id, settings.metrics_host, port)
 
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     try:
@@ -88,9 +91,9 @@ async def _writer_main(settings: Settings, worker_id: str, metrics_port: int) ->
 
     metrics = WorkerMetrics("writer", worker_id)
     await _ensure_topics(settings)
-    runner, port = await serve_metrics(metrics, metrics_port)
+    runner, port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
     run_file = _write_run_file(settings, "writer", worker_id, port)
-    log.warning("writer %s: metrics on http://127.0.0.1:%d/metrics", worker_id, port)
+    log.warning("writer %s: metrics on http://%s:%d/metrics", worker_id, settings.metrics_host, port)
     writer = StoreWriter(settings, metrics, fault_injector=_fault_from_env())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -124,8 +127,18 @@ def run_all(settings: Settings, worker_id: str, metrics_port: int) -> int:
     children: list[subprocess.Popen[bytes]] = []
     ports = (metrics_port, metrics_port + 1) if metrics_port else (0, 0)
     for role, port in zip(("writer", "join"), ports, strict=True):
-        cmd = [sys.executable, "-m", "streams.cli.main", "worker", "--role", role,
-               "--worker-id", worker_id, "--metrics-port", str(port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "streams.cli.main",
+            "worker",
+            "--role",
+            role,
+            "--worker-id",
+            worker_id,
+            "--metrics-port",
+            str(port),
+        ]
         children.append(subprocess.Popen(cmd))
 
     def forward(signum: int, _frame: Any) -> None:
@@ -146,8 +159,6 @@ def run_all(settings: Settings, worker_id: str, metrics_port: int) -> int:
             if code != 0:
                 forward(signal.SIGTERM, None)
         if children:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 children[0].wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                pass
     return rc

@@ -23,18 +23,22 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from schemas.dead_letter import DeadLetter
 from streams.app.metrics import WorkerMetrics
 from streams.core.join import merge_records
 from streams.kafka.topics import kafka_client_kwargs
 from streams.settings import Settings
-from streams.store.client import make_client
+from streams.store.client import StoreUnavailable, make_client
 from streams.store.dead_letter_store import insert_dead_letters
 from streams.store.migrate import apply_migrations
 from streams.store.requests_store import apply_amendments, insert_requests
 
 log = logging.getLogger("ttft.writer")
+
+#: Store failures worth waiting out: the server or the network, never a bug in our code.
+RETRIABLE: tuple[type[BaseException], ...] = (ClickHouseError, StoreUnavailable, OSError, TimeoutError)
 
 #: Called after each committed batch with the inserted records (window closing hooks in here).
 BatchHook = Callable[[list[dict[str, Any]]], Any]
@@ -106,7 +110,9 @@ class StoreWriter:
         assert self.consumer is not None
         try:
             while not self._stopping.is_set():
-                batch = await self.consumer.getmany(timeout_ms=self.batch_timeout_ms, max_records=self.batch_max)
+                batch = await self.consumer.getmany(
+                    timeout_ms=self.batch_timeout_ms, max_records=self.batch_max
+                )
                 if batch:
                     await self._process(batch)
                 else:
@@ -182,12 +188,16 @@ class StoreWriter:
         return result
 
     async def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Call ``fn`` on the store thread until it succeeds, backing off up to 10 s between tries."""
+        """Call ``fn`` on the store thread until it succeeds, backing off up to 10 s between tries.
+
+        Only infrastructure errors are retried; anything else is a bug and propagates (the writer exits
+        without committing, and a restart replays the batch).
+        """
         delay = 0.2
         while True:
             try:
                 return await self._in_store(fn)
-            except Exception as exc:  # any store error is retried; the batch stays unacknowledged
+            except RETRIABLE as exc:  # the batch stays unacknowledged while we wait
                 self.metrics.insert_failures.inc()
                 self.metrics.health["last_store_error"] = f"{what}: {type(exc).__name__}"
                 log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)

@@ -25,6 +25,8 @@ GROUP: Final = "ttft-grafana-rules"
 FOLDER: Final = "TTFT"
 #: Windows close after their grace period: rules judge spans ending this many windows before now.
 LAG_WINDOWS: Final = 2
+#: deploy/grafana/provisioning/alerting/contact-points.yaml
+CONTACT_POINT: Final = "ttft-alertmanager"
 
 
 def _span(settings: Settings, windows: int, offset: int = 0) -> str:
@@ -70,6 +72,7 @@ def _rule(
     for_windows: int,
     severity: str,
     summary: str,
+    labels: tuple[str, ...],
 ) -> dict[str, Any]:
     w = settings.windows.window_s
     condition: dict[str, Any] = {"evaluator": {"type": evaluator[0], "params": [evaluator[1]]}}
@@ -90,6 +93,7 @@ def _rule(
         "execErrState": "Error",
         "for": f"{for_windows * w}s",
         "isPaused": True,
+        "notification_settings": {"receiver": CONTACT_POINT, "group_by": ["alertname", *labels]},
         "labels": {"alertname": title, "severity": severity, "source": "grafana"},
         "annotations": {"summary": summary},
     }
@@ -120,7 +124,7 @@ def _stage_regression(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         "ttft-stage-regression", "TTFTStageRegression", sql, seconds, settings,
         evaluator=("gt", reg.ratio), recovery=("lt", reg.recovery_ratio), for_windows=reg.for_windows,
         severity="ticket", summary="{{ $labels.stage }} P95 of {{ $labels.tenant_id }} is "
-        "{{ $values.B.Value }}x its baseline",
+        "{{ $values.B.Value }}x its baseline", labels=("tenant_id", "stage"),
     )  # fmt: skip
 
 
@@ -137,6 +141,7 @@ def _canary_failed(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         "ttft-canary-failed", "TTFTCanaryFailed", sql, canary.for_windows * settings.windows.window_s,
         settings, evaluator=("gt", canary.for_windows - 0.5), recovery=None, for_windows=1, severity="page",
         summary="Canary {{ $labels.canary_version }} fails {{ $labels.stage }} for {{ $labels.tenant_id }}",
+        labels=("tenant_id", "stage", "canary_version"),
     )  # fmt: skip
 
 
@@ -156,6 +161,7 @@ def _draft_acceptance(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         evaluator=("lt", draft.threshold), recovery=("gt", draft.recovery_threshold),
         for_windows=draft.for_windows, severity="ticket",
         summary="Draft acceptance of {{ $labels.tenant_id }} {{ $labels.version_id }} is {{ $values.B.Value }}",
+        labels=("tenant_id", "version_id"),
     )  # fmt: skip
 
 
@@ -171,7 +177,7 @@ def _telemetry(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     return _rule(
         "ttft-telemetry-degraded", "TTFTTelemetryDegraded", sql, settings.windows.window_s, settings,
         evaluator=("lt", tel.completeness_floor), recovery=None, for_windows=1, severity="ticket",
-        summary="Only {{ $values.B.Value }} of {{ $labels.tenant_id }}'s requests are complete",
+        summary="Only {{ $values.B.Value }} of {{ $labels.tenant_id }}'s requests are complete", labels=("tenant_id",),
     )  # fmt: skip
 
 
@@ -197,7 +203,7 @@ def _slo_burn(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     return _rule(
         "ttft-slo-burn", "TTFTSLOBurn", sql, pair.long_windows * settings.windows.window_s, settings,
         evaluator=("gt", pair.burn_rate), recovery=None, for_windows=1, severity=pair.severity,
-        summary="{{ $labels.tenant_id }} burns its TTFT error budget {{ $values.B.Value }}x too fast",
+        summary="{{ $labels.tenant_id }} burns its TTFT error budget {{ $values.B.Value }}x too fast", labels=("tenant_id",),
     )  # fmt: skip
 
 

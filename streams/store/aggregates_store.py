@@ -42,7 +42,7 @@ def table_columns(client: Client, database: str, table: str) -> list[str]:
 
 
 def _cell(column: str, value: Any) -> Any:
-    if column in _TIME_COLUMNS and value is not None:
+    if column in _TIME_COLUMNS and isinstance(value, int | float):
         return round(value)
     if isinstance(value, Mapping):
         return dict(value)
@@ -59,8 +59,9 @@ def insert_rows(client: Client, database: str, table: str, rows: Sequence[Mappin
     client.insert(table, data, column_names=columns, database=db, settings=SYNC_INSERT)
 
 
-def insert_window_aggregates(client: Client, database: str, tables: Mapping[str, Sequence[Mapping[str, Any]]]
-                             ) -> None:
+def insert_window_aggregates(
+    client: Client, database: str, tables: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> None:
     """Insert every table's rows of one or more windows."""
     for table in AGGREGATE_TABLES:
         insert_rows(client, database, table, tables.get(table, ()))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -23,13 +24,15 @@ from streams.core.attribution import advice
 from streams.core.stages import OTHER, TTFT
 from streams.settings import PARENT_STAGES, Settings
 from streams.views import reads
-from streams.views.span import Span, iso_ms
+from streams.views.span import Span
 from streams.views.summary import (
     Completeness,
     LlmSignals,
     StageStat,
     TailSummary,
     combine_attribution,
+    fmt_ms,
+    fmt_share,
     ok_attributions,
     ordered_stages,
     parent_p95_sum,
@@ -177,18 +180,6 @@ def compute_breakdown(
 # --- rendering ------------------------------------------------------------------------------------------
 
 
-def fmt_ms(value: float | None) -> str:
-    """Milliseconds for people: ``1,234 ms`` (``-`` when unknown)."""
-    return "-" if value is None else f"{value:,.0f} ms"
-
-
-def fmt_share(value: float | None, signed: bool = False) -> str:
-    """A share as a percentage (``-`` when unknown)."""
-    if value is None:
-        return "-"
-    return f"{100 * value:+.1f} pp" if signed else f"{100 * value:.1f} %"
-
-
 def sum_vs_true(bd: Breakdown) -> str:
     """The sentence that puts the sum of stage P95s beside the true TTFT P95."""
     total, true = bd.parent_p95_sum, bd.ttft_p95
@@ -203,39 +194,30 @@ def sum_vs_true(bd: Breakdown) -> str:
     )
 
 
-def _stage_table(bd: Breakdown) -> Table:
+def _stage_table(bd: Breakdown, width: int) -> Table:
     scale = max([s.p95 or 0.0 for s in bd.stages] + [bd.ttft_p95 or 0.0]) or 1.0
+    # Numbers never wrap: a narrow console drops the max column, and the bars take what is left.
+    show_max = width >= 100
+    bar_width = max(4, min(24, width - (82 if show_max else 70)))
     table = Table(
-        title="Stage P95 (largest first; sub-stages are parts of their parent)", title_justify="left"
+        title="Stage P95 (largest first; sub-stages are parts of their parent)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
-    for name, justify in (
-        ("stage", "left"),
-        ("P50", "right"),
-        ("P95", "right"),
-        ("P99", "right"),
-        ("max", "right"),
-        ("count", "right"),
-        ("", "left"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    rows = [*bd.stages, *([bd.ttft] if bd.ttft else [])]
-    for s in rows:
+    columns = ["stage", "P50", "P95", "P99", *(["max"] if show_max else []), "count", ""]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("stage", "") else "right", no_wrap=True)
+    for s in [*bd.stages, *([bd.ttft] if bd.ttft else [])]:
         label = f"  └ {s.stage}" if s.kind == "sub" else s.stage
         style = "bold" if s.kind in ("parent", "ttft") else ("dim" if s.kind == "sub" else "")
-        bar = "█" * max(1, round(24 * (s.p95 or 0.0) / scale)) if s.p95 else ""
+        bar = "█" * max(1, round(bar_width * (s.p95 or 0.0) / scale)) if s.p95 else ""
         if s.kind == "ttft":
             table.add_section()
-            label = "TTFT (end to end)"
-        table.add_row(
-            label,
-            fmt_ms(s.p50),
-            fmt_ms(s.p95),
-            fmt_ms(s.p99),
-            fmt_ms(s.max),
-            f"{s.count:,}",
-            bar,
-            style=style,
-        )
+            label = "TTFT (true)"
+        cells = [label, fmt_ms(s.p50), fmt_ms(s.p95), fmt_ms(s.p99)]
+        cells += [fmt_ms(s.max)] if show_max else []
+        table.add_row(*cells, f"{s.count:,}", bar, style=style)
     return table
 
 
@@ -268,7 +250,7 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
     if bd.ttft is None and not bd.stages:
         console.print("[yellow]no stage windows in this span[/]")
         return
-    console.print(_stage_table(bd))
+    console.print(_stage_table(bd, console.width))
     slo = bd.slo_bad_share
     console.print(
         f"TTFT P95 [bold]{fmt_ms(bd.ttft_p95)}[/] vs SLO {fmt_ms(bd.slo_ms)}"
@@ -287,7 +269,8 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
         console.print(
             f"biggest P95 stage: [bold]{tail.biggest_p95_stage}[/]   tail-dominant stage (largest share "
             f"increase): [bold]{tail.tail_dominant_stage}[/]   ({tail.windows_ok} window x version rows "
-            f"attributed, {tail.windows_insufficient} with too few requests)\nslowest requests: {exemplars or '-'}",
+            f"attributed, {tail.windows_insufficient} with too few requests)\n"
+            f"slowest requests: {exemplars or '-'}",
             highlight=False,
         )
     else:
@@ -306,7 +289,8 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
         f"{v} P50 {p50:.2f}" for v, (p50, _p10, _ws) in sig.draft_accept.items() if p50 is not None
     )
     console.print(
-        f"LLM signals: prompt-cache hit rate {fmt_share(sig.prompt_cache_hit_rate)}, prompts below the cacheable "
+        f"LLM signals: prompt-cache hit rate {fmt_share(sig.prompt_cache_hit_rate)}, "
+        "prompts below the cacheable "
         f"minimum {fmt_share(sig.below_cacheable_share)}, draft acceptance {draft or '-'} (newest window)",
         highlight=False,
     )
@@ -320,8 +304,3 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
         )
     else:
         console.print(f"→ no advice: {bd.reason}")
-
-
-def describe_span(span: Span) -> str:
-    """``2026-01-01T00:00:00Z → 2026-01-01T01:00:00Z``."""
-    return f"{iso_ms(span.start_ms)} → {iso_ms(span.end_ms)}"

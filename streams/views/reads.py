@@ -1,4 +1,4 @@
-"""The store queries of ``ttft breakdown`` and ``ttft report`` (the only module of the views that touches SQL).
+"""The store queries of ``ttft breakdown`` and ``ttft report`` (the only views module that touches SQL).
 
 Every aggregate table is a ReplacingMergeTree, so each query reads ``FINAL``. Sketches are merged in SQL
 with ``sumMap(bins)`` + ``sum(zero_count)`` per requested group and turned into percentiles in Python by
@@ -42,7 +42,10 @@ def _bucket(bucket_ms: int | None) -> str:
     """SQL for the epoch-ms start of a row's time bucket (the span start when not bucketed)."""
     if bucket_ms is None:
         return "{start:Int64}"
-    return "{start:Int64} + intDiv(toUnixTimestamp64Milli(window_start) - {start:Int64}, {bucket:Int64}) * {bucket:Int64}"
+    return (
+        "{start:Int64} + intDiv(toUnixTimestamp64Milli(window_start) - {start:Int64}, {bucket:Int64}) "
+        "* {bucket:Int64}"
+    )
 
 
 def _named(client: Client, sql: str, params: dict[str, Any], **kw: Any) -> list[dict[str, Any]]:
@@ -172,7 +175,8 @@ def signal_rows(
         "sumMap(route_mix) AS route_mix_, sumMap(fallback_mix) AS fallback_mix_, "
         "sumMap(recall_mode_mix) AS recall_mode_mix_ "
         f"FROM {check_identifier(database)}.llm_signals FINAL "
-        f"WHERE {_SPAN} AND {_TENANT} AND {_VERSION} GROUP BY tenant_id, version_id ORDER BY tenant_id, version_id"
+        f"WHERE {_SPAN} AND {_TENANT} AND {_VERSION} "
+        "GROUP BY tenant_id, version_id ORDER BY tenant_id, version_id"
     )
     return _named(client, sql, _params(span, tenant, version))
 
@@ -223,7 +227,9 @@ def alert_rows(client: Client, database: str, span: Span, tenant: str | None = N
         "AND ({tenant:String} = '' OR tenant_id = {tenant:String} OR tenant_id = '') "
         "ORDER BY event_at, fingerprint, state"
     )
-    return _named(client, sql, _params(span, tenant, **{"from": span.start_ms - ALERT_LOOKBACK_MS}))
+    params = _params(span, tenant)
+    params["from"] = span.start_ms - ALERT_LOOKBACK_MS
+    return _named(client, sql, params)
 
 
 def request_ttfts(client: Client, database: str, request_ids: Iterable[str]) -> dict[str, float | None]:

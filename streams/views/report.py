@@ -22,10 +22,10 @@ from clickhouse_connect.driver.client import Client
 from streams.core.stages import TTFT
 from streams.settings import PARENT_STAGES, Settings
 from streams.views import reads
-from streams.views.breakdown import Breakdown, breakdown_from_rows, fmt_ms, fmt_share
+from streams.views.breakdown import Breakdown, breakdown_from_rows
 from streams.views.canary import CanaryComparison, compare_arms, version_arms
 from streams.views.span import Span
-from streams.views.summary import ok_attributions, stage_stats, sum_health
+from streams.views.summary import fmt_ms, fmt_share, ok_attributions, stage_stats, sum_health
 
 #: At most this many points per time series: longer spans merge consecutive windows into buckets.
 MAX_POINTS = 120
@@ -322,7 +322,7 @@ def build_report(
         "canary.png": lambda p: charts.chart_canary(p, [r.canary for r in reports if r.canary], slo),
         "alerts.png": lambda p: charts.chart_alerts(p, data.alerts, *xlim),
         "completeness.png": lambda p: charts.chart_completeness(
-            p, {t: r.completeness_series for t, r in data.tenants.items()}, xlim
+            p, {t: r.completeness_series for t, r in data.tenants.items()}, data.bucket_ms, xlim
         ),
     }
     for name in CHART_FILES:

@@ -7,9 +7,10 @@ from html import escape
 from typing import Final
 
 from streams.core.stages import TTFT
-from streams.views.breakdown import Breakdown, fmt_ms, fmt_share, sum_vs_true
+from streams.views.breakdown import Breakdown, sum_vs_true
 from streams.views.canary import CanaryComparison
 from streams.views.report import AlertSpan, ReportData
+from streams.views.summary import fmt_ms, fmt_share
 
 CHARTS: Final = (
     (
@@ -43,7 +44,8 @@ body{font:15px/1.5 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:
 padding:0 1em;color:#222}
 h1{font-size:1.6em;margin-bottom:.2em}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 .meta{color:#666}.verdict{background:#f4f8fb;border-left:4px solid #1f77b4;padding:.8em 1em;font-size:1.05em}
-table{border-collapse:collapse;margin:.6em 0}td,th{padding:.25em .8em;border-bottom:1px solid #eee;text-align:right}
+table{border-collapse:collapse;margin:.6em 0}
+td,th{padding:.25em .8em;border-bottom:1px solid #eee;text-align:right}
 td:first-child,th:first-child{text-align:left}tr.sub td:first-child{padding-left:2em;color:#666}
 tr.ttft td{font-weight:bold;border-top:2px solid #999}img{max-width:100%;border:1px solid #eee}
 .fail{color:#c00;font-weight:bold}.pass{color:#080}.note{color:#666;font-size:.9em}
@@ -81,7 +83,8 @@ def _tenant_section(bd: Breakdown) -> str:
         f"<p>Biggest P95 stage <b>{escape(t.biggest_p95_stage or '-')}</b>, tail-dominant stage "
         f"<b>{escape(t.tail_dominant_stage or '-')}</b>. Slowest requests: {exemplars or '-'}.</p>"
         f"<p>Completeness: {c.total:,} records, {fmt_share(c.share('complete'))} complete, "
-        f"{fmt_share(c.share('missing_stage'))} missing a stage, {fmt_share(c.share('timed_out'))} timed out, "
+        f"{fmt_share(c.share('missing_stage'))} missing a stage, "
+        f"{fmt_share(c.share('timed_out'))} timed out, "
         f"{fmt_share(c.share('orphan'))} orphans; {c.late_events:,} late events, {c.late_amendments:,} late "
         f"amendments, {c.dead_letters:,} dead letters. Prompt-cache hit rate "
         f"{fmt_share(bd.signals.prompt_cache_hit_rate)}.</p>"
@@ -100,13 +103,15 @@ def _canary_table(comp: CanaryComparison) -> str:
         )
     verdicts = "".join(
         f'<li><span class="{escape(str(v["verdict"]))}">{escape(str(v["verdict"]))}</span> '
-        f"{escape(str(v['stage']))} {escape(str(v['canary_version']))}: {escape(str(v.get('explanation', '')))}</li>"
+        f"{escape(str(v['stage']))} {escape(str(v['canary_version']))}: "
+        f"{escape(str(v.get('explanation', '')))}</li>"
         for v in comp.verdicts
     )
     return (
         f"<h3>{escape(comp.tenant)}: canary {escape(', '.join(comp.versions('canary')))} vs stable "
         f"{escape(', '.join(comp.versions('stable')))}</h3>"
-        "<table><tr><th>stage</th><th>stable P95</th><th>canary P95</th><th>change</th><th>n stable / canary</th>"
+        "<table><tr><th>stage</th><th>stable P95</th><th>canary P95</th><th>change</th>"
+        "<th>n stable / canary</th>"
         "</tr>" + "".join(rows) + "</table>" + (f"<ul>{verdicts}</ul>" if verdicts else "")
     )
 
@@ -132,7 +137,8 @@ def render_html(data: ReportData) -> str:
     charts = {name: (title, caption) for name, title, caption in CHARTS}
     body = [
         "<h1>TTFT report</h1>",
-        f'<p class="meta">{escape(start)} → {escape(end)} · tenants {escape(", ".join(data.tenants) or "-")} · '
+        f'<p class="meta">{escape(start)} → {escape(end)} · '
+        f"tenants {escape(', '.join(data.tenants) or '-')} · "
         f"generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}</p>",
         f'<p class="verdict">{escape(data.verdict)}</p>',
     ]

@@ -54,7 +54,7 @@ def iso_ms(ms: float) -> str:
 
 
 def parse_duration_ms(text: str) -> float | None:
-    """``"1h"``, ``"90s"``, ``"1h30m"``, ``"500ms"`` -> milliseconds; ``None`` if ``text`` is not a duration."""
+    """``"1h"``, ``"90s"``, ``"1h30m"``, ``"500ms"`` -> milliseconds; ``None`` if not a duration."""
     compact = text.strip().replace(" ", "")
     if not compact or _PART.sub("", compact):
         return None

@@ -293,4 +293,26 @@ def sum_signals(rows: Iterable[Mapping[str, Any]]) -> LlmSignals:
             version = str(row["version_id"])
             if version not in draft or at > draft[version][2]:
                 draft[version] = (row.get("draft_accept_p50"), row.get("draft_accept_p10"), at)
-    return LlmSignals(**counts, draft_accept=dict(sorted(draft.items())), **mixes)
+    return LlmSignals(
+        requests=counts["requests"],
+        prompt_cache_known=counts["prompt_cache_known"],
+        prompt_cache_hits=counts["prompt_cache_hits"],
+        prompt_tokens_known=counts["prompt_tokens_known"],
+        below_cacheable=counts["below_cacheable"],
+        draft_accept=dict(sorted(draft.items())),
+        route_mix=mixes["route_mix"],
+        fallback_mix=mixes["fallback_mix"],
+        recall_mode_mix=mixes["recall_mode_mix"],
+    )
+
+
+def fmt_ms(value: float | None) -> str:
+    """Milliseconds for people: ``1,234 ms`` (``-`` when unknown)."""
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
+def fmt_share(value: float | None, signed: bool = False) -> str:
+    """A share as a percentage (``-`` when unknown)."""
+    if value is None:
+        return "-"
+    return f"{100 * value:+.1f} pp" if signed else f"{100 * value:.1f} %"

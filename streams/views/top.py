@@ -25,11 +25,12 @@ from rich.table import Table
 from rich.text import Text
 
 from streams.core.stages import TTFT
-from streams.views.breakdown import fmt_ms, fmt_share
 from streams.views.summary import (
     Completeness,
     StageStat,
     combine_attribution,
+    fmt_ms,
+    fmt_share,
     ordered_stages,
     stage_stats,
     sum_health,

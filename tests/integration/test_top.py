@@ -12,7 +12,7 @@ from rich.console import Console
 
 from streams.core.windows import aggregate_windows
 from streams.kafka.topics import kafka_client_kwargs
-from streams.rules.model import AlertTransition
+from streams.rules.model import AlertState, AlertTransition
 from streams.settings import Settings
 from streams.views.top import TopModel, frame_text
 from streams.views.top_feed import run_top
@@ -49,7 +49,8 @@ def _messages(settings: Settings) -> list[tuple[str, bytes, bytes]]:
         "severity": "page",
     }
     at = HOUR_START_MS + WINDOW_MS
-    for state, fired in (("pending", None), ("firing", at + WINDOW_MS)):
+    steps: tuple[tuple[AlertState, float | None], ...] = (("pending", None), ("firing", at + WINDOW_MS))
+    for state, fired in steps:
         t = AlertTransition(
             "TTFTCanaryFailed", labels, {"summary": "canary v2 is slower"}, {}, state, at, at, fired
         )
@@ -151,3 +152,21 @@ def test_model_replaces_republished_windows_and_prunes() -> None:
     assert panel.ttft is not None and panel.ttft.count == sum(r["count"] for r in ttft)
     assert {k[3] for k in model.stage_rows} == {newest - WINDOW_MS, newest}
     assert "TTFT P95" in frame_text(model.frame(settings.slo_ms))
+
+
+@pytest.mark.kafka
+def test_top_refresh_loop_plain_and_live(kafka_settings: Settings) -> None:
+    asyncio.run(_produce(kafka_settings, _messages(kafka_settings)))
+    plain = Console(file=io.StringIO(), width=120)
+    frame = asyncio.run(
+        run_top(kafka_settings, console=plain, once=False, duration_s=1.5, interval_s=0.5, live=False)
+    )
+    text = plain.file.getvalue()  # type: ignore[attr-defined]
+    assert [p.tenant for p in frame.tenants] == ["acme", "globex"]
+    frames = text.split("ttft top · event time")[1:]
+    assert 1 <= len(frames) <= 3  # one per 0.5 s tick at most, and only when the content changed
+    assert "acme" in frames[-1] and "globex" in frames[-1] and "FIRING TTFTCanaryFailed" in frames[-1]
+
+    terminal = Console(file=io.StringIO(), width=120, force_terminal=True)
+    asyncio.run(run_top(kafka_settings, console=terminal, duration_s=1.0, interval_s=0.5))
+    assert "TTFT P95" in terminal.file.getvalue()  # type: ignore[attr-defined]

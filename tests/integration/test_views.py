@@ -144,9 +144,10 @@ def test_breakdown_numbers_equal_hand_written_sql(ch_client: Client, ch_database
     exact = float(np.quantile([r["ttft_ms"] for r in sketched], 0.95, method="lower"))
     assert bd.ttft_p95 == pytest.approx(exact, rel=0.01)
 
-    status = dict(
-        ch_client.query(
-            f"SELECT status, count() FROM {ch_database}.requests FINAL WHERE tenant_id = 'acme' GROUP BY status"
+    status: dict[str, int] = dict(
+        ch_client.query(  # type: ignore[arg-type]
+            f"SELECT status, count() FROM {ch_database}.requests FINAL "
+            "WHERE tenant_id = 'acme' GROUP BY status"
         ).result_rows
     )
     c = bd.completeness
@@ -167,7 +168,8 @@ def test_breakdown_numbers_equal_hand_written_sql(ch_client: Client, ch_database
         f"SELECT argMax(request_id, ttft_ms), max(ttft_ms) FROM {ch_database}.requests FINAL "
         "WHERE tenant_id = 'acme' AND status = 'complete'"
     ).result_rows[0]
-    assert bd.tail.exemplars[0] == (slowest[0], pytest.approx(slowest[1]))
+    assert bd.tail.exemplars[0][0] == slowest[0]
+    assert bd.tail.exemplars[0][1] == pytest.approx(slowest[1])
     assert bd.cut_first == "llm_ttft" and bd.tail.biggest_p95_stage == "llm_ttft"
     assert bd.reason
 
@@ -191,7 +193,8 @@ def test_report_numbers_equal_hand_written_sql(ch_client: Client, ch_database: s
     # P95 over time: one point per window (10 windows <= 120 points), all versions merged.
     per_window = ch_client.query(
         f"SELECT toUnixTimestamp64Milli(window_start) AS ws, sumMap(bins), sum(zero_count) "
-        f"FROM {ch_database}.stage_windows FINAL WHERE tenant_id = 'acme' AND stage = 'ttft' AND {_span_where()} "
+        f"FROM {ch_database}.stage_windows FINAL "
+        f"WHERE tenant_id = 'acme' AND stage = 'ttft' AND {_span_where()} "
         "GROUP BY ws ORDER BY ws"
     ).result_rows
     assert [(p["window_start"], p["p95"]["ttft"]) for p in acme["p95_series"]] == [
@@ -204,7 +207,8 @@ def test_report_numbers_equal_hand_written_sql(ch_client: Client, ch_database: s
             ch_client,
             ch_database,
             "acme",
-            f"AND version_id IN (SELECT version_id FROM {ch_database}.requests FINAL WHERE tenant_id = 'acme' "
+            f"AND version_id IN (SELECT version_id FROM {ch_database}.requests FINAL "
+            "WHERE tenant_id = 'acme' "
             f"GROUP BY version_id HAVING countIf(rollout = '{arm}') > countIf(rollout != '{arm}'))",
         )
         got = acme["canary"]["stages"][arm]

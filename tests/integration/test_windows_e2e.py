@@ -17,7 +17,11 @@ pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e]
 def test_stored_windows_match_numpy_through_the_real_pipeline(pipeline_run: Any) -> None:
     out = subprocess.run(
         [sys.executable, str(REPO / "tests/support/window_check.py")],
-        env=pipeline_run.env, cwd=REPO, capture_output=True, timeout=300, check=False,
+        env=pipeline_run.env,
+        cwd=REPO,
+        capture_output=True,
+        timeout=300,
+        check=False,
     )
     assert out.returncode == 0, out.stderr.decode()[-3000:]
     report = json.loads(out.stdout.decode().strip().splitlines()[-1])

@@ -35,8 +35,9 @@ from streams.store.stats_store import insert_stats, stat_sample
 TOPIC = "ttft.stage-events"
 
 
-def join_traffic(settings: Settings, messages: list[tuple[bytes, bytes, float]]
-                 ) -> tuple[list[dict[str, Any]], list[DeadLetter]]:
+def join_traffic(
+    settings: Settings, messages: list[tuple[bytes, bytes, float]]
+) -> tuple[list[dict[str, Any]], list[DeadLetter]]:
     join = RequestJoin(settings.join, settings.windows.window_s * 1000)
     records: list[dict[str, Any]] = []
     letters: list[DeadLetter] = []
@@ -71,10 +72,20 @@ def main() -> None:
     db = settings.clickhouse_database
     apply_migrations(client, db)
     window_ms = settings.windows.window_s * 1000
-    start_ms = float((int(time.time() * 1000 - (args.end_ago_min + args.minutes) * 60_000) // window_ms) * window_ms)
+    start_ms = float(
+        (int(time.time() * 1000 - (args.end_ago_min + args.minutes) * 60_000) // window_ms) * window_ms
+    )
     errors = ErrorRates(duplicate=0.02, missing_stage=0.02, orphan=0.01, malformed=0.003)
-    messages = list(generate(args.scenario, rate_rps=args.rate, duration_s=args.minutes * 60, seed=args.seed,
-                             start_ms=start_ms, errors=errors))
+    messages = list(
+        generate(
+            args.scenario,
+            rate_rps=args.rate,
+            duration_s=args.minutes * 60,
+            seed=args.seed,
+            start_ms=start_ms,
+            errors=errors,
+        )
+    )
     records, letters = join_traffic(settings, messages)
     insert_requests(client, db, records)
     insert_dead_letters(client, db, letters)
@@ -92,14 +103,25 @@ def main() -> None:
     first, last = min(by_window), max(by_window)
     for ws in range(first, last + window_ms, window_ms):
         aggs = aggregate_window(by_window.get(ws, []), ws, settings, dead_letters=dict(dead.get(ws, {})))
-        insert_window_aggregates(client, db, {
-            "stage_windows": aggs.stage_windows, "stage_strata": aggs.stage_strata,
-            "tail_attribution": aggs.tail_attribution, "window_health": aggs.window_health,
-            "llm_signals": aggs.llm_signals,
-        })
-        arms = {(str(r["tenant_id"]), str(r["version_id"])): str(r["rollout"])
-                for r in by_window.get(ws, []) if r.get("rollout") in ("stable", "canary")}
-        snap = WindowSnapshot(aggs.stage_windows, aggs.stage_strata, aggs.window_health, aggs.llm_signals, arms)
+        insert_window_aggregates(
+            client,
+            db,
+            {
+                "stage_windows": aggs.stage_windows,
+                "stage_strata": aggs.stage_strata,
+                "tail_attribution": aggs.tail_attribution,
+                "window_health": aggs.window_health,
+                "llm_signals": aggs.llm_signals,
+            },
+        )
+        arms = {
+            (str(r["tenant_id"]), str(r["version_id"])): str(r["rollout"])
+            for r in by_window.get(ws, [])
+            if r.get("rollout") in ("stable", "canary")
+        }
+        snap = WindowSnapshot(
+            aggs.stage_windows, aggs.stage_strata, aggs.window_health, aggs.llm_signals, arms
+        )
         out = engine.evaluate_window(ws, snap)  # type: ignore[arg-type]
         verdicts += [v.to_row() for v in out.verdicts]
         alerts += [t.to_row() for t in out.transitions]
@@ -119,10 +141,18 @@ def main() -> None:
                 stat_sample(ts, worker, worker[:-2], "insert_latency_ms", 5 + i % 7, {"table": "requests"}),
             ]
     insert_stats(client, db, samples)
-    print(json.dumps({
-        "time_range_ms": [start_ms, messages[-1][2]], "records": len(records), "dead_letters": len(letters),
-        "verdicts": len(verdicts), "alerts": len(alerts), "windows": len(by_window),
-    }))
+    print(
+        json.dumps(
+            {
+                "time_range_ms": [start_ms, messages[-1][2]],
+                "records": len(records),
+                "dead_letters": len(letters),
+                "verdicts": len(verdicts),
+                "alerts": len(alerts),
+                "windows": len(by_window),
+            }
+        )
+    )
 
 
 def rules_config(settings: Settings) -> Any:

@@ -75,9 +75,7 @@ class Reference:
                     pairs.append(("ttft", float(ttft)))
             if draft is not None:
                 pairs.append(("draft_accept_rate", float(draft)))
-            self.records.append(
-                {"ws": int(ws), "tenant_id": tenant, "version_id": version, "pairs": pairs}
-            )
+            self.records.append({"ws": int(ws), "tenant_id": tenant, "version_id": version, "pairs": pairs})
 
     def groups(
         self, check: PercentileCheck, ctx: QueryContext, variables: dict[str, Variable], uses_stage_var: bool
@@ -142,8 +140,11 @@ def compare(
             if not err <= tol:
                 report["failures"].append({"key": [*base, stage], "column": column, "got": got, "want": want})
         if check.argmax_over:
-            p95 = {s: float(np.quantile(np.asarray(v), 0.95, method="lower")) for (*b, s), v in ref.items()
-                   if tuple(b) == base and v}
+            p95 = {
+                s: float(np.quantile(np.asarray(v), 0.95, method="lower"))
+                for (*b, s), v in ref.items()
+                if tuple(b) == base and v
+            }
             if p95 and p95.get(str(stage), -1.0) < max(p95.values()) * (1 - 2 * REL_TOL):
                 report["failures"].append({"key": list(base), "argmax": stage, "want_p95": p95})
     want_keys = {k if stage_is_label else k[:-1] for k, v in ref.items() if v}
@@ -173,19 +174,29 @@ def queries(model: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any] | 
 def selection(client: Any) -> dict[str, Variable]:
     """One tenant (a non-ASCII one when there is one), its busiest version (plus its canary version, when
     it has one) and two stages."""
-    tenants = [r[0] for r in client.query(
-        "SELECT tenant_id, sum(total) AS n FROM window_health FINAL GROUP BY tenant_id ORDER BY n DESC"
-    ).result_rows]
+    tenants = [
+        r[0]
+        for r in client.query(
+            "SELECT tenant_id, sum(total) AS n FROM window_health FINAL GROUP BY tenant_id ORDER BY n DESC"
+        ).result_rows
+    ]
     tenant = next((t for t in tenants if not t.isascii()), tenants[0])
-    versions = [r[0] for r in client.query(
-        "SELECT version_id FROM window_health FINAL WHERE tenant_id = {t:String} "
-        "GROUP BY version_id ORDER BY sum(total) DESC LIMIT 1", parameters={"t": tenant}
-    ).result_rows]
+    versions = [
+        r[0]
+        for r in client.query(
+            "SELECT version_id FROM window_health FINAL WHERE tenant_id = {t:String} "
+            "GROUP BY version_id ORDER BY sum(total) DESC LIMIT 1",
+            parameters={"t": tenant},
+        ).result_rows
+    ]
     # Two versions when a canary exists (the canary panels filter canary_version by the same variable).
-    versions += [r[0] for r in client.query(
-        "SELECT DISTINCT canary_version FROM canary_verdicts FINAL WHERE tenant_id = {t:String} LIMIT 1",
-        parameters={"t": tenant},
-    ).result_rows]
+    versions += [
+        r[0]
+        for r in client.query(
+            "SELECT DISTINCT canary_version FROM canary_verdicts FINAL WHERE tenant_id = {t:String} LIMIT 1",
+            parameters={"t": tenant},
+        ).result_rows
+    ]
     return {
         "tenant": Variable("tenant", tuple(tenants), (tenant,)),
         "version": Variable("version", tuple(versions), tuple(versions)),
@@ -203,7 +214,9 @@ def check_alert_rules(client: Any, to_ms: int) -> dict[str, Any]:
         for rule in group["rules"]:
             query = rule["data"][0]
             span = query["relativeTimeRange"]
-            ctx = QueryContext(to_ms - span["from"] * 1000, to_ms - span["to"] * 1000, query["model"]["intervalMs"])
+            ctx = QueryContext(
+                to_ms - span["from"] * 1000, to_ms - span["to"] * 1000, query["model"]["intervalMs"]
+            )
             entry: dict[str, Any] = {"paused": rule.get("isPaused")}
             try:
                 columns, rows = run_query(client, expand_query(query["model"]["rawSql"], ctx))
@@ -242,7 +255,9 @@ def main() -> None:
         out: dict[str, Any] = {}
         for path in sorted((REPO / "dashboards").glob("*.json")):
             model = json.loads(path.read_text(encoding="utf-8"))
-            variables = {v["name"]: chosen.get(v["name"], Variable(v["name"], ())) for v in model["templating"]["list"]}
+            variables = {
+                v["name"]: chosen.get(v["name"], Variable(v["name"], ())) for v in model["templating"]["list"]
+            }
             for suffix, raw_sql, panel in queries(model):
                 interval = panel_interval_ms(
                     from_ms, to_ms, (panel or {}).get("maxDataPoints", 500), (panel or {}).get("interval")

@@ -64,12 +64,23 @@ class Pipeline:
     home: Path
     workers: list[WorkerProcess] = field(default_factory=list)
 
-    def start(self, role: str, port: int, worker_id: str | None = None, extra_env: dict[str, str] | None = None
-              ) -> WorkerProcess:
+    def start(
+        self, role: str, port: int, worker_id: str | None = None, extra_env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         log_path = self.home / f"{role}-{port}.log"
         env = {**self.env, **(extra_env or {})}
-        cmd = [sys.executable, "-m", "streams.cli.main", "worker", "--role", role, "--metrics-port", str(port),
-               "--worker-id", worker_id or f"{role}-{port}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "streams.cli.main",
+            "worker",
+            "--role",
+            role,
+            "--metrics-port",
+            str(port),
+            "--worker-id",
+            worker_id or f"{role}-{port}",
+        ]
         with log_path.open("ab") as log:
             proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         worker = WorkerProcess(role, proc, port, log_path)
@@ -80,7 +91,9 @@ class Pipeline:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not worker.alive():
-                raise AssertionError(f"{worker.role} exited rc={worker.proc.returncode}:\n{worker.log()[-4000:]}")
+                raise AssertionError(
+                    f"{worker.role} exited rc={worker.proc.returncode}:\n{worker.log()[-4000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/healthz", timeout=1) as resp:
                     body = json.loads(resp.read())
@@ -123,7 +136,11 @@ class Pipeline:
         """Run one SELECT on the store in a separate process (after the writer exited)."""
         out = subprocess.run(
             [sys.executable, str(REPO / "tests/support/dump_store.py"), sql],
-            env=self.env, cwd=REPO, capture_output=True, timeout=120, check=False,
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            timeout=120,
+            check=False,
         )
         if out.returncode != 0:
             raise AssertionError(f"store query failed: {out.stderr.decode()[-3000:]}")
@@ -146,7 +163,9 @@ def pipeline_env(settings: Any, home: Path, **extra: str) -> dict[str, str]:
 
 
 async def produce(bootstrap: str, topic: str, messages: Iterable[tuple[bytes | None, bytes]]) -> int:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024, acks="all")
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024, acks="all"
+    )
     await producer.start()
     n = 0
     try:

@@ -61,9 +61,20 @@ def build_traffic(
             {**common, "stage": "retrieval", "ts_ms": t_ret, "duration_ms": retrieval},
             {**common, "stage": "vector_recall", "ts_ms": t_ret, "duration_ms": vector},
             {**common, "stage": "bm25_recall", "ts_ms": t_ret, "duration_ms": bm25},
-            {**common, "stage": "prompt_assemble", "ts_ms": t_asm, "duration_ms": assemble,
-             "attrs": {"prompt_tokens": 1500, "prompt_cache_hit": i % 2 == 0}},
-            {**common, "stage": "llm_ttft", "ts_ms": t_llm, "duration_ms": llm, "attrs": {"draft_accept_rate": 0.8}},
+            {
+                **common,
+                "stage": "prompt_assemble",
+                "ts_ms": t_asm,
+                "duration_ms": assemble,
+                "attrs": {"prompt_tokens": 1500, "prompt_cache_hit": i % 2 == 0},
+            },
+            {
+                **common,
+                "stage": "llm_ttft",
+                "ts_ms": t_llm,
+                "duration_ms": llm,
+                "attrs": {"draft_accept_rate": 0.8},
+            },
             {**common, "stage": "first_token", "ts_ms": t_ft},
         ]
         for j, ev in enumerate(events):
@@ -87,7 +98,9 @@ def build_traffic(
             "status": status,
             "missing_stages": missing,
             "retrieval_ms": present["retrieval"]["duration_ms"] if "retrieval" in present else None,
-            "prompt_assemble_ms": present["prompt_assemble"]["duration_ms"] if "prompt_assemble" in present else None,
+            "prompt_assemble_ms": present["prompt_assemble"]["duration_ms"]
+            if "prompt_assemble" in present
+            else None,
             "llm_ttft_ms": present["llm_ttft"]["duration_ms"] if "llm_ttft" in present else None,
             "vector_recall_ms": vector,
             "bm25_recall_ms": bm25,
@@ -115,6 +128,7 @@ def _malformed(rng: random.Random, rid: str) -> bytes:
     if kind == 1:
         return orjson.dumps({"request_id": rid, "tenant_id": "acme", "stage": "retrieval", "ts_ms": "soon"})
     if kind == 2:
-        return orjson.dumps({"request_id": rid, "tenant_id": "acme", "stage": "retrieval", "ts_ms": 1.7e12,
-                             "duration_ms": -5})
+        return orjson.dumps(
+            {"request_id": rid, "tenant_id": "acme", "stage": "retrieval", "ts_ms": 1.7e12, "duration_ms": -5}
+        )
     return b"\xff\xfe garbage"

@@ -61,8 +61,16 @@ def main() -> None:
     window_rows: list[dict[str, Any]] = []
     for ws, tenant, version, stage, count, p50, p95, p99, bins, zero, acc in stored:
         window_rows.append(
-            {"window_start": int(ws), "tenant_id": tenant, "version_id": version, "stage": stage,
-             "count": count, "bins": bins, "zero_count": zero, "relative_accuracy": acc}
+            {
+                "window_start": int(ws),
+                "tenant_id": tenant,
+                "version_id": version,
+                "stage": stage,
+                "count": count,
+                "bins": bins,
+                "zero_count": zero,
+                "relative_accuracy": acc,
+            }
         )
         if stage not in COLUMNS:
             continue
@@ -101,16 +109,28 @@ def main() -> None:
             if sql_p95 is None or _rel(sql_p95, want) > 0.01 + 1e-9:
                 rollup_failures.append(f"{hour}/{tenant}/{version}/{stage}: sql {sql_p95} numpy {want}")
             rollup_checked += 1
-    print(json.dumps({
-        "requests": len(rows),
-        "stage_window_rows": len(stored),
-        "checked": checked,
-        "worst_relative_error": worst,
-        "failures": failures[:20],
-        "count_mismatch": count_mismatch[:20],
-        "rollup_checked": rollup_checked,
-        "rollup_failures": rollup_failures[:20],
-    }))
+    alerts = client.query(
+        f"SELECT alertname, state, count() FROM {db}.alerts FINAL GROUP BY alertname, state ORDER BY alertname, state"
+    ).result_rows
+    verdicts = client.query(
+        f"SELECT verdict, count() FROM {db}.canary_verdicts FINAL GROUP BY verdict ORDER BY verdict"
+    ).result_rows
+    print(
+        json.dumps(
+            {
+                "alerts": [list(r) for r in alerts],
+                "canary_verdicts": [list(r) for r in verdicts],
+                "requests": len(rows),
+                "stage_window_rows": len(stored),
+                "checked": checked,
+                "worst_relative_error": worst,
+                "failures": failures[:20],
+                "count_mismatch": count_mismatch[:20],
+                "rollup_checked": rollup_checked,
+                "rollup_failures": rollup_failures[:20],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
