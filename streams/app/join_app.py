@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
@@ -27,14 +29,19 @@ from faust.types import EventT
 
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
+from streams.alerting.outbox import alert_message
 from streams.app.metrics import WorkerMetrics
+from streams.core.guard import DeadLetterGuard
 from streams.core.join import RequestJoin, TenantMismatch
 from streams.kafka.topics import faust_broker_kwargs
+from streams.rules import ingest_halted_transition
 from streams.settings import Settings
 
 log = logging.getLogger("ttft.join")
 
 JOIN_STATE_TABLE = "join-state"
+#: Exit status of a join worker halted by the dead-letter guard (distinct from crashes, which exit 1).
+EXIT_INGEST_HALTED = 3
 
 
 def create_join_app(settings: Settings, metrics: WorkerMetrics, worker_dir: str) -> faust.App:
@@ -94,6 +101,7 @@ class JoinAdapter:
         )
         self.changelog_topic = self.state.changelog_topic.get_topic_name()
         self._lock = asyncio.Lock()
+        self.guard = DeadLetterGuard(settings.caps.halt_window_messages, settings.caps.halt_dead_letter_share)
         self._recovered = False
         app.agent(self.events_topic, name="join", concurrency=1)(self._agent)
         app.timer(settings.join.idle_tick_ms / 1000.0)(self._tick)
@@ -152,6 +160,8 @@ class JoinAdapter:
                 decoded = decode_stage_event(
                     msg.value, msg.key, msg.topic, msg.partition, msg.offset, _ts_ms(msg), caps, now
                 )
+                if self.guard.observe(isinstance(decoded, DeadLetter)):
+                    await self._halt(decoded, msg)  # never returns: nothing of this batch is acked
                 if isinstance(decoded, DeadLetter):
                     outputs.append(self._dead_letter_output(decoded))
                     continue
@@ -180,6 +190,34 @@ class JoinAdapter:
             outputs = [self._record_output(r) for r in self.core.advance_all(now)]
             if outputs or self.core.has_dirty():
                 await self._flush(outputs)
+
+    async def _halt(self, decoded: Any, msg: Any) -> None:
+        """The dead-letter guard tripped: page, then exit before anything of this batch is acknowledged."""
+        caps = self.settings.caps
+        detail = (
+            f"{self.guard.dead_letters} of the last {caps.halt_window_messages} messages on {msg.topic} were "
+            f"invalid (limit {caps.halt_dead_letter_share:.0%}); halted at partition {msg.partition} offset "
+            f"{msg.offset}. Fix the producer, then resume (docs/operations.md)."
+        )
+        log.critical("TTFTIngestHalted: %s", detail)
+        at_ms = float(getattr(decoded, "ts_ms", None) or time.time() * 1000.0)
+        transition = ingest_halted_transition(
+            "firing",
+            at_ms,
+            detail=detail,
+            numbers={"dead_share": self.guard.dead_share, "partition": msg.partition, "offset": msg.offset},
+            runbook_base_url=self.settings.rules.runbook_base_url,
+        )
+        key, value = alert_message(transition)
+        try:
+            fut = await self.app.producer.send(
+                self.settings.topic("alerts"), key, value, partition=None, timestamp=None, headers=None
+            )
+            await asyncio.wait_for(fut, timeout=10)
+        except Exception:  # the exit below matters more than the page
+            log.exception("could not produce TTFTIngestHalted")
+        sys.stderr.flush()
+        os._exit(EXIT_INGEST_HALTED)
 
     # --- producing ----------------------------------------------------------------------------
 

@@ -8,7 +8,14 @@ from urllib.parse import urlsplit
 
 import click
 
-from streams.grafana.build import DASHBOARDS_DIR, RULES_FILE, dashboard_models, write_dashboards, write_rules
+from streams.grafana.build import (
+    DASHBOARDS_DIR,
+    RULES_FILE,
+    config_settings,
+    dashboard_models,
+    write_dashboards,
+    write_rules,
+)
 from streams.grafana.push import (
     CLICKHOUSE_PASSWORD_ENV,
     DEFAULT_FOLDER_TITLE,
@@ -31,13 +38,27 @@ def grafana() -> None:
 
 
 @grafana.command()
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DASHBOARDS_DIR,
-              show_default=True, help="Directory for the dashboard JSON files.")
-@click.option("--rules-file", type=click.Path(dir_okay=False, path_type=Path), default=RULES_FILE,
-              show_default=True, help="Grafana alert rules file (provisioning, paused).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DASHBOARDS_DIR,
+    show_default=True,
+    help="Directory for the dashboard JSON files.",
+)
+@click.option(
+    "--rules-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=RULES_FILE,
+    show_default=True,
+    help="Grafana alert rules file (provisioning, paused).",
+)
 def build(out_dir: Path, rules_file: Path) -> None:
-    """Regenerate dashboards/*.json and the Grafana alert rules from TTFT_CONFIG (SLOs, thresholds)."""
-    settings = load_settings()
+    """Regenerate dashboards/*.json and the Grafana alert rules from TTFT_CONFIG (SLOs, thresholds).
+
+    Without TTFT_CONFIG: from deploy/config/ttft.yaml, the config the committed files come from.
+    """
+    settings = config_settings()
     changed = write_dashboards(settings, out_dir)
     if write_rules(settings, rules_file):
         changed.append(rules_file)
@@ -56,7 +77,9 @@ def _clickhouse_url(option: str | None) -> str:
     if urlsplit(store).scheme in ("http", "https"):
         parts = urlsplit(store)
         # Never the writer's credentials: only where the server is.
-        return f"{parts.scheme}://{parts.hostname}:{parts.port or (8443 if parts.scheme == 'https' else 8123)}"
+        return (
+            f"{parts.scheme}://{parts.hostname}:{parts.port or (8443 if parts.scheme == 'https' else 8123)}"
+        )
     raise click.UsageError(
         f"Grafana needs a ClickHouse server, and TTFT_CLICKHOUSE_URL is {store.split(':')[0]}://: pass "
         f"--clickhouse-url http://HOST:8123 or set {CLICKHOUSE_URL_ENV}"
@@ -67,18 +90,22 @@ def _clickhouse_url(option: str | None) -> str:
 @click.option("--url", required=True, help="Grafana base URL, e.g. http://localhost:3000 (no credentials).")
 @click.option("--folder", default=DEFAULT_FOLDER_TITLE, show_default=True, help="Folder title.")
 @click.option("--folder-uid", default=DEFAULT_FOLDER_UID, show_default=True)
-@click.option("--clickhouse-url", default=None,
-              help=f"ClickHouse as Grafana reaches it (default: ${CLICKHOUSE_URL_ENV}, else the store URL).")
+@click.option(
+    "--clickhouse-url",
+    default=None,
+    help=f"ClickHouse as Grafana reaches it (default: ${CLICKHOUSE_URL_ENV}, else the store URL).",
+)
 @click.option("--force", is_flag=True, help="Write every object even when it looks unchanged.")
 @click.option("--timeout", type=float, default=TIMEOUT_S, show_default=True, help="Seconds per request.")
-def push_cmd(url: str, folder: str, folder_uid: str, clickhouse_url: str | None, force: bool, timeout: float
-             ) -> None:
+def push_cmd(
+    url: str, folder: str, folder_uid: str, clickhouse_url: str | None, force: bool, timeout: float
+) -> None:
     """Create or update the folder, the ClickHouse data source and the dashboards (idempotent).
 
     Credentials come from the environment only: TTFT_GRAFANA_TOKEN, or TTFT_GRAFANA_USER and
     TTFT_GRAFANA_PASSWORD. The data source's read-only password: TTFT_GRAFANA_CLICKHOUSE_PASSWORD.
     """
-    settings = load_settings()
+    settings = config_settings()
     password = os.environ.get(CLICKHOUSE_PASSWORD_ENV) or None
     try:
         api = connect(url, os.environ, timeout)
@@ -94,7 +121,9 @@ def push_cmd(url: str, folder: str, folder_uid: str, clickhouse_url: str | None,
     except PushError as exc:
         raise click.ClickException(str(exc)) from None
     if password is None:
-        click.echo(f"warning: {CLICKHOUSE_PASSWORD_ENV} is not set: the data source has no password", err=True)
+        click.echo(
+            f"warning: {CLICKHOUSE_PASSWORD_ENV} is not set: the data source has no password", err=True
+        )
     for change in changes:
         click.echo(str(change))
     click.echo(summary(changes))

@@ -84,10 +84,16 @@ def _rule(
         "condition": "C",
         "data": [
             _query(sql, seconds + LAG_WINDOWS * w, w * 1000),
-            {"refId": "B", "datasourceUid": "__expr__",
-             "model": {"refId": "B", "type": "reduce", "expression": "A", "reducer": "last"}},
-            {"refId": "C", "datasourceUid": "__expr__",
-             "model": {"refId": "C", "type": "threshold", "expression": "B", "conditions": [condition]}},
+            {
+                "refId": "B",
+                "datasourceUid": "__expr__",
+                "model": {"refId": "B", "type": "reduce", "expression": "A", "reducer": "last"},
+            },
+            {
+                "refId": "C",
+                "datasourceUid": "__expr__",
+                "model": {"refId": "C", "type": "threshold", "expression": "B", "conditions": [condition]},
+            },
         ],
         "noDataState": "OK",
         "execErrState": "Error",
@@ -105,7 +111,7 @@ def _stage_regression(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     base = _span(settings, reg.baseline_windows, reg.exclude_recent_windows)
     floors = rules.stage_floor_ms
     floor_values = "[" + ", ".join(number(v) for v in floors.values()) + "]"
-    floor = f"transform(toString(stage), {string_array(floors)}, {floor_values}, 0.)"
+    floor = f"transform(CAST(stage AS String), {string_array(floors)}, {floor_values}, 0.)"
     sql = (
         "SELECT tenant_id, stage, least(p_short / p_base, p_long / p_base) AS p95_ratio\n"
         "FROM (\n"
@@ -121,11 +127,18 @@ def _stage_regression(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     )
     seconds = (reg.baseline_windows + reg.exclude_recent_windows) * settings.windows.window_s
     return _rule(
-        "ttft-stage-regression", "TTFTStageRegression", sql, seconds, settings,
-        evaluator=("gt", reg.ratio), recovery=("lt", reg.recovery_ratio), for_windows=reg.for_windows,
-        severity="ticket", summary="{{ $labels.stage }} P95 of {{ $labels.tenant_id }} is "
-        "{{ $values.B.Value }}x its baseline", labels=("tenant_id", "stage"),
-    )  # fmt: skip
+        "ttft-stage-regression",
+        "TTFTStageRegression",
+        sql,
+        seconds,
+        settings,
+        evaluator=("gt", reg.ratio),
+        recovery=("lt", reg.recovery_ratio),
+        for_windows=reg.for_windows,
+        severity="ticket",
+        summary="{{ $labels.stage }} P95 of {{ $labels.tenant_id }} is {{ $values.B.Value }}x its baseline",
+        labels=("tenant_id", "stage"),
+    )
 
 
 def _canary_failed(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
@@ -138,11 +151,18 @@ def _canary_failed(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         "GROUP BY tenant_id, stage, canary_version"
     )
     return _rule(
-        "ttft-canary-failed", "TTFTCanaryFailed", sql, canary.for_windows * settings.windows.window_s,
-        settings, evaluator=("gt", canary.for_windows - 0.5), recovery=None, for_windows=1, severity="page",
+        "ttft-canary-failed",
+        "TTFTCanaryFailed",
+        sql,
+        canary.for_windows * settings.windows.window_s,
+        settings,
+        evaluator=("gt", canary.for_windows - 0.5),
+        recovery=None,
+        for_windows=1,
+        severity="page",
         summary="Canary {{ $labels.canary_version }} fails {{ $labels.stage }} for {{ $labels.tenant_id }}",
         labels=("tenant_id", "stage", "canary_version"),
-    )  # fmt: skip
+    )
 
 
 def _draft_acceptance(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
@@ -157,12 +177,19 @@ def _draft_acceptance(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         f"GROUP BY tenant_id, version_id HAVING count(draft_accept_rate) >= {draft.min_samples}"
     )
     return _rule(
-        "ttft-draft-acceptance-low", "TTFTDraftAcceptanceLow", sql, settings.windows.window_s, settings,
-        evaluator=("lt", draft.threshold), recovery=("gt", draft.recovery_threshold),
-        for_windows=draft.for_windows, severity="ticket",
-        summary="Draft acceptance of {{ $labels.tenant_id }} {{ $labels.version_id }} is {{ $values.B.Value }}",
+        "ttft-draft-acceptance-low",
+        "TTFTDraftAcceptanceLow",
+        sql,
+        settings.windows.window_s,
+        settings,
+        evaluator=("lt", draft.threshold),
+        recovery=("gt", draft.recovery_threshold),
+        for_windows=draft.for_windows,
+        severity="ticket",
+        summary="Draft acceptance of {{ $labels.tenant_id }} {{ $labels.version_id }} is "
+        "{{ $values.B.Value }}",
         labels=("tenant_id", "version_id"),
-    )  # fmt: skip
+    )
 
 
 def _telemetry(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
@@ -175,10 +202,18 @@ def _telemetry(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         f"GROUP BY tenant_id HAVING sum(total) >= {tel.min_requests}"
     )
     return _rule(
-        "ttft-telemetry-degraded", "TTFTTelemetryDegraded", sql, settings.windows.window_s, settings,
-        evaluator=("lt", tel.completeness_floor), recovery=None, for_windows=1, severity="ticket",
-        summary="Only {{ $values.B.Value }} of {{ $labels.tenant_id }}'s requests are complete", labels=("tenant_id",),
-    )  # fmt: skip
+        "ttft-telemetry-degraded",
+        "TTFTTelemetryDegraded",
+        sql,
+        settings.windows.window_s,
+        settings,
+        evaluator=("lt", tel.completeness_floor),
+        recovery=None,
+        for_windows=1,
+        severity="ticket",
+        summary="Only {{ $values.B.Value }} of {{ $labels.tenant_id }}'s requests are complete",
+        labels=("tenant_id",),
+    )
 
 
 def _slo_burn(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
@@ -188,7 +223,8 @@ def _slo_burn(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     sql = (
         f"SELECT tenant_id, least(bad_long / n_long, bad_short / n_short) / {budget} AS burn_rate\n"
         "FROM (\n"
-        f"  SELECT tenant_id, sumIf(slo_bad_count, {long_}) AS bad_long, sumIf(slo_bad_count, {short}) AS bad_short\n"
+        f"  SELECT tenant_id, sumIf(slo_bad_count, {long_}) AS bad_long,\n"
+        f"         sumIf(slo_bad_count, {short}) AS bad_short\n"
         "  FROM stage_windows FINAL\n"
         f"  WHERE $__timeFilter(window_start) AND stage = 'ttft'\n"
         "  GROUP BY tenant_id\n"
@@ -201,10 +237,18 @@ def _slo_burn(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         ") AS n USING (tenant_id)"
     )
     return _rule(
-        "ttft-slo-burn", "TTFTSLOBurn", sql, pair.long_windows * settings.windows.window_s, settings,
-        evaluator=("gt", pair.burn_rate), recovery=None, for_windows=1, severity=pair.severity,
-        summary="{{ $labels.tenant_id }} burns its TTFT error budget {{ $values.B.Value }}x too fast", labels=("tenant_id",),
-    )  # fmt: skip
+        "ttft-slo-burn",
+        "TTFTSLOBurn",
+        sql,
+        pair.long_windows * settings.windows.window_s,
+        settings,
+        evaluator=("gt", pair.burn_rate),
+        recovery=None,
+        for_windows=1,
+        severity=pair.severity,
+        summary="{{ $labels.tenant_id }} burns its TTFT error budget {{ $values.B.Value }}x too fast",
+        labels=("tenant_id",),
+    )
 
 
 def slo_target(settings: Settings) -> str:
@@ -215,7 +259,7 @@ def slo_target(settings: Settings) -> str:
         return default
     names = "[" + ", ".join(literal(t) for t in tenants) + "]"
     values = "[" + ", ".join(number(settings.slo_target(t)) for t in tenants) + "]"
-    return f"transform(toString(tenant_id), {names}, {values}, {default})"
+    return f"transform(CAST(tenant_id AS String), {names}, {values}, {default})"
 
 
 def alert_rules(settings: Settings, rules: RulesConfig) -> dict[str, Any]:

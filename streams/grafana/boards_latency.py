@@ -99,7 +99,14 @@ def _completeness_over_time() -> PanelSpec:
         kind="timeseries",
         sql=sql,
         fmt=FORMAT_TIME_SERIES,
-        columns=("time", "tenant_id", "complete_ratio", "missing_stage_ratio", "timed_out_ratio", "orphan_ratio"),
+        columns=(
+            "time",
+            "tenant_id",
+            "complete_ratio",
+            "missing_stage_ratio",
+            "timed_out_ratio",
+            "orphan_ratio",
+        ),
         expect_sql=count_rows("window_health", "total > 0"),
         description="Share of requests per status: below ~0.9 complete, the latency numbers beside it are "
         "missing part of the traffic (timed-out and orphan requests count as SLO-bad, never as fast).",
@@ -174,7 +181,8 @@ def _cut_first() -> PanelSpec:
     sql = (
         "SELECT p.tenant_id AS tenant_id, argMax(p.stage, p.p95) AS biggest_p95_stage,\n"
         "       max(p.p95) AS biggest_p95_ms, any(t.tail_dominant_stage) AS tail_dominant_stage,\n"
-        "       any(t.exemplar_request_ids) AS exemplar_request_ids, any(t.attributed_windows) AS attributed_windows,\n"
+        "       any(t.exemplar_request_ids) AS exemplar_request_ids,\n"
+        "       any(t.attributed_windows) AS attributed_windows,\n"
         "       any(h.complete_share) AS complete_share\n"
         "FROM (\n"
         f"  SELECT tenant_id, stage, {sketch_quantile(0.95)} AS p95\n"
@@ -356,10 +364,21 @@ def _slowest_requests() -> PanelSpec:
         sql=sql,
         fmt=FORMAT_TABLE,
         columns=(
-            "request_id", "tenant_id", "version_id", "started_at", "ttft_ms", "retrieval_ms",
-            "prompt_assemble_ms", "llm_ttft_ms", "other_ms", "recall_mode", "rerank_top_k", "route",
-            "status", "trace_id",
-        ),  # fmt: skip
+            "request_id",
+            "tenant_id",
+            "version_id",
+            "started_at",
+            "ttft_ms",
+            "retrieval_ms",
+            "prompt_assemble_ms",
+            "llm_ttft_ms",
+            "other_ms",
+            "recall_mode",
+            "rerank_top_k",
+            "route",
+            "status",
+            "trace_id",
+        ),
         expect_sql=count_rows("requests", "ttft_ms IS NOT NULL"),
         description="The 50 slowest requests of the range with their stages; `ttft request <id>` shows one.",
         width=24,

@@ -49,7 +49,9 @@ def _arms_over_time() -> PanelSpec:
         expect_sql=count_rows("stage_windows", "count > 0"),
         description="P95 per version (arm) and stage, merged from the sketches; pick the stable and canary "
         "versions and one stage to compare. Raw: not adjusted for traffic mix.",
-        check=PercentileCheck({"p95": 0.95}, group=("version_id", "stage"), stage_column="stage", by_time=True),
+        check=PercentileCheck(
+            {"p95": 0.95}, group=("version_id", "stage"), stage_column="stage", by_time=True
+        ),
         width=12,
     )
 
@@ -78,7 +80,8 @@ def _arms_range_table() -> PanelSpec:
 def _mix_adjusted(rules: RulesConfig) -> PanelSpec:
     sql = (
         "SELECT window_start AS time, tenant_id, stage, canary_version,\n"
-        "       p95_canary AS canary_p95_verdict, naive_p95_canary AS canary_p95_raw, p95_stable AS stable_p95\n"
+        "       p95_canary AS canary_p95_verdict, naive_p95_canary AS canary_p95_raw,\n"
+        "       p95_stable AS stable_p95\n"
         "FROM canary_verdicts FINAL\n"
         f"{where(IN_RANGE, TENANT, CANARY_VERSION, STAGE)}\n"
         "ORDER BY time, tenant_id, stage, canary_version"
@@ -88,7 +91,15 @@ def _mix_adjusted(rules: RulesConfig) -> PanelSpec:
         kind="timeseries",
         sql=sql,
         fmt=FORMAT_TIME_SERIES,
-        columns=("time", "tenant_id", "stage", "canary_version", "canary_p95_verdict", "canary_p95_raw", "stable_p95"),
+        columns=(
+            "time",
+            "tenant_id",
+            "stage",
+            "canary_version",
+            "canary_p95_verdict",
+            "canary_p95_raw",
+            "stable_p95",
+        ),
         expect_sql=count_rows("canary_verdicts"),
         description="Per verdict: the canary P95 the verdict used (reweighted to the stable arm's route x "
         f"prompt-cache x prompt-length mix when mix_adjusted), the raw canary P95 and the stable P95, over "
@@ -117,7 +128,9 @@ def _ratio_vs_thresholds(rules: RulesConfig) -> PanelSpec:
         f"test, p < {canary.alpha}) and at once above {canary.critical_ratio}; needs "
         f"{canary.min_samples} requests per arm.",
         unit="none",
-        field_config=threshold_lines(("green", None), ("orange", canary.ratio), ("red", canary.critical_ratio)),
+        field_config=threshold_lines(
+            ("green", None), ("orange", canary.ratio), ("red", canary.critical_ratio)
+        ),
         width=12,
     )
 
@@ -127,7 +140,8 @@ def _verdict_history(rules: RulesConfig) -> PanelSpec:
     sql = (
         "SELECT window_start, tenant_id, stage, canary_version, verdict, reason, ratio, delta_ms, tail_p,\n"
         "       naive_verdict, mix_adjusted, mix_coverage, n_canary, n_stable,\n"
-        f"       {number(canary.ratio)} AS ratio_threshold, {number(canary.critical_ratio)} AS critical_ratio,\n"
+        f"       {number(canary.ratio)} AS ratio_threshold,\n"
+        f"       {number(canary.critical_ratio)} AS critical_ratio,\n"
         f"       {number(canary.alpha)} AS alpha, {canary.min_samples} AS min_samples, explanation\n"
         "FROM canary_verdicts FINAL\n"
         f"{where(IN_RANGE, TENANT, CANARY_VERSION, STAGE)}\n"
@@ -139,10 +153,26 @@ def _verdict_history(rules: RulesConfig) -> PanelSpec:
         sql=sql,
         fmt=FORMAT_TABLE,
         columns=(
-            "window_start", "tenant_id", "stage", "canary_version", "verdict", "reason", "ratio", "delta_ms",
-            "tail_p", "naive_verdict", "mix_adjusted", "mix_coverage", "n_canary", "n_stable",
-            "ratio_threshold", "critical_ratio", "alpha", "min_samples", "explanation",
-        ),  # fmt: skip
+            "window_start",
+            "tenant_id",
+            "stage",
+            "canary_version",
+            "verdict",
+            "reason",
+            "ratio",
+            "delta_ms",
+            "tail_p",
+            "naive_verdict",
+            "mix_adjusted",
+            "mix_coverage",
+            "n_canary",
+            "n_stable",
+            "ratio_threshold",
+            "critical_ratio",
+            "alpha",
+            "min_samples",
+            "explanation",
+        ),
         expect_sql=count_rows("canary_verdicts"),
         description="Every verdict with the thresholds it was judged against (from the rules config).",
         unit="none",
@@ -180,8 +210,11 @@ def _first_seen() -> PanelSpec:
 def rollout_annotation() -> AnnotationSpec:
     """First seen per version, as dashboard annotations."""
     sql = (
-        "SELECT first_seen AS time, concat('version ', version_id, ' first seen') AS text, version_id AS tags\n"
-        "FROM (\n  SELECT version_id, min(window_start) AS first_seen FROM window_health FINAL GROUP BY version_id\n)\n"
+        "SELECT first_seen AS time, concat('version ', version_id, ' first seen') AS text,\n"
+        "       version_id AS tags\n"
+        "FROM (\n"
+        "  SELECT version_id, min(window_start) AS first_seen FROM window_health FINAL GROUP BY version_id\n"
+        ")\n"
         f"{where('$__timeFilter(first_seen)')}\nORDER BY time"
     )
     return AnnotationSpec("Rollouts: first seen per version", sql)
@@ -292,7 +325,10 @@ def llm_levers(rules: RulesConfig) -> DashboardSpec:
             _draft_acceptance(rules),
             _mix_panel("Route mix", "route_mix", "route", "Requests per route (small-model routing tier)."),
             _mix_panel(
-                "Fallback mix", "fallback_mix", "fallback_level", "Requests per fallback level (0 = no degradation)."
+                "Fallback mix",
+                "fallback_mix",
+                "fallback_level",
+                "Requests per fallback level (0 = no degradation).",
             ),
         ),
     )

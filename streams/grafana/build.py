@@ -8,6 +8,7 @@ The committed ``dashboards/*.json`` are this module's output for the repository'
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Final
 
@@ -17,7 +18,7 @@ from streams.grafana.boards_latency import overview, stage_drilldown
 from streams.grafana.boards_levers import canary, llm_levers
 from streams.grafana.model import DashboardSpec, dashboard_json, render
 from streams.rules.config import RulesConfig
-from streams.settings import Settings
+from streams.settings import Settings, load_settings
 
 REPO: Final = Path(__file__).resolve().parents[2]
 DASHBOARDS_DIR: Final = REPO / "dashboards"
@@ -47,6 +48,11 @@ def repo_settings() -> Settings:
     # Init arguments beat the environment for these fields only; nothing the dashboards read comes
     # from the environment except through `config`.
     return Settings(config=config) if config is not None else Settings()
+
+
+def config_settings() -> Settings:
+    """``TTFT_CONFIG`` when it is set, else the repository config: what ``ttft grafana`` builds from."""
+    return load_settings() if os.environ.get("TTFT_CONFIG") else repo_settings()
 
 
 def write_dashboards(settings: Settings, directory: Path = DASHBOARDS_DIR) -> list[Path]:

@@ -108,7 +108,12 @@ def _target(sql: str, fmt: int, ref_id: str = "A") -> dict[str, Any]:
 
 def _legend() -> dict[str, Any]:
     # Only order statistics in legends: a mean or sum of percentiles is not a percentile.
-    return {"showLegend": True, "displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]}
+    return {
+        "showLegend": True,
+        "displayMode": "table",
+        "placement": "bottom",
+        "calcs": ["lastNotNull", "max"],
+    }
 
 
 def _panel_json(spec: PanelSpec, panel_id: int, grid: dict[str, int]) -> dict[str, Any]:
@@ -205,7 +210,8 @@ def dashboard_json(spec: DashboardSpec) -> dict[str, Any]:
         "templating": {"list": [_variable_json(v) for v in spec.variables]},
         "annotations": {"list": [builtin, *(_annotation_json(a) for a in spec.annotations)]},
         "panels": [
-            _panel_json(p, i + 1, grid) for i, (p, grid) in enumerate(zip(spec.panels, _layout(spec.panels), strict=True))
+            _panel_json(p, i + 1, grid)
+            for i, (p, grid) in enumerate(zip(spec.panels, _layout(spec.panels), strict=True))
         ],
     }
 

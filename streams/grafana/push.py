@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
-from grafana_client import GrafanaApi
+from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaServerError
 
 from streams.grafana.model import DATASOURCE_TYPE, DATASOURCE_UID
@@ -71,8 +71,11 @@ def connect(url: str, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> G
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PushError(f"--url must be http(s)://host[:port][/path], got {url!r}")
     if parts.username or parts.password:
-        raise PushError(f"put Grafana credentials in {TOKEN_ENV} or {USER_ENV}/{PASSWORD_ENV}, not in the URL")
-    return GrafanaApi.from_url(url, credential=credentials(env), timeout=timeout_s)
+        raise PushError(
+            f"put Grafana credentials in {TOKEN_ENV} or {USER_ENV}/{PASSWORD_ENV}, not in the URL"
+        )
+    api: GrafanaApi = GrafanaApi.from_url(url, credential=credentials(env), timeout=timeout_s)
+    return api
 
 
 def datasource_model(clickhouse_url: str, database: str, password: str | None) -> dict[str, Any]:
@@ -80,7 +83,8 @@ def datasource_model(clickhouse_url: str, database: str, password: str | None) -
     parts = urlsplit(clickhouse_url)
     if parts.scheme not in ("http", "https", "native") or not parts.hostname:
         raise PushError(
-            f"Grafana needs a ClickHouse server: --clickhouse-url must be http(s)://host:port, got {clickhouse_url!r}"
+            "Grafana needs a ClickHouse server: --clickhouse-url must be http(s)://host:port, "
+            f"got {clickhouse_url!r}"
         )
     default_port = {"http": 8123, "https": 8443, "native": 9000}[parts.scheme]
     model: dict[str, Any] = {
@@ -105,10 +109,10 @@ def datasource_model(clickhouse_url: str, database: str, password: str | None) -
 
 
 def _missing(exc: GrafanaClientError) -> bool:
-    return exc.status_code == 404
+    return bool(exc.status_code == 404)
 
 
-def _push_folder(api: GrafanaApi, uid: str, title: str, force: bool) -> Change:
+def _push_folder(api: Any, uid: str, title: str, force: bool) -> Change:
     try:
         current = api.folder.get_folder(uid)
     except GrafanaClientError as exc:
@@ -133,7 +137,7 @@ def _datasource_differs(current: Mapping[str, Any], wanted: Mapping[str, Any]) -
     return has_password != ("secureJsonData" in wanted)
 
 
-def _push_datasource(api: GrafanaApi, wanted: dict[str, Any], force: bool) -> Change:
+def _push_datasource(api: Any, wanted: dict[str, Any], force: bool) -> Change:
     uid = wanted["uid"]
     try:
         current = api.datasource.get_datasource_by_uid(uid)
@@ -152,7 +156,7 @@ def _comparable(model: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in model.items() if k not in _VOLATILE}
 
 
-def _push_dashboard(api: GrafanaApi, model: dict[str, Any], folder_uid: str, force: bool) -> Change:
+def _push_dashboard(api: Any, model: dict[str, Any], folder_uid: str, force: bool) -> Change:
     uid = str(model["uid"])
     action: Action = "updated"
     try:
@@ -191,7 +195,10 @@ def push(
     """
     url = api.url or api.client.url
     try:
-        changes = [_push_folder(api, folder_uid, folder_title, force), _push_datasource(api, datasource, force)]
+        changes = [
+            _push_folder(api, folder_uid, folder_title, force),
+            _push_datasource(api, datasource, force),
+        ]
         changes += [_push_dashboard(api, model, folder_uid, force) for model in dashboards.values()]
     except GrafanaClientError as exc:
         if exc.status_code in (401, 403):

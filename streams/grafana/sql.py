@@ -54,7 +54,9 @@ def slo_expression(settings: Settings, column: str = "tenant_id") -> str:
     if not tenants:
         return f"toFloat64({default})"
     values = "[" + ", ".join(number(settings.slo_ms(t)) for t in tenants) + "]"
-    return f"transform(toString({column}), {string_array(tenants)}, {values}, {default})"
+    # CAST: transform() over a LowCardinality column returns LowCardinality(Float64), which the plugin
+    # does not plot.
+    return f"transform(CAST({column} AS String), {string_array(tenants)}, {values}, {default})"
 
 
 def where(*conditions: str) -> str:
@@ -77,8 +79,10 @@ def stage_in(stages: Iterable[str]) -> str:
 
 def stage_order(column: str = "stage") -> str:
     """Order stages as the breakdown reads: parents, sub-stages, other, custom, ttft."""
-    known = ("retrieval", "vector_recall", "bm25_recall", "rerank", "prompt_assemble", "llm_ttft", "other")
-    return f"if({column} = 'ttft', 100, indexOf({string_array(known)}, {column}) + if(has({string_array(known)}, {column}), 0, 50))"
+    known = string_array(
+        ("retrieval", "vector_recall", "bm25_recall", "rerank", "prompt_assemble", "llm_ttft", "other")
+    )
+    return f"if({column} = 'ttft', 100, if(has({known}, {column}), indexOf({known}, {column}), 50))"
 
 
 def count_rows(table: str, *conditions: str, time_column: str = "window_start", final: bool = True) -> str:

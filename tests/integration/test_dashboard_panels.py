@@ -1,4 +1,4 @@
-"""Every dashboard panel's SQL, expanded with the plugin's exact macros, on a store filled by the real pipeline.
+"""Every dashboard panel's SQL, expanded with the plugin's exact macros, on a store the real pipeline filled.
 
 The store is the session's ``pipeline_run`` (broker, join and writer workers over simulated traffic; the
 writer has exited). chDB allows one data directory per process, so ``tests/support/panel_check.py`` runs
@@ -38,7 +38,11 @@ def _panel_ids() -> list[str]:
         model = json.loads(path.read_text(encoding="utf-8"))
         ids += [f"{path.stem}/{slugify(p['title'])}" for p in model["panels"]]
         ids += [f"{path.stem}/var-{v['name']}" for v in model["templating"]["list"]]
-        ids += [f"{path.stem}/annotation-{slugify(a['name'])}" for a in model["annotations"]["list"] if "target" in a]
+        ids += [
+            f"{path.stem}/annotation-{slugify(a['name'])}"
+            for a in model["annotations"]["list"]
+            if "target" in a
+        ]
     return ids
 
 
@@ -51,9 +55,19 @@ def _rule_ids() -> list[str]:
 def report(pipeline_run: Any) -> dict[str, Any]:
     start, end = pipeline_run.time_range_ms
     out = subprocess.run(
-        [sys.executable, str(REPO / "tests/support/panel_check.py"),
-         "--data-from-ms", str(int(start)), "--data-to-ms", str(int(end))],
-        env=pipeline_run.env, cwd=REPO, capture_output=True, timeout=300, check=False,
+        [
+            sys.executable,
+            str(REPO / "tests/support/panel_check.py"),
+            "--data-from-ms",
+            str(int(start)),
+            "--data-to-ms",
+            str(int(end)),
+        ],
+        env=pipeline_run.env,
+        cwd=REPO,
+        capture_output=True,
+        timeout=300,
+        check=False,
     )
     assert out.returncode == 0, out.stderr.decode()[-3000:]
     data: dict[str, Any] = json.loads(out.stdout.decode())

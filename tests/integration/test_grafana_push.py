@@ -22,8 +22,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from streams.cli.main import main
-from streams.grafana.build import dashboard_models
-from streams.settings import load_settings
+from streams.grafana.build import config_settings, dashboard_models
 
 TOKEN = "glsa_test_token"
 
@@ -107,9 +106,13 @@ def grafana() -> Iterator[tuple[FakeGrafana, str]]:
 
 
 def _push(url: str, *extra: str, **env: str) -> Result:
-    base = {"TTFT_GRAFANA_TOKEN": "", "TTFT_GRAFANA_USER": "", "TTFT_GRAFANA_PASSWORD": "",
-            "TTFT_GRAFANA_CLICKHOUSE_PASSWORD": "ro-secret", "TTFT_GRAFANA_CLICKHOUSE_URL": "",
-            }
+    base = {
+        "TTFT_GRAFANA_TOKEN": "",
+        "TTFT_GRAFANA_USER": "",
+        "TTFT_GRAFANA_PASSWORD": "",
+        "TTFT_GRAFANA_CLICKHOUSE_PASSWORD": "ro-secret",
+        "TTFT_GRAFANA_CLICKHOUSE_URL": "",
+    }
     base.update(env)
     args = ["grafana", "push", "--url", url, "--clickhouse-url", "http://clickhouse:8123", "--timeout", "5"]
     return CliRunner().invoke(main, [*args, *extra], env=base)
@@ -120,7 +123,7 @@ def test_first_push_creates_folder_datasource_and_dashboards(grafana: tuple[Fake
     result = _push(url, TTFT_GRAFANA_TOKEN=TOKEN)
     assert result.exit_code == 0, result.output
     writes = [(m, p) for m, p, _ in fake.requests if m != "GET"]
-    models = dashboard_models(load_settings())
+    models = dashboard_models(config_settings())
     assert writes == [("POST", "/api/folders"), ("POST", "/api/datasources")] + [
         ("POST", "/api/dashboards/db")
     ] * len(models)
@@ -133,8 +136,14 @@ def test_first_push_creates_folder_datasource_and_dashboards(grafana: tuple[Fake
     datasource = bodies[1]
     assert datasource["uid"] == "ttft-clickhouse" and datasource["type"] == "grafana-clickhouse-datasource"
     assert datasource["jsonData"] == {
-        "host": "clickhouse", "port": 8123, "protocol": "http", "secure": False, "username": "grafana_ro",
-        "defaultDatabase": "ttft", "dialTimeout": "10", "queryTimeout": "60",
+        "host": "clickhouse",
+        "port": 8123,
+        "protocol": "http",
+        "secure": False,
+        "username": "grafana_ro",
+        "defaultDatabase": "ttft",
+        "dialTimeout": "10",
+        "queryTimeout": "60",
     }
     assert datasource["secureJsonData"] == {"password": "ro-secret"}
     for body in bodies[2:]:

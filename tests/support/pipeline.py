@@ -197,10 +197,12 @@ async def _group_lag(bootstrap: str, group: str, topics: Sequence[str]) -> int:
     await consumer.start()
     try:
         committed = await admin.list_consumer_group_offsets(group)
-        tps = [TopicPartition(t, p) for t in topics for p in (consumer.partitions_for_topic(t) or set())]
-        if not tps:
-            await consumer.topics()
-            tps = [TopicPartition(t, p) for t in topics for p in (consumer.partitions_for_topic(t) or set())]
+        described = await admin.describe_topics(list(topics))
+        tps = [
+            TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]
+        ]
+        if len(tps) < len(topics):
+            raise OSError(f"topic metadata incomplete for {topics}")
         ends = await consumer.end_offsets(tps)
         lag = 0
         for tp in tps:
@@ -215,3 +217,35 @@ async def _group_lag(bootstrap: str, group: str, topics: Sequence[str]) -> int:
 
 def group_lag(bootstrap: str, group: str, topics: Sequence[str]) -> int:
     return asyncio.run(_group_lag(bootstrap, group, topics))
+
+
+async def read_topic(bootstrap: str, topic: str, timeout_ms: int = 3_000) -> list[tuple[bytes | None, bytes]]:
+    """Every (key, value) currently in ``topic``, read without a consumer group."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    tps = [TopicPartition(topic, p["partition"]) for d in described for p in d["partitions"]]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out: list[tuple[bytes | None, bytes]] = []
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_ms / 1000.0 + 10
+        while time.monotonic() < deadline:
+            positions = [await consumer.position(tp) for tp in tps]
+            if all(pos >= ends[tp] for pos, tp in zip(positions, tps, strict=True)):
+                break
+            batch = await consumer.getmany(timeout_ms=500)
+            for messages in batch.values():
+                out += [(m.key, m.value) for m in messages if m.value is not None]
+    finally:
+        await consumer.stop()
+    return out

@@ -27,7 +27,14 @@ from streams.grafana.macros import (
     interpolate_variables,
     panel_interval_ms,
 )
-from streams.grafana.model import DATASOURCE, DATASOURCE_UID, FORMAT_TIME_SERIES, dashboard_json, render, slugify
+from streams.grafana.model import (
+    DATASOURCE,
+    DATASOURCE_UID,
+    FORMAT_TIME_SERIES,
+    dashboard_json,
+    render,
+    slugify,
+)
 from tests.unit.test_no_quantile_sql import violations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +47,17 @@ EXPECTED = {
     "ttft-llm-levers.json": "TTFT LLM levers",
     "ttft-pipeline-health.json": "TTFT pipeline health",
 }
-REPLACING_TABLES = ("requests", "dead_letters", "stage_windows", "stage_strata", "tail_attribution",
-                    "window_health", "llm_signals", "canary_verdicts", "alerts")
+REPLACING_TABLES = (
+    "requests",
+    "dead_letters",
+    "stage_windows",
+    "stage_strata",
+    "tail_attribution",
+    "window_health",
+    "llm_signals",
+    "canary_verdicts",
+    "alerts",
+)
 ARGLESS = ("fromTime", "toTime", "fromTime_ms", "toTime_ms", "interval_s", "table", "column")
 ALLOWED_CALCS = {"lastNotNull", "last", "max", "min", "first", "firstNotNull", "count", "range"}
 
@@ -71,7 +87,9 @@ def test_committed_files_are_generated_from_the_repository_config() -> None:
     settings = repo_settings()
     for spec in dashboard_specs(settings):
         path = DASHBOARDS_DIR / f"{spec.slug}.json"
-        assert path.read_text(encoding="utf-8") == render(dashboard_json(spec)), f"run `ttft grafana build`: {path}"
+        assert path.read_text(encoding="utf-8") == render(dashboard_json(spec)), (
+            f"run `ttft grafana build`: {path}"
+        )
     assert RULES_FILE.read_text(encoding="utf-8") == rules_text(settings), "run `ttft grafana build`"
 
 
@@ -174,13 +192,17 @@ CTX = QueryContext(from_ms=1_700_000_000_999, to_ms=1_700_003_600_000, interval_
     ("sql", "expanded"),
     [
         ("$__timeFilter(ws)", "ws >= toDateTime(1700000000) AND ws <= toDateTime(1700003600)"),
-        ("$__timeFilter_ms(ws)",
-         "ws >= fromUnixTimestamp64Milli(1700000000999) AND ws <= fromUnixTimestamp64Milli(1700003600000)"),
+        (
+            "$__timeFilter_ms(ws)",
+            "ws >= fromUnixTimestamp64Milli(1700000000999) AND ws <= fromUnixTimestamp64Milli(1700003600000)",
+        ),
         ("$__timeInterval(ws)", "toStartOfInterval(toDateTime(ws), INTERVAL 120 second)"),
         ("$__timeInterval_ms(ws)", "toStartOfInterval(toDateTime64(ws, 3), INTERVAL 120000 millisecond)"),
         ("x / ($__interval_s)", "x / (120)"),
-        ("a >= ($__fromTime) AND b <= ($__toTime_ms)",
-         "a >= (toDateTime(1700000000)) AND b <= (fromUnixTimestamp64Milli(1700003600000))"),
+        (
+            "a >= ($__fromTime) AND b <= ($__toTime_ms)",
+            "a >= (toDateTime(1700000000)) AND b <= (fromUnixTimestamp64Milli(1700003600000))",
+        ),
         ("$__dateFilter(d)", "d >= toDate('2023-11-14') AND d <= toDate('2023-11-14')"),
         ("$__timeFrom(t)", "t >= '2023-11-14T22:13:20Z'"),
         # The SDK scans past an argument-less macro to the next parenthesis group: text is swallowed.

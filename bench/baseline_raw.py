@@ -1,0 +1,51 @@
+"""Baseline A, the ceiling: read the pre-produced topic with aiokafka ``getmany`` and ``orjson.loads`` each value.
+
+No group, no commits, no validation, no output: the fastest a Python consumer on this machine gets the
+same bytes off the same broker. Timed from the first message received to the last one decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+
+async def _consume(bootstrap: str, topic: str) -> tuple[int, float]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 << 20,
+        fetch_max_bytes=64 << 20,
+    )
+    await consumer.start()
+    try:
+        await consumer.topics()
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        ends = await consumer.end_offsets(tps)
+        total = sum(ends.values())
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        loads = orjson.loads
+        n = 0
+        first: float | None = None
+        while n < total:
+            batch = await consumer.getmany(timeout_ms=1_000, max_records=20_000)
+            if first is None and batch:
+                first = time.perf_counter()
+            for messages in batch.values():
+                for msg in messages:
+                    loads(msg.value)  # type: ignore[arg-type]
+                n += len(messages)
+        elapsed = time.perf_counter() - (first or time.perf_counter())
+        return n, elapsed
+    finally:
+        await consumer.stop()
+
+
+def measure_raw(bootstrap: str, topic: str) -> dict[str, float | None]:
+    """Events/s of baseline A over every message of ``topic``."""
+    n, elapsed = asyncio.run(_consume(bootstrap, topic))
+    return {"raw_events_per_s": n / elapsed if elapsed > 0 else None, "raw_events": float(n)}

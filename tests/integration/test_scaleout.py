@@ -1,0 +1,113 @@
+"""Issue 8, scale-out: two join workers share 8 partitions; one is killed with -9 mid-stream.
+
+Its partitions must move to the survivor within 30 s (the workers run with TTFT_SESSION_TIMEOUT_S=6), and
+the store must hold exactly the ground truth afterwards: nothing lost, nothing double-counted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_pipeline_e2e import _check_store
+from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, produce_sync
+from tests.support.traffic import build_traffic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
+
+N_REQUESTS = 10_000
+MOVE_BUDGET_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def owned_partitions(worker: WorkerProcess) -> set[int]:
+    """The stage-events partitions a join worker reports on /healthz (empty while it is not ready)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/healthz", timeout=2) as resp:
+        body = json.loads(resp.read())
+    return set(body.get("partitions") or ()) if body.get("status") == "ok" else set()
+
+
+def _drained(settings: Any, join: WorkerProcess) -> bool:
+    app = f"app-{settings.topic_prefix}"
+    b = settings.kafka_bootstrap
+    return (
+        group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
+        and join.metric("ttft_open_requests") == 0
+        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
+    )
+
+
+@pytest.mark.timeout(420)
+def test_killed_join_worker_partitions_move_to_survivor(
+    kafka_settings: Any, tmp_path: Path, record_property: Any
+) -> None:
+    traffic = build_traffic(N_REQUESTS, start_ms=time.time() * 1000 - 60_000, spacing_ms=2.0, prefix="scale")
+    all_partitions = set(range(kafka_settings.partitions))
+    pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
+    topic = kafka_settings.topic("stage-events")
+    total = len(traffic.messages)
+    try:
+        writer = pipe.start("writer", free_port())
+        victim = pipe.start("join", free_port(), worker_id="join-a")
+        survivor = pipe.start("join", free_port(), worker_id="join-b")
+        for worker in (writer, victim, survivor):
+            pipe.wait_healthy(worker)
+
+        def _split() -> bool:
+            mine, theirs = owned_partitions(victim), owned_partitions(survivor)
+            return bool(mine) and bool(theirs) and not mine & theirs and mine | theirs == all_partitions
+
+        pipe.wait_for(_split, 90, "both join workers to own a share of the partitions")
+        split = (sorted(owned_partitions(victim)), sorted(owned_partitions(survivor)))
+
+        # Paced so that the kill lands mid-stream and the survivor still has work arriving afterwards.
+        chunk = 2_000
+
+        def _produce() -> None:
+            for i in range(0, total, chunk):
+                produce_sync(kafka_settings.kafka_bootstrap, topic, traffic.messages[i : i + chunk])
+                time.sleep(0.15)
+
+        producer = threading.Thread(target=_produce, daemon=True)
+        producer.start()
+
+        def _kill_point() -> bool:
+            consumed = [w.metric("ttft_events_consumed_total") for w in (victim, survivor)]
+            return min(consumed) > 0 and sum(consumed) >= total * 0.3
+
+        pipe.wait_for(_kill_point, 120, "both join workers consuming, 30 % of the events consumed")
+        victim.proc.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        victim.proc.wait(10)
+        pipe.wait_for(
+            lambda: owned_partitions(survivor) == all_partitions, MOVE_BUDGET_S + 30, "the partitions to move"
+        )
+        move_s = time.monotonic() - killed_at
+        record_property("partition_move_seconds", round(move_s, 2))
+        print(f"\nsplit before kill {split}; all {len(all_partitions)} partitions on the survivor after {move_s:.1f} s")
+
+        producer.join(180)
+        assert not producer.is_alive()
+        pipe.wait_for(lambda: _drained(kafka_settings, survivor), 240, "the survivor to drain")
+        drained_s = time.monotonic() - killed_at
+        record_property("drained_after_kill_seconds", round(drained_s, 2))
+        print(f"drained {drained_s:.1f} s after the kill")
+        assert pipe.stop(survivor) == 0
+        assert pipe.stop(writer) == 0
+    finally:
+        pipe.stop_all()
+    assert move_s <= MOVE_BUDGET_S, f"partitions moved after {move_s:.1f} s"
+    _check_store(pipe, traffic)
