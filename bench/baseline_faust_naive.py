@@ -1,4 +1,4 @@
-"""Baseline B, the peer: :mod:`bench.naive_join_app` as a Faust worker subprocess over a prefix of the traffic.
+"""Baseline B, the peer: :mod:`bench.naive_join_app` as a Faust worker process over a prefix of the traffic.
 
 Timed from the first event the worker reads (the wall time it writes to its stats file) until the
 consumer group has committed every event and the output topic holds one record per request: the same

@@ -1,4 +1,4 @@
-"""Simulator speed: events/s of :func:`streams.sim.generate` next to a plain ``orjson.dumps`` of the same events.
+"""Simulator speed: events/s of :func:`streams.sim.generate` next to ``orjson.dumps`` of the same events.
 
 The ratio says how much the latency model costs on top of serialising its output; both run in this
 process, one after the other, on the same events.

@@ -78,7 +78,15 @@ def _ttft_over_time(settings: Settings) -> PanelSpec:
         description="End-to-end TTFT percentiles merged from the stored sketches per interval, with each "
         "tenant's SLO (tenants.<id>.slo_ms). Completeness is the panel beside it.",
         check=PercentileCheck(P95_P99, group=("tenant_id",), stage="ttft", by_time=True),
-        field_config={"custom": {"drawStyle": "line", "lineWidth": 1, "showPoints": "never"}},
+        overrides=(
+            {
+                "matcher": {"id": "byRegexp", "options": "/slo_ms/"},
+                "properties": [
+                    {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                    {"id": "custom.lineWidth", "value": 2},
+                ],
+            },
+        ),
         width=16,
     )
 

@@ -61,6 +61,7 @@ class PanelSpec:
     check: PercentileCheck | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     field_config: Mapping[str, Any] = field(default_factory=dict)
+    overrides: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +138,7 @@ def _panel_json(spec: PanelSpec, panel_id: int, grid: dict[str, int]) -> dict[st
         "interval": MIN_INTERVAL,
         "maxDataPoints": MAX_DATA_POINTS,
         "targets": [_target(spec.sql, spec.fmt)],
-        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "fieldConfig": {"defaults": defaults, "overrides": [dict(o) for o in spec.overrides]},
         "options": options,
     }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import threading
 import time
 import uuid
@@ -65,6 +66,8 @@ class StoryRun:
     #: counts of the late request's (tenant, version, ttft, window) row, in publication order
     late_row_publications: list[int] = field(default_factory=list)
     amendments_metric: float = 0.0
+    #: the writer's amendment counter just before the late request was produced
+    amendments_before_late: float = 0.0
     #: writer metrics sampled at the kill (crash run only)
     kill_point: dict[str, float] = field(default_factory=dict)
     breakdowns: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -137,6 +140,7 @@ def _run_story(settings: Settings, home: Path, *, crash: bool) -> StoryRun:
         if failures:
             raise failures[0]
         pair.wait_drained(600, "the story to be joined, stored and its windows closed")
+        run.amendments_before_late = pair.writer.metric("ttft_window_amendments_total")
         # The late request: every stage inside an already closed window, produced now.
         late = late_request_messages(
             LATE_REQUEST_ID,
@@ -149,7 +153,10 @@ def _run_story(settings: Settings, home: Path, *, crash: bool) -> StoryRun:
         )
         produce_sync(settings.kafka_bootstrap, settings.topic("stage-events"), late)
         pair.pipe.wait_for(
-            lambda: pair.writer.metric("ttft_window_amendments_total") > 0 and pair.drained(),
+            lambda: (
+                pair.writer.metric("ttft_window_amendments_total") > run.amendments_before_late
+                and pair.drained()
+            ),
             120,
             "the late request to amend its closed window",
         )
@@ -221,16 +228,18 @@ def test_late_record_amends_its_closed_window_and_matches_numpy(story_reference:
     run = story_reference
     late = [r for r in run.late_window_requests if r["request_id"] == LATE_REQUEST_ID]
     assert len(late) == 1 and late[0]["status"] == "complete", late
-    assert run.amendments_metric >= 1
+    assert run.amendments_metric > run.amendments_before_late
     health = [h for h in run.late_window_health if (h["tenant_id"], h["version_id"]) == (STORY_TENANT, "v12")]
     assert len(health) == 1 and health[0]["amendments"] >= 1, health
     pubs = run.late_row_publications
-    assert len(pubs) >= 2 and pubs[-1] == pubs[0] + 1, f"ttft row counts as published: {pubs}"
+    # Published once without the late request, then amended to include it.
+    assert len(pubs) >= 2 and pubs[-1] - 1 in pubs[:-1], f"ttft row counts as published: {pubs}"
     rows = [r for k, r in run.stage_windows.items() if k[0] == run.late_window_ms]
     checked, problems = numpy_window_check(run.late_window_requests, rows)
     print(
         f"late window {run.late_window_ms}: {len(run.late_window_requests)} requests, {len(rows)} rows, "
-        f"{checked} quantiles checked, publications {pubs}, amendments {run.amendments_metric}"
+        f"{checked} quantiles checked, publications {pubs}, amendments {run.amendments_before_late:.0f} -> "
+        f"{run.amendments_metric:.0f}"
     )
     assert not problems, problems[:10]
     assert checked >= 30
@@ -278,3 +287,50 @@ def test_breakdown_names_llm_first_and_ttft_p95_is_not_the_sum(story_reference: 
     total, true = after["parent_p95_sum"], after["ttft_p95"]
     assert total is not None and true is not None
     assert abs(total - true) > 0.05 * true, (total, true)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason=(
+        "streams/app/window_closer.py:112-120: one idle_tick (1 s) without records makes the writer move its "
+        "watermark to the wall clock, even while the join still has a backlog of historical events; every "
+        "later record becomes a late amendment, which alerting_hook.on_window never judges"
+    ),
+)
+def test_writer_watermark_waits_out_a_join_pause(kafka_settings: Any, tmp_path: Path) -> None:
+    from streams.sim import generate
+
+    start_ms = historical_start_ms(hours_ago=2)
+    traffic = [
+        (k, v)
+        for k, v, _ in generate(
+            "steady", rate_rps=5, duration_s=600, tenants=["acme"], seed=3, start_ms=start_ms
+        )
+    ]
+    end_ms = start_ms + 600_000
+    pair = PipelinePair.start(kafka_settings, tmp_path)
+    try:
+        produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), traffic)
+        pair.pipe.wait_for(
+            lambda: pair.writer.metric("ttft_records_written_total") >= 300, 120, "the first records"
+        )
+        pair.join.proc.send_signal(signal.SIGSTOP)  # a 3 s stall of the join: GC, rebalance, a busy host
+        try:
+            time.sleep(3.0)
+            watermark = pair.writer.metric("ttft_writer_watermark_ms")
+            written = pair.writer.metric("ttft_records_written_total")
+        finally:
+            pair.join.proc.send_signal(signal.SIGCONT)
+        if written >= 0.9 * len(traffic) / 7:  # ~7 events per request
+            raise RuntimeError(f"the join was not behind at the pause ({written:.0f} records written)")
+        pair.wait_drained(180)
+        amendments = pair.writer.metric("ttft_window_amendments_total")
+        pair.stop()
+    finally:
+        pair.pipe.stop_all()
+    print(
+        f"writer watermark during the pause: {(watermark - end_ms) / 1000:+.0f} s past the traffic's end; "
+        f"{amendments:.0f} window amendments without any late event"
+    )
+    assert watermark <= end_ms + 60_000

@@ -1,0 +1,204 @@
+"""``python -m bench``: every measurement of issue 7 in one run, on one broker; a JSON file and a table.
+
+Order matters on 2 cores: the simulator speed is measured before the broker starts; the raw baseline
+reads the pipeline's topic before the pipeline's workers start; each later phase has the machine to
+itself apart from the broker (and whatever else runs on the machine, which the CPU figures show).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bench.results import RESULTS_DIR, RunReport, git_commit, machine_info, render_markdown, render_tables
+from bench.traffic import EVENTS_PER_REQUEST, Traffic, build_traffic
+
+PHASES = ("simspeed", "raw", "pipeline", "lag", "naive", "memory", "scaleout", "quix")
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+DOC_START, DOC_END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
+
+console = Console(stderr=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--events", type=int, default=None, help="stage events of the throughput traffic")
+    p.add_argument("--requests", type=int, default=None, help="or: requests of the throughput traffic")
+    p.add_argument("--naive-requests", type=int, default=None, help="requests baseline B runs over")
+    p.add_argument("--open-requests", type=int, default=100_000, help="open requests of the memory phase")
+    p.add_argument("--lag-rate", type=float, default=5_000.0, help="offered events/s of the lag phase")
+    p.add_argument("--lag-seconds", type=float, default=30.0, help="length of the lag phase")
+    p.add_argument("--skip", action="append", default=[], help=f"phases to skip, any of {','.join(PHASES)}")
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every phase (~2 min)")
+    p.add_argument("--profile", action="store_true", help="py-spy the join and writer in the pipeline phase")
+    p.add_argument("--update-doc", action="store_true", help=f"write the results table into {DOC.name}")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of the JSON result")
+    args = p.parse_args(argv)
+    args.skip = {s for item in args.skip for s in item.split(",") if s}
+    unknown = args.skip - set(PHASES)
+    if unknown:
+        p.error(f"unknown phase(s) {sorted(unknown)}; known: {', '.join(PHASES)}")
+    if args.events is None:
+        args.events = (
+            int(args.requests * EVENTS_PER_REQUEST) if args.requests else (40_000 if args.quick else 240_000)
+        )
+    if args.naive_requests is None:
+        args.naive_requests = 1_500 if args.quick else 8_000
+    if args.quick:
+        args.open_requests = min(args.open_requests, 20_000)
+        args.lag_seconds = min(args.lag_seconds, 10.0)
+    return args
+
+
+class Run:
+    """Collects figures and details phase by phase; a failing phase is recorded, the run goes on."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, float | None] = {}
+        self.details: dict[str, Any] = {}
+        self.failed: list[str] = []
+
+    def phase(self, name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        console.rule(f"[bold]{name}")
+        started = time.monotonic()
+        try:
+            result = fn()
+        except Exception as exc:  # a broken phase must not hide the others' figures
+            console.print(f"[red]{name} failed: {exc!r}")
+            self.details[name] = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
+            self.failed.append(name)
+            return
+        if "figures" not in result:
+            result = {"figures": result, "details": {}}
+        self.figures.update(result["figures"])
+        self.details[name] = {**result.get("details", {}), "phase_seconds": time.monotonic() - started}
+        shown = ", ".join(f"{k}={v:,.1f}" for k, v in result["figures"].items() if isinstance(v, float | int))
+        console.print(f"{name}: {shown} ({time.monotonic() - started:.0f} s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from streams.kafka.broker import LocalBroker, missing_prerequisite
+
+    reason = missing_prerequisite()
+    if reason:
+        console.print(f"[red]cannot run the benchmark: {reason}")
+        return 2
+    started_at = datetime.now(UTC)
+    wall0 = time.monotonic()
+    run = Run()
+    if "simspeed" not in args.skip:
+        from bench.simspeed import measure_simspeed
+
+        run.phase("simspeed", measure_simspeed)
+    root = Path(tempfile.mkdtemp(prefix="ttft-bench-"))
+    broker = LocalBroker(root / "broker")
+    traffic_box: list[Traffic] = []
+    gen = threading.Thread(target=lambda: traffic_box.append(build_traffic(args.events)), daemon=True)
+    gen.start()  # the simulator runs while the JVM starts; the broker stays on the main thread (pdeathsig)
+    env: Any = None
+    try:
+        console.print(f"broker ready in {broker.start():.1f} s; generating {args.events:,} events ...")
+        gen.join()
+        traffic = traffic_box[0]
+        console.print(f"traffic: {traffic.events:,} events, {traffic.requests:,} requests")
+        env = _run_phases(run, args, broker, root, traffic)
+        if broker.pid:
+            from bench.procstat import MIB, read_proc
+
+            run.figures["rss_peak_broker_mb"] = read_proc(broker.pid).peak_rss_bytes / MIB
+    finally:
+        if env is not None:
+            env.stop_all()
+        broker.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    meta = {
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": machine_info(),
+        "wall_s": time.monotonic() - wall0,
+        "args": {
+            k: (sorted(v) if isinstance(v, set) else str(v) if isinstance(v, Path) else v)
+            for k, v in vars(args).items()
+        },
+        "failed_phases": run.failed,
+    }
+    report = RunReport(run.figures, meta, run.details)
+    path = report.write(args.out)
+    out = Console()
+    for table in render_tables(report):
+        out.print(table)
+    console.print(f"results: {path} ({meta['wall_s']:.0f} s)")
+    if args.update_doc:
+        _update_doc(render_markdown(report))
+    return 1 if run.failed else 0
+
+
+def _run_phases(run: Run, args: argparse.Namespace, broker: Any, root: Path, traffic: Traffic) -> Any:
+    from bench.harness import BenchEnv
+    from bench.pipeline import PipelineSession
+
+    env = BenchEnv(broker, root)
+    profile_dir = args.out if args.profile else None
+    wants_pipeline = "pipeline" not in args.skip
+    session = PipelineSession(env, traffic) if wants_pipeline or "raw" not in args.skip else None
+    if session is not None:
+        rate = session.produce_traffic()
+        console.print(f"pre-produced {traffic.events:,} events at {rate:,.0f} ev/s")
+    if "raw" not in args.skip and session is not None:
+        from bench.baseline_raw import measure_raw
+
+        topic = session.settings.topic("stage-events")
+        run.phase("raw (baseline A)", lambda: measure_raw(env.bootstrap, topic))
+    if wants_pipeline and session is not None:
+        s = session
+        run.phase("pipeline (ours)", lambda: s.measure_throughput(profile_dir))
+        if "lag" not in args.skip and "pipeline (ours)" not in run.failed:
+            from bench.lag import measure_lag
+
+            run.phase("lag", lambda: measure_lag(s, args.lag_rate, args.lag_seconds))
+        run.phase("pipeline stop", lambda: {"figures": s.stop()})
+        run.phase("store check", lambda: s.verify_store(s.requests_expected))
+    if "naive" not in args.skip:
+        from bench.baseline_faust_naive import measure_naive
+
+        run.phase("naive (baseline B)", lambda: measure_naive(env, traffic, args.naive_requests))
+    if "memory" not in args.skip:
+        from bench.memory import measure_open_requests
+
+        run.phase("memory", lambda: measure_open_requests(env, traffic, args.open_requests))
+    if "scaleout" not in args.skip:
+        from bench.scaleout import measure_scaleout
+
+        run.phase("scale-out", lambda: measure_scaleout(env, traffic))
+    if "quix" not in args.skip:
+        from bench.quix import measure_quix
+
+        run.phase("quix", measure_quix)
+    return env
+
+
+def _update_doc(markdown: str) -> None:
+    text = DOC.read_text() if DOC.exists() else ""
+    if DOC_START not in text or DOC_END not in text:
+        console.print(f"[yellow]{DOC} has no {DOC_START} block; not updated")
+        return
+    head, rest = text.split(DOC_START, 1)
+    _, tail = rest.split(DOC_END, 1)
+    DOC.write_text(f"{head}{DOC_START}\n{markdown}{DOC_END}{tail}")
+    console.print(f"updated {DOC}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Lag: produce -> request row visible, at a steady offered load, on the running pipeline session.
+
+Method (conservative, every error makes the lag look larger):
+
+* produced: live simulator traffic paced to the wall clock at ``rate`` events/s; a request is "produced"
+  at the scheduled wall time of its *last* event (the row cannot be complete before it). The paced
+  producer flushes its batches before every wait, so a message leaves within a few ms of that time.
+* visible: the writer commits a ``<prefix>.requests`` offset only after the rows of that batch were
+  inserted, so a record is visible no later than the first time the writer group's committed offset on
+  its partition is past it. The committed offsets are polled every 100 ms; the poll's wall time after the
+  answer is used. Records are tied to request ids by reading the topic's keys afterwards.
+
+The join grace (``join.grace_ms``) is part of the lag by design: a request is emitted once the event-time
+watermark passes its first token + grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from bench.harness import Offsets, read_keys
+from bench.pipeline import PipelineSession
+from bench.traffic import EVENTS_PER_REQUEST, SCENARIO
+from streams.kafka.topics import kafka_client_kwargs
+from streams.sim import generate
+from streams.sim.produce import Pacer, produce_messages
+
+#: (wall time of the poll, {partition: committed offset})
+CommitSample = tuple[float, dict[int, int]]
+
+
+class WallPacer(Pacer):
+    """Event time -> wall time at 1x, with the wall origin (``time.time()``) kept for the lag maths."""
+
+    def __init__(self, start_ms: float) -> None:
+        super().__init__(start_ms, 1.0, clock=time.time)
+        self.origin: float | None = None
+
+    def delay_s(self, ts_ms: float) -> float:
+        now = time.time()
+        if self.origin is None:
+            self.origin = now
+        return self.origin + (ts_ms - self.start_ms) / 1000.0 - now
+
+    def wall_of(self, ts_ms: float) -> float:
+        assert self.origin is not None
+        return self.origin + (ts_ms - self.start_ms) / 1000.0
+
+
+def lags_ms(
+    keys: Mapping[tuple[int, int], bytes],
+    commits: Sequence[CommitSample],
+    produced_at: Mapping[bytes, float],
+) -> list[float]:
+    """Lag in ms of every record whose key is a request of ``produced_at`` (first record per request)."""
+    by_partition: dict[int, tuple[list[float], list[int]]] = {}
+    for p in {p for p, _ in keys}:
+        by_partition[p] = ([t for t, _ in commits], [c.get(p, 0) for _, c in commits])
+    first_visible: dict[bytes, float] = {}
+    for (p, offset), key in keys.items():
+        if key not in produced_at:
+            continue
+        times, values = by_partition[p]
+        i = bisect_right(values, offset)
+        if i >= len(times):
+            continue
+        seen = first_visible.get(key)
+        if seen is None or times[i] < seen:
+            first_visible[key] = times[i]
+    return [(t - produced_at[k]) * 1000.0 for k, t in first_visible.items()]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The lower nearest-rank quantile (numpy ``method='lower'`` for these sizes)."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def measure_lag(
+    session: PipelineSession, rate_eps: float, seconds: float, timeout_s: float = 120.0
+) -> dict[str, Any]:
+    """Offer ``rate_eps`` events/s for ``seconds`` to the running session; lag percentiles per request."""
+    settings = session.settings
+    start_ms = time.time() * 1000.0
+    messages = list(
+        generate(
+            SCENARIO, rate_rps=rate_eps / EVENTS_PER_REQUEST, duration_s=seconds, seed=99, start_ms=start_ms
+        )
+    )
+    last_ts: dict[bytes, float] = {}
+    for key, _, ts in messages:
+        last_ts[key] = max(ts, last_ts.get(key, 0.0))
+    pacer = WallPacer(start_ms)
+    requests_topic = settings.topic("requests")
+    result: dict[str, Any] = asyncio.run(_run(session, messages, pacer, requests_topic, seconds, timeout_s))
+    produced_at = {k: pacer.wall_of(ts) for k, ts in last_ts.items()}
+    keys = read_keys(settings.kafka_bootstrap, result["starts"], result["ends"])
+    lags = lags_ms(keys, result["commits"], produced_at)
+    missing = len(produced_at) - len(lags)
+    if missing:
+        raise AssertionError(f"{missing} of {len(produced_at)} lag-run requests never became visible")
+    session.requests_expected += len(produced_at)
+    return {
+        "figures": {
+            "lag_offered_eps": rate_eps,
+            "lag_achieved_eps": len(messages) / result["produce_s"],
+            "join_grace_ms": float(settings.join.grace_ms),
+            "lag_p50_ms": percentile(lags, 0.5),
+            "lag_p95_ms": percentile(lags, 0.95),
+            "lag_max_ms": max(lags),
+        },
+        "details": {
+            "events": len(messages),
+            "requests": len(produced_at),
+            "seconds": seconds,
+            "commit_polls": len(result["commits"]),
+            "idle_tick_ms": settings.join.idle_tick_ms,
+        },
+    }
+
+
+async def _run(
+    session: PipelineSession,
+    messages: list[Any],
+    pacer: WallPacer,
+    requests_topic: str,
+    seconds: float,
+    timeout_s: float,
+) -> dict[str, Any]:
+    settings = session.settings
+    group = f"{settings.app_id}-writer"
+    join = session.join
+    assert join is not None
+    async with Offsets(settings.kafka_bootstrap) as offsets:
+        starts = await offsets.ends([requests_topic])
+        commits: list[CommitSample] = []
+        producing = asyncio.create_task(
+            produce_messages(
+                messages,
+                topic=settings.topic("stage-events"),
+                client_kwargs=kafka_client_kwargs(settings),
+                pacer=pacer,
+            )
+        )
+        deadline = time.monotonic() + seconds + timeout_s
+        ends: dict[TopicPartition, int] = {}
+        while time.monotonic() < deadline:
+            committed = await offsets.committed(group)
+            commits.append(
+                (time.time(), {tp.partition: o for tp, o in committed.items() if tp.topic == requests_topic})
+            )
+            # Nothing open after the last event was produced: every record is on the topic, so the ends
+            # read now are final, and the run is over once the writer has committed up to them.
+            if producing.done() and join.metric("ttft_open_requests") == 0:
+                ends = await offsets.ends([requests_topic])
+                committed = await offsets.committed(group)
+                commits.append(
+                    (
+                        time.time(),
+                        {tp.partition: o for tp, o in committed.items() if tp.topic == requests_topic},
+                    )
+                )
+                if all(commits[-1][1].get(tp.partition, 0) >= end for tp, end in ends.items()):
+                    break
+            await asyncio.sleep(0.1)
+        else:
+            raise TimeoutError("the lag run did not drain")
+        report = producing.result()
+    return {"starts": starts, "ends": ends, "commits": commits, "produce_s": report.elapsed_s}

@@ -1,0 +1,64 @@
+"""Join-worker memory per open request: RSS before and after ``N`` requests are held open.
+
+A join worker on its own prefix, with a request timeout of an hour so nothing is finalised, receives
+``N`` ``request_start`` events (shaped like the simulator's, with its attrs) and nothing else. The RSS
+delta over ``N`` is the cost of one open request in the worker: the core's ``PendingRequest``, its
+deadline and age heap entries, and the packed copy in the Faust table that backs the changelog.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bench.harness import BenchEnv, poll_until, produce
+from bench.procstat import MIB, read_proc
+from bench.traffic import Traffic, request_starts
+
+#: Long enough that no open request times out or is evicted while the run holds them.
+HOLD_MS = 3_600_000
+
+
+def measure_open_requests(
+    env: BenchEnv, traffic: Traffic, count: int, timeout_s: float = 240.0
+) -> dict[str, Any]:
+    """RSS of a join worker holding ``count`` open requests, and the delta per request."""
+    settings = env.settings("mem")
+    env.create_topics(settings)
+    pipe = env.pipeline(
+        settings,
+        TTFT_JOIN__REQUEST_TIMEOUT_MS=str(HOLD_MS),
+        TTFT_JOIN__FORGET_AFTER_MS=str(HOLD_MS),
+        TTFT_JOIN__MAX_OPEN_REQUESTS=str(max(count * 2, 200_000)),
+    )
+    template = next(m for m in traffic.messages if b'"request_start"' in m[1])
+    messages = request_starts(template, count, start_ms=time.time() * 1000.0)
+    join = env.start_worker(pipe, "join")
+    try:
+        time.sleep(2.0)  # let start-up allocations settle before the baseline
+        before = read_proc(join.proc.pid)
+        produce(settings, settings.topic("stage-events"), messages)
+        poll_until(
+            lambda: join.metric("ttft_open_requests") >= count and join.metric("ttft_unacked_events") == 0,
+            timeout_s,
+            f"{count} open requests",
+            interval_s=0.25,
+        )
+        time.sleep(1.0)
+        after = read_proc(join.proc.pid)
+        open_now = join.metric("ttft_open_requests")
+    finally:
+        pipe.stop(join)
+    delta = after.rss_bytes - before.rss_bytes
+    return {
+        "figures": {
+            "open_requests": open_now,
+            "rss_open_requests_mb": after.rss_bytes / MIB,
+            "rss_per_open_request_bytes": delta / count,
+        },
+        "details": {
+            "rss_before_mb": before.rss_bytes / MIB,
+            "rss_after_mb": after.rss_bytes / MIB,
+            "peak_rss_mb": after.peak_rss_bytes / MIB,
+        },
+    }

@@ -1,0 +1,95 @@
+"""Issue 8: `ttft replay` re-processes a run into the same tables and changes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.pipeline import REPO, Pipeline, group_lag, pipeline_env, produce_sync
+from tests.support.traffic import build_traffic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
+
+SNAPSHOT_QUERIES = {
+    "requests": "SELECT * EXCEPT (inserted_at, amendment_ids) FROM {db}.requests FINAL ORDER BY request_id",
+    "stage_windows": (
+        "SELECT window_start, tenant_id, version_id, stage, count, bins, zero_count, slo_bad_count "
+        "FROM {db}.stage_windows FINAL ORDER BY window_start, tenant_id, version_id, stage"
+    ),
+    "window_health": (
+        "SELECT window_start, tenant_id, version_id, total, complete, missing_stage, timed_out, orphan "
+        "FROM {db}.window_health FINAL ORDER BY window_start, tenant_id, version_id"
+    ),
+    "alerts": "SELECT fingerprint, state, event_at FROM {db}.alerts FINAL ORDER BY fingerprint, state, event_at",
+    "dead_letters": (
+        "SELECT source_partition, source_offset, reason_code FROM {db}.dead_letters FINAL "
+        "ORDER BY source_partition, source_offset"
+    ),
+}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _snapshot(pipe: Pipeline) -> dict[str, list[dict[str, Any]]]:
+    return {name: pipe.query(sql) for name, sql in SNAPSHOT_QUERIES.items()}
+
+
+def test_replay_of_a_run_leaves_every_table_unchanged(kafka_settings: Any, tmp_path: Path) -> None:
+    # Historical event time, so every window closes once the stream is idle.
+    traffic = build_traffic(10_000, start_ms=(time.time() - 3 * 3600) * 1000, spacing_ms=60.0)
+    env = pipeline_env(kafka_settings, tmp_path)
+    pipe = Pipeline(env, tmp_path)
+    settings = kafka_settings
+    app = env["TTFT_APP_ID"]
+    produced_from_ms = int(time.time() * 1000) - 1_000
+    try:
+        writer = pipe.start("writer", _free_port())
+        join = pipe.start("join", _free_port())
+        pipe.wait_healthy(writer)
+        pipe.wait_healthy(join)
+        produce_sync(settings.kafka_bootstrap, settings.topic("stage-events"), traffic.messages)
+
+        def drained() -> bool:
+            b = settings.kafka_bootstrap
+            return (
+                group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
+                and join.metric("ttft_open_requests") == 0
+                and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
+                and writer.metric("ttft_open_windows") == 0
+                and writer.metric("ttft_windows_closed_total") > 0
+            )
+
+        pipe.wait_for(drained, 240, "the first run to drain")
+        assert pipe.stop(join) == 0
+        assert pipe.stop(writer) == 0
+    finally:
+        pipe.stop_all()
+    before = _snapshot(pipe)
+    assert len(before["requests"]) == len(traffic.truth)
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "streams.cli.main", "replay", "--from-time", str(produced_from_ms), "--timeout", "300"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        timeout=400,
+        check=False,
+    )
+    replay_s = time.monotonic() - started
+    assert out.returncode == 0, out.stdout.decode()[-2000:] + out.stderr.decode()[-3000:]
+    assert "paging muted" in out.stdout.decode()
+    after = _snapshot(pipe)
+    for name in SNAPSHOT_QUERIES:
+        assert after[name] == before[name], f"{name} changed by the replay"
+    print(f"replayed {len(traffic.messages)} events in {replay_s:.1f}s; {len(before['requests'])} requests unchanged")
