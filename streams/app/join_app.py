@@ -185,6 +185,7 @@ class JoinAdapter:
         """Idle tick: advance every owned partition's watermark on the wall clock and emit what is due."""
         if not self._recovered:
             return
+        self._update_lag()
         async with self._lock:
             now = time.time() * 1000.0
             outputs = [self._record_output(r) for r in self.core.advance_all(now)]
@@ -218,6 +219,21 @@ class JoinAdapter:
             log.exception("could not produce TTFTIngestHalted")
         sys.stderr.flush()
         os._exit(EXIT_INGEST_HALTED)
+
+    def _update_lag(self) -> None:
+        """Consumer lag per owned partition: log end offset minus the committed offset."""
+        consumer = self.app.consumer
+        committed: dict[Any, int] = getattr(consumer, "_committed_offset", {})  # faust keeps no public view
+        for tp in consumer.assignment():
+            if tp.topic != self.events_topic.get_topic_name():
+                continue
+            try:
+                highwater = consumer.highwater(tp)
+            except Exception:  # not fetched yet
+                continue
+            if highwater is not None:
+                done = committed.get(tp) or 0
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - done))
 
     # --- producing ----------------------------------------------------------------------------
 

@@ -137,8 +137,18 @@ def run_replay(
     try:
         for role in roles:
             port = _free_port()
-            cmd = [sys.executable, "-m", "streams.cli.main", "worker", "--role", role, "--worker-id",
-                   f"{plan.app_id}-{role}", "--metrics-port", str(port)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "streams.cli.main",
+                "worker",
+                "--role",
+                role,
+                "--worker-id",
+                f"{plan.app_id}-{role}",
+                "--metrics-port",
+                str(port),
+            ]
             procs[role] = (subprocess.Popen(cmd, env=env), port)
         topic = settings.topic("stage-events")
         targets = {TopicPartition(topic, p): o for p, o in plan.end.items()}
@@ -153,9 +163,11 @@ def run_replay(
                 join_port = procs["join"][1]
                 settled = done and _metric(join_port, "ttft_open_requests") == 0
                 if settled and not join_only:
-                    settled = _metric(procs["writer"][1], "ttft_unacked_records") == 0 and _writer_caught_up(
-                        settings, plan.app_id
-                    ) and _metric(procs["writer"][1], "ttft_open_windows") == 0
+                    settled = (
+                        _metric(procs["writer"][1], "ttft_unacked_records") == 0
+                        and _writer_caught_up(settings, plan.app_id)
+                        and _metric(procs["writer"][1], "ttft_open_windows") == 0
+                    )
             except OSError:
                 settled = False
             if settled:

@@ -174,6 +174,12 @@ class StoreWriter:
                 await result
         await self.consumer.commit(offsets)
         self.metrics.unacked_records.set(0)
+        for tp, committed in offsets.items():
+            highwater = self.consumer.highwater(tp)
+            if highwater is not None:
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(
+                    max(0, highwater - committed)
+                )
         self.metrics.batches.inc()
 
     async def _insert(self, table: str, fn: Callable[..., Any], *args: Any) -> Any:
