@@ -28,7 +28,7 @@ _MAX_MSG_CHARS: Final = 120
 
 
 def decode_stage_event(
-    raw_value: bytes,
+    raw_value: bytes | None,
     raw_key: bytes | None,
     topic: str,
     partition: int,
@@ -52,7 +52,7 @@ def decode_stage_event(
         return make_dead_letter(
             reason,
             detail,
-            raw_value,
+            raw_value or b"",
             topic=topic,
             partition=partition,
             offset=offset,

@@ -16,12 +16,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from streams.rules.config import RulesConfig
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from streams.rules.config import RulesConfig
 
 REQUIRED_STAGES: tuple[str, ...] = ("request_start", "retrieval", "prompt_assemble", "llm_ttft", "first_token")
 PARENT_STAGES: tuple[str, ...] = ("retrieval", "prompt_assemble", "llm_ttft")

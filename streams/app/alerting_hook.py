@@ -101,7 +101,7 @@ class AlertingHook:
     # --- live -----------------------------------------------------------------------------------
 
     async def on_window(
-        self, ws: int, agg: WindowAggregates, first_close: bool, arms: dict[Any, str]
+        self, ws: int, agg: WindowAggregates, first_close: bool, arms: dict[Any, Any]
     ) -> None:
         if not first_close:
             return  # a late amendment is stored, not judged again: transitions stay deterministic

@@ -140,13 +140,14 @@ class JoinAdapter:
 
     # --- the agent ----------------------------------------------------------------------------
 
-    async def _agent(self, stream: faust.StreamT[bytes]) -> None:
+    async def _agent(self, stream: Any) -> None:
         batch_max = self.settings.join.batch_max
         within = self.settings.join.batch_within_s
+        # noack_take yields events and never acks them: we ack once outputs are durable (faust.md §0.1).
         async for events in stream.noack_take(batch_max, within):
             await self._process_batch(stream, events)
 
-    async def _process_batch(self, stream: faust.StreamT[bytes], events: Sequence[EventT]) -> None:
+    async def _process_batch(self, stream: Any, events: Sequence[EventT[Any]]) -> None:
         m = self.metrics
         m.unacked_events.set(len(events))
         m.events_consumed.inc(len(events))

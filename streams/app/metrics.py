@@ -97,8 +97,8 @@ async def serve_metrics(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server
+    server: Any = site._server
     bound = port
     if server is not None and getattr(server, "sockets", None):
-        bound = server.sockets[0].getsockname()[1]
+        bound = int(server.sockets[0].getsockname()[1])
     return runner, bound

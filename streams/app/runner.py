@@ -61,7 +61,7 @@ def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: st
     app = create_join_app(settings, metrics, str(worker_dir))
     state: dict[str, Any] = {}
 
-    @app.task
+    @app.task  # type: ignore[untyped-decorator]
     async def _serve() -> None:
         runner, port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
         state["runner"] = runner

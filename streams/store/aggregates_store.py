@@ -152,7 +152,9 @@ def fetch_window_rows(client: Client, database: str, since_ms: float, until_ms: 
     windows = set().union(*(set(t) for t in per_table.values()))
     out: dict[int, Any] = {}
     for ws in sorted(windows):
-        arms = {k: max(v, key=lambda arm: (v[arm], arm)) for k, v in votes.get(ws, {}).items()}
+        arms: dict[tuple[str, str], Any] = {
+            k: max(v, key=lambda arm: (v[arm], arm)) for k, v in votes.get(ws, {}).items()
+        }
         out[ws] = WindowSnapshot(
             stage_windows=per_table["stage_windows"].get(ws, []),
             stage_strata=per_table["stage_strata"].get(ws, []),

@@ -476,18 +476,28 @@ WRITER_IN_FLIGHT = (
 def _wait_drained(ctx: RunContext, timeout: float = 300.0) -> None:
     s = ctx.settings
     b = s.kafka_bootstrap
-
-    def drained() -> bool:
+    deadline = time.monotonic() + timeout
+    status: dict[str, float] = {}
+    while time.monotonic() < deadline:
         join, writer = ctx.metrics(ctx.join), ctx.metrics(ctx.writer)
-        return (
-            join.get("ttft_open_requests", 1.0) == 0
-            and writer.get("ttft_open_windows", 1.0) == 0
-            and writer.get("ttft_windows_closed_total", 0.0) > 0
-            and group_lag(b, ctx.join_group, [s.topic("stage-events")]) == 0
-            and group_lag(b, ctx.writer_group, ctx.writer_topics()) == 0
-        )
-
-    ctx.pipe.wait_for(drained, timeout, "the pipeline to drain and close its windows")
+        status = {
+            "open_requests": join.get("ttft_open_requests", -1.0),
+            "open_windows": writer.get("ttft_open_windows", -1.0),
+            "windows_closed": writer.get("ttft_windows_closed_total", 0.0),
+            "join_lag": float(group_lag(b, ctx.join_group, [s.topic("stage-events")])),
+            "writer_lag": float(group_lag(b, ctx.writer_group, ctx.writer_topics())),
+        }
+        if (
+            status["open_requests"] == 0
+            and status["open_windows"] == 0
+            and status["windows_closed"] > 0
+            and status["join_lag"] == 0
+            and status["writer_lag"] == 0
+        ):
+            return
+        time.sleep(0.5)
+    logs = "\n".join(f"--- {w.role}:{w.port}\n{w.log()[-2000:]}" for w in ctx.pipe.workers)
+    raise AssertionError(f"the pipeline did not drain in {timeout}s: {status}\n{logs}")
 
 
 async def _committed(bootstrap: str, group: str) -> dict[str, int]:

@@ -1,0 +1,180 @@
+"""The demo's story in event time: which scenarios, when, how fast, and how hard it is compressed (pure).
+
+The story is historical traffic ending a little before now: ``seed-story`` (four phases: the "before"
+world, then parallel recall, a stable prompt prefix, routing + speculative decoding) followed by
+``canary-regression`` (the fixed world, then a bad canary ``v13`` on a quarter of the traffic). Its event
+time is a fixed :data:`STORY_MINUTES` whatever ``--duration`` is; the duration sets how fast event time
+runs (``speedup``) and the request rates, so a shorter demo tells the same story with fewer requests.
+
+Why these numbers:
+
+- Phases are whole windows (W = 60 s) starting on a window boundary, so a phase is exactly a set of
+  windows and the breakdown of a phase reads only that phase's requests.
+- The story ends :data:`END_MARGIN_MS` (and a window boundary) before now: once the producer stops,
+  the writer's idle watermark (wall clock minus the join timeout) passes every window at once, so the
+  last windows close within seconds instead of a window + grace later.
+- ``TTFTCanaryFailed`` needs 1,000 samples per arm over 5 windows (``rules.canary``); the canary arm
+  is 25 % of the traffic and the largest tenant takes ~43 %, so that needs ~35 req/s in the canary
+  part. ``TTFTDraftAcceptanceLow`` needs 50 canary samples per window, ~8 req/s. The default duration
+  affords the former; a 60 s demo only the latter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+from typing import Final
+
+from streams.sim import DEFAULT_TENANTS, generate, phases
+from streams.sim.traffic import Message
+
+WINDOW_MS: Final = 60_000
+#: Event-time length of each seed-story phase, and of the whole canary-regression part (minutes).
+SEED_PHASE_MINUTES: Final = 4
+CANARY_MINUTES: Final = 10
+STORY_MINUTES: Final = 4 * SEED_PHASE_MINUTES + CANARY_MINUTES
+END_MARGIN_MS: Final = 120_000
+#: Request rates (per second of event time) at the reference duration; scaled linearly with the duration.
+REFERENCE_DURATION_S: Final = 180.0
+SEED_RATE_RPS: Final = 15.0
+CANARY_RATE_RPS: Final = 40.0
+#: Floors: enough "before" requests for a stable P95 (~1,400), and enough canary samples per window for
+#: the draft-acceptance rule.
+MIN_SEED_RATE_RPS: Final = 6.0
+MIN_CANARY_RATE_RPS: Final = 12.0
+MAX_SCALE: Final = 1.5
+#: Stage events per request of the simulator (for the event estimate only).
+EVENTS_PER_REQUEST: Final = 8.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoryPart:
+    """One scenario of the story: ``duration_s`` of event time from ``start_ms`` at ``rate_rps``."""
+
+    scenario: str
+    start_ms: int
+    duration_s: int
+    rate_rps: float
+
+    @property
+    def end_ms(self) -> int:
+        return self.start_ms + self.duration_s * 1000
+
+    @property
+    def expected_requests(self) -> int:
+        return round(self.duration_s * self.rate_rps)
+
+
+@dataclass(frozen=True, slots=True)
+class StoryPhase:
+    """A named stretch of the story, ``[start_ms, end_ms)``; ``label`` is ``scenario/phase``."""
+
+    scenario: str
+    name: str
+    start_ms: int
+    end_ms: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    """What the demo produces and how fast: event time runs ``speedup`` times faster than the wall clock."""
+
+    parts: tuple[StoryPart, ...]
+    speedup: float
+    seed: int
+    tenants: tuple[str, ...]
+    duration_s: float
+
+    @property
+    def start_ms(self) -> int:
+        return self.parts[0].start_ms
+
+    @property
+    def end_ms(self) -> int:
+        return self.parts[-1].end_ms
+
+    @property
+    def expected_requests(self) -> int:
+        return sum(p.expected_requests for p in self.parts)
+
+    @property
+    def expected_events(self) -> int:
+        return round(self.expected_requests * EVENTS_PER_REQUEST)
+
+    def part(self, scenario: str) -> StoryPart:
+        """The part playing ``scenario``; ``KeyError`` if the story has none."""
+        for p in self.parts:
+            if p.scenario == scenario:
+                return p
+        raise KeyError(scenario)
+
+    def phases(self) -> list[StoryPhase]:
+        """Every phase of every part, in event-time order (boundaries from :func:`streams.sim.phases`)."""
+        out = []
+        for p in self.parts:
+            for name, start, end in phases(p.scenario, p.start_ms, p.duration_s):
+                out.append(StoryPhase(p.scenario, name, round(start), round(end)))
+        return out
+
+    def phase(self, scenario: str, name: str) -> StoryPhase:
+        """One phase by scenario and name; ``KeyError`` if absent."""
+        for ph in self.phases():
+            if ph.scenario == scenario and ph.name == name:
+                return ph
+        raise KeyError(f"{scenario}/{name}")
+
+    def phase_at(self, ts_ms: float) -> StoryPhase | None:
+        """The phase containing event time ``ts_ms`` (None outside the story)."""
+        for ph in self.phases():
+            if ph.start_ms <= ts_ms < ph.end_ms:
+                return ph
+        return None
+
+    def messages(self) -> Iterator[Message]:
+        """The story's stage events, part after part (each in emission order; deterministic for the seed).
+
+        A part's last requests complete a few seconds into the next part, which the pipeline absorbs as
+        ordinary out-of-order events (event time, grace).
+        """
+        return chain.from_iterable(
+            generate(
+                p.scenario,
+                rate_rps=p.rate_rps,
+                duration_s=p.duration_s,
+                tenants=self.tenants,
+                seed=self.seed + index,
+                start_ms=p.start_ms,
+            )
+            for index, p in enumerate(self.parts)
+        )
+
+
+def plan_demo(
+    duration_s: float, now_ms: float, *, seed: int = 7, tenants: tuple[str, ...] = tuple(DEFAULT_TENANTS)
+) -> DemoPlan:
+    """The story for a demo whose traffic should take about ``duration_s`` of wall time, ending before now.
+
+    Raises ``ValueError`` for a duration below 10 s (nothing meaningful fits).
+    """
+    if duration_s < 10:
+        raise ValueError("the demo needs at least 10 s of traffic")
+    scale = min(duration_s / REFERENCE_DURATION_S, MAX_SCALE)
+    end_ms = int((now_ms - END_MARGIN_MS) // WINDOW_MS * WINDOW_MS)
+    canary_start = end_ms - CANARY_MINUTES * WINDOW_MS
+    seed_start = canary_start - 4 * SEED_PHASE_MINUTES * WINDOW_MS
+    parts = (
+        StoryPart("seed-story", seed_start, 4 * SEED_PHASE_MINUTES * 60, max(MIN_SEED_RATE_RPS, SEED_RATE_RPS * scale)),
+        StoryPart(
+            "canary-regression",
+            canary_start,
+            CANARY_MINUTES * 60,
+            max(MIN_CANARY_RATE_RPS, CANARY_RATE_RPS * scale),
+        ),
+    )
+    span_s = (end_ms - seed_start) / 1000.0
+    return DemoPlan(parts=parts, speedup=span_s / duration_s, seed=seed, tenants=tenants, duration_s=duration_s)
