@@ -50,9 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown phase(s) {sorted(unknown)}; known: {', '.join(PHASES)}")
     if args.events is None:
-        args.events = (
-            int(args.requests * EVENTS_PER_REQUEST) if args.requests else (40_000 if args.quick else 240_000)
-        )
+        args.events = int(args.requests * EVENTS_PER_REQUEST) if args.requests else (40_000 if args.quick else 240_000)
     if args.naive_requests is None:
         args.naive_requests = 1_500 if args.quick else 8_000
     if args.quick:

@@ -21,9 +21,7 @@ from bench.traffic import Traffic, first_requests
 from tests.support.pipeline import REPO
 
 
-def measure_naive(
-    env: BenchEnv, traffic: Traffic, requests: int, timeout_s: float = 300.0
-) -> dict[str, float | None]:
+def measure_naive(env: BenchEnv, traffic: Traffic, requests: int, timeout_s: float = 300.0) -> dict[str, float | None]:
     """Events/s and peak RSS of baseline B over the events of the first ``requests`` requests."""
     settings = env.settings("naive")
     env.create_topics(settings, ["stage-events", "requests"])
@@ -50,9 +48,7 @@ def measure_naive(
     try:
         expected_requests = len({m[0] for m in messages})
         ended, peak = asyncio.run(
-            _wait_done(
-                env, proc, log_path, app_id, events_topic, requests_topic, expected_requests, timeout_s
-            )
+            _wait_done(env, proc, log_path, app_id, events_topic, requests_topic, expected_requests, timeout_s)
         )
         first = json.loads(stats.read_text())["first_event_at"]
         elapsed = ended - first

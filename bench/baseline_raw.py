@@ -1,4 +1,4 @@
-"""Baseline A, the ceiling: the pre-produced topic read with aiokafka ``getmany``, each value ``orjson.loads``-ed.
+"""Baseline A, the ceiling: the pre-produced topic read with aiokafka ``getmany``, each value orjson-decoded.
 
 No group, no commits, no validation, no output: the fastest a Python consumer on this machine gets the
 same bytes off the same broker. Timed from the first message received to the last one decoded.
@@ -10,10 +10,19 @@ import asyncio
 import time
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from bench.harness import topic_partitions
 
 
 async def _consume(bootstrap: str, topic: str) -> tuple[int, float]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        tps = await topic_partitions(admin, topic)
+    finally:
+        await admin.close()
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -22,8 +31,6 @@ async def _consume(bootstrap: str, topic: str) -> tuple[int, float]:
     )
     await consumer.start()
     try:
-        await consumer.topics()
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         ends = await consumer.end_offsets(tps)
         total = sum(ends.values())
         consumer.assign(tps)

@@ -74,11 +74,17 @@ class BenchEnv:
 
 
 def poll_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.1) -> float:
-    """Call ``predicate`` until it is true; returns the wall time (``time.time()``) it first was."""
+    """Call ``predicate`` until it is true; returns the wall time (``time.time()``) it first was.
+
+    An ``OSError`` (a worker's /metrics slow to answer on a busy machine) counts as "not yet".
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if predicate():
-            return time.time()
+        try:
+            if predicate():
+                return time.time()
+        except OSError:
+            pass
         time.sleep(interval_s)
     raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
@@ -108,11 +114,7 @@ class Offsets:
 
     async def partitions(self, topic: str) -> list[TopicPartition]:
         if topic not in self._tps:
-            await self.consumer.topics()
-            found = sorted(self.consumer.partitions_for_topic(topic) or ())
-            if not found:
-                raise RuntimeError(f"topic {topic} has no partitions")
-            self._tps[topic] = [TopicPartition(topic, p) for p in found]
+            self._tps[topic] = await topic_partitions(self.admin, topic)
         return self._tps[topic]
 
     async def ends(self, topics: Sequence[str]) -> dict[TopicPartition, int]:
@@ -131,6 +133,18 @@ class Offsets:
         ends = await self.ends(topics)
         done = await self.committed(group)
         return sum(max(0, end - done.get(tp, 0)) for tp, end in ends.items())
+
+
+async def topic_partitions(admin: AIOKafkaAdminClient, topic: str) -> list[TopicPartition]:
+    """The partitions of ``topic`` from the broker's metadata (a group-less consumer has none cached)."""
+    for entry in await admin.describe_topics([topic]):
+        if entry.get("topic") == topic and entry.get("partitions"):
+            return [TopicPartition(topic, p["partition"]) for p in sorted(entry["partitions"], key=_pid)]
+    raise RuntimeError(f"topic {topic} has no partitions")
+
+
+def _pid(p: dict[str, Any]) -> int:
+    return int(p["partition"])
 
 
 async def poll_until_async(

@@ -85,16 +85,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def measure_lag(
-    session: PipelineSession, rate_eps: float, seconds: float, timeout_s: float = 120.0
-) -> dict[str, Any]:
+def measure_lag(session: PipelineSession, rate_eps: float, seconds: float, timeout_s: float = 120.0) -> dict[str, Any]:
     """Offer ``rate_eps`` events/s for ``seconds`` to the running session; lag percentiles per request."""
     settings = session.settings
     start_ms = time.time() * 1000.0
     messages = list(
-        generate(
-            SCENARIO, rate_rps=rate_eps / EVENTS_PER_REQUEST, duration_s=seconds, seed=99, start_ms=start_ms
-        )
+        generate(SCENARIO, rate_rps=rate_eps / EVENTS_PER_REQUEST, duration_s=seconds, seed=99, start_ms=start_ms)
     )
     last_ts: dict[bytes, float] = {}
     for key, _, ts in messages:

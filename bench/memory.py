@@ -19,9 +19,7 @@ from bench.traffic import Traffic, request_starts
 HOLD_MS = 3_600_000
 
 
-def measure_open_requests(
-    env: BenchEnv, traffic: Traffic, count: int, timeout_s: float = 240.0
-) -> dict[str, Any]:
+def measure_open_requests(env: BenchEnv, traffic: Traffic, count: int, timeout_s: float = 240.0) -> dict[str, Any]:
     """RSS of a join worker holding ``count`` open requests, and the delta per request."""
     settings = env.settings("mem")
     env.create_topics(settings)

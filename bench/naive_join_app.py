@@ -87,12 +87,8 @@ class JoinedRequest(faust.Record, serializer="json"):
     stages: dict[str, float]
 
 
-events_topic = app.topic(
-    os.environ.get("BENCH_NAIVE_EVENTS_TOPIC", "bench.stage-events"), value_type=StageEvent
-)
-requests_topic = app.topic(
-    os.environ.get("BENCH_NAIVE_REQUESTS_TOPIC", "bench.requests"), value_type=JoinedRequest
-)
+events_topic = app.topic(os.environ.get("BENCH_NAIVE_EVENTS_TOPIC", "bench.stage-events"), value_type=StageEvent)
+requests_topic = app.topic(os.environ.get("BENCH_NAIVE_REQUESTS_TOPIC", "bench.requests"), value_type=JoinedRequest)
 pending = app.Table("naive-pending", default=None, value_type=PendingRequest)
 
 

@@ -241,9 +241,7 @@ def render_markdown(report: RunReport) -> str:
         "|---|---|---:|---|",
     ]
     for row in ROWS:
-        lines.append(
-            f"| {row.section} | {row.label} | {format_value(figures.get(row.key), row)} | {row.unit} |"
-        )
+        lines.append(f"| {row.section} | {row.label} | {format_value(figures.get(row.key), row)} | {row.unit} |")
     lines += ["", "| target | measured | status |", "|---|---|---|"]
     for t in report.targets:
         lines.append(f"| {t.name} | {t.measured} | {t.status} |")

@@ -43,9 +43,7 @@ def build_traffic(events: int, seed: int = 7, rate_rps: float = HISTORY_RATE_RPS
     duration_s = max(events / EVENTS_PER_REQUEST / rate_rps, 1.0)
     start_ms = (time.time() - 2 * 3600) * 1000.0
     started = time.perf_counter()
-    messages = list(
-        generate(SCENARIO, rate_rps=rate_rps, duration_s=duration_s, seed=seed, start_ms=start_ms)
-    )
+    messages = list(generate(SCENARIO, rate_rps=rate_rps, duration_s=duration_s, seed=seed, start_ms=start_ms))
     elapsed = time.perf_counter() - started
     return Traffic(messages, _request_ids(messages), elapsed)
 

@@ -77,9 +77,7 @@ def _clickhouse_url(option: str | None) -> str:
     if urlsplit(store).scheme in ("http", "https"):
         parts = urlsplit(store)
         # Never the writer's credentials: only where the server is.
-        return (
-            f"{parts.scheme}://{parts.hostname}:{parts.port or (8443 if parts.scheme == 'https' else 8123)}"
-        )
+        return f"{parts.scheme}://{parts.hostname}:{parts.port or (8443 if parts.scheme == 'https' else 8123)}"
     raise click.UsageError(
         f"Grafana needs a ClickHouse server, and TTFT_CLICKHOUSE_URL is {store.split(':')[0]}://: pass "
         f"--clickhouse-url http://HOST:8123 or set {CLICKHOUSE_URL_ENV}"
@@ -97,9 +95,7 @@ def _clickhouse_url(option: str | None) -> str:
 )
 @click.option("--force", is_flag=True, help="Write every object even when it looks unchanged.")
 @click.option("--timeout", type=float, default=TIMEOUT_S, show_default=True, help="Seconds per request.")
-def push_cmd(
-    url: str, folder: str, folder_uid: str, clickhouse_url: str | None, force: bool, timeout: float
-) -> None:
+def push_cmd(url: str, folder: str, folder_uid: str, clickhouse_url: str | None, force: bool, timeout: float) -> None:
     """Create or update the folder, the ClickHouse data source and the dashboards (idempotent).
 
     Credentials come from the environment only: TTFT_GRAFANA_TOKEN, or TTFT_GRAFANA_USER and
@@ -121,9 +117,7 @@ def push_cmd(
     except PushError as exc:
         raise click.ClickException(str(exc)) from None
     if password is None:
-        click.echo(
-            f"warning: {CLICKHOUSE_PASSWORD_ENV} is not set: the data source has no password", err=True
-        )
+        click.echo(f"warning: {CLICKHOUSE_PASSWORD_ENV} is not set: the data source has no password", err=True)
     for change in changes:
         click.echo(str(change))
     click.echo(summary(changes))

@@ -82,8 +82,7 @@ def wait_healthy(workers: list[Worker], timeout_s: float) -> None:
         for worker in list(pending):
             if not worker.child.alive():
                 raise RuntimeError(
-                    f"the {worker.role} worker exited with {worker.child.proc.returncode}:\n"
-                    f"{worker.child.log_tail()}"
+                    f"the {worker.role} worker exited with {worker.child.proc.returncode}:\n{worker.child.log_tail()}"
                 )
             if worker.healthy():
                 pending.remove(worker)

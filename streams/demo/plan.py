@@ -10,9 +10,12 @@ Why these numbers:
 
 - Phases are whole windows (W = 60 s) starting on a window boundary, so a phase is exactly a set of
   windows and the breakdown of a phase reads only that phase's requests.
-- The story ends :data:`END_MARGIN_MS` (and a window boundary) before now: once the producer stops,
-  the writer's idle watermark (wall clock minus the join timeout) passes every window at once, so the
-  last windows close within seconds instead of a window + grace later.
+- Event time never runs ahead of the wall clock: the story ends :data:`END_MARGIN_MS` (rounded down
+  to a window boundary) before the moment the producer is due to finish. Once the producer stops, the
+  writer's idle watermark (wall clock minus the join timeout and grace) passes every window at once, so
+  the last windows close within seconds instead of a window + grace later; and the tenants have been
+  silent for less than ``rules.tenant_silence.silent_windows`` when the pipeline has drained (unless
+  draining takes minutes), so ``TTFTTenantSilent`` does not fire just because the story ended.
 - ``TTFTCanaryFailed`` needs 1,000 samples per arm over 5 windows (``rules.canary``); the canary arm
   is 25 % of the traffic and the largest tenant takes ~43 %, so that needs ~35 req/s in the canary
   part. ``TTFTDraftAcceptanceLow`` needs 50 canary samples per window, ~8 req/s. The default duration
@@ -34,7 +37,7 @@ WINDOW_MS: Final = 60_000
 SEED_PHASE_MINUTES: Final = 4
 CANARY_MINUTES: Final = 10
 STORY_MINUTES: Final = 4 * SEED_PHASE_MINUTES + CANARY_MINUTES
-END_MARGIN_MS: Final = 120_000
+END_MARGIN_MS: Final = 90_000
 #: Request rates (per second of event time) at the reference duration; scaled linearly with the duration.
 REFERENCE_DURATION_S: Final = 180.0
 SEED_RATE_RPS: Final = 15.0
@@ -157,14 +160,14 @@ class DemoPlan:
 def plan_demo(
     duration_s: float, now_ms: float, *, seed: int = 7, tenants: tuple[str, ...] = tuple(DEFAULT_TENANTS)
 ) -> DemoPlan:
-    """The story for a demo whose traffic should take about ``duration_s`` of wall time, ending before now.
+    """The story for a demo whose traffic starts producing at ``now_ms`` and takes about ``duration_s``.
 
     Raises ``ValueError`` for a duration below 10 s (nothing meaningful fits).
     """
     if duration_s < 10:
         raise ValueError("the demo needs at least 10 s of traffic")
     scale = min(duration_s / REFERENCE_DURATION_S, MAX_SCALE)
-    end_ms = int((now_ms - END_MARGIN_MS) // WINDOW_MS * WINDOW_MS)
+    end_ms = int((now_ms + duration_s * 1000.0 - END_MARGIN_MS) // WINDOW_MS * WINDOW_MS)
     canary_start = end_ms - CANARY_MINUTES * WINDOW_MS
     seed_start = canary_start - 4 * SEED_PHASE_MINUTES * WINDOW_MS
     parts = (
@@ -176,5 +179,6 @@ def plan_demo(
             max(MIN_CANARY_RATE_RPS, CANARY_RATE_RPS * scale),
         ),
     )
+    # The Pacer starts the clock at the first message, at the story's start.
     span_s = (end_ms - seed_start) / 1000.0
     return DemoPlan(parts=parts, speedup=span_s / duration_s, seed=seed, tenants=tenants, duration_s=duration_s)

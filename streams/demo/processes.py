@@ -92,9 +92,7 @@ class ProcessSet:
         self.children: list[ChildProcess] = []
         atexit.register(self.close)
 
-    def start(
-        self, name: str, cmd: Sequence[str], *, env: Mapping[str, str], cwd: Path | None = None
-    ) -> ChildProcess:
+    def start(self, name: str, cmd: Sequence[str], *, env: Mapping[str, str], cwd: Path | None = None) -> ChildProcess:
         """Start ``cmd`` in a new session with output to ``<log_dir>/<name>.log``."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
@@ -107,7 +105,7 @@ class ProcessSet:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, safe before exec
+                preexec_fn=_die_with_parent,  # only prctl: safe between fork and exec
             )
         child = ChildProcess(name, proc, log_path)
         self.children.append(child)
@@ -128,9 +126,7 @@ def wait_http_ok(url: str, timeout_s: float, *, alive: ChildProcess | None = Non
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if alive is not None and not alive.alive():
-            raise RuntimeError(
-                f"{what or alive.name} exited with {alive.proc.returncode}:\n{alive.log_tail()}"
-            )
+            raise RuntimeError(f"{what or alive.name} exited with {alive.proc.returncode}:\n{alive.log_tail()}")
         try:
             with urllib.request.urlopen(url, timeout=1) as resp:
                 if 200 <= resp.status < 300:

@@ -186,8 +186,7 @@ def _draft_acceptance(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         recovery=("gt", draft.recovery_threshold),
         for_windows=draft.for_windows,
         severity="ticket",
-        summary="Draft acceptance of {{ $labels.tenant_id }} {{ $labels.version_id }} is "
-        "{{ $values.B.Value }}",
+        summary="Draft acceptance of {{ $labels.tenant_id }} {{ $labels.version_id }} is {{ $values.B.Value }}",
         labels=("tenant_id", "version_id"),
     )
 

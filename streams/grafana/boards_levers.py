@@ -49,9 +49,7 @@ def _arms_over_time() -> PanelSpec:
         expect_sql=count_rows("stage_windows", "count > 0"),
         description="P95 per version (arm) and stage, merged from the sketches; pick the stable and canary "
         "versions and one stage to compare. Raw: not adjusted for traffic mix.",
-        check=PercentileCheck(
-            {"p95": 0.95}, group=("version_id", "stage"), stage_column="stage", by_time=True
-        ),
+        check=PercentileCheck({"p95": 0.95}, group=("version_id", "stage"), stage_column="stage", by_time=True),
         width=12,
     )
 
@@ -128,9 +126,7 @@ def _ratio_vs_thresholds(rules: RulesConfig) -> PanelSpec:
         f"test, p < {canary.alpha}) and at once above {canary.critical_ratio}; needs "
         f"{canary.min_samples} requests per arm.",
         unit="none",
-        field_config=threshold_lines(
-            ("green", None), ("orange", canary.ratio), ("red", canary.critical_ratio)
-        ),
+        field_config=threshold_lines(("green", None), ("orange", canary.ratio), ("red", canary.critical_ratio)),
         width=12,
     )
 
@@ -317,8 +313,7 @@ def llm_levers(rules: RulesConfig) -> DashboardSpec:
         uid="ttft-llm-levers",
         slug="ttft-llm-levers",
         title="TTFT LLM levers",
-        description="What the LLM-side levers are doing: prompt cache, speculative decoding, routing and "
-        "fallbacks.",
+        description="What the LLM-side levers are doing: prompt cache, speculative decoding, routing and fallbacks.",
         variables=(tenant_variable(), version_variable()),
         panels=(
             _cache_hit_rate(),

@@ -71,9 +71,7 @@ def connect(url: str, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> G
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PushError(f"--url must be http(s)://host[:port][/path], got {url!r}")
     if parts.username or parts.password:
-        raise PushError(
-            f"put Grafana credentials in {TOKEN_ENV} or {USER_ENV}/{PASSWORD_ENV}, not in the URL"
-        )
+        raise PushError(f"put Grafana credentials in {TOKEN_ENV} or {USER_ENV}/{PASSWORD_ENV}, not in the URL")
     api: GrafanaApi = GrafanaApi.from_url(url, credential=credentials(env), timeout=timeout_s)
     return api
 
@@ -83,8 +81,7 @@ def datasource_model(clickhouse_url: str, database: str, password: str | None) -
     parts = urlsplit(clickhouse_url)
     if parts.scheme not in ("http", "https", "native") or not parts.hostname:
         raise PushError(
-            "Grafana needs a ClickHouse server: --clickhouse-url must be http(s)://host:port, "
-            f"got {clickhouse_url!r}"
+            f"Grafana needs a ClickHouse server: --clickhouse-url must be http(s)://host:port, got {clickhouse_url!r}"
         )
     default_port = {"http": 8123, "https": 8443, "native": 9000}[parts.scheme]
     model: dict[str, Any] = {

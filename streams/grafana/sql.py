@@ -88,6 +88,5 @@ def stage_order(column: str = "stage") -> str:
 def count_rows(table: str, *conditions: str, time_column: str = "window_start", final: bool = True) -> str:
     """Expectation query: how many source rows fall in the range (the panel must return rows iff > 0)."""
     return (
-        f"SELECT count() FROM {table}{' FINAL' if final else ''}\n"
-        f"{where(f'$__timeFilter({time_column})', *conditions)}"
+        f"SELECT count() FROM {table}{' FINAL' if final else ''}\n{where(f'$__timeFilter({time_column})', *conditions)}"
     )

@@ -22,7 +22,9 @@ import yaml
 from streams.grafana.model import FORMAT_TIME_SERIES, slugify
 from tests.support.pipeline import REPO
 
-pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e]
+# The first test's setup may include the session's pipeline run (minutes on a loaded machine): the
+# panel checks themselves take about half a minute.
+pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 RUNS = ("1h", "24h", "24h-selected")
 #: Sources the join and the writer always fill: panels reading them must have rows at 24 h.
@@ -38,11 +40,7 @@ def _panel_ids() -> list[str]:
         model = json.loads(path.read_text(encoding="utf-8"))
         ids += [f"{path.stem}/{slugify(p['title'])}" for p in model["panels"]]
         ids += [f"{path.stem}/var-{v['name']}" for v in model["templating"]["list"]]
-        ids += [
-            f"{path.stem}/annotation-{slugify(a['name'])}"
-            for a in model["annotations"]["list"]
-            if "target" in a
-        ]
+        ids += [f"{path.stem}/annotation-{slugify(a['name'])}" for a in model["annotations"]["list"] if "target" in a]
     return ids
 
 

@@ -124,9 +124,9 @@ def test_first_push_creates_folder_datasource_and_dashboards(grafana: tuple[Fake
     assert result.exit_code == 0, result.output
     writes = [(m, p) for m, p, _ in fake.requests if m != "GET"]
     models = dashboard_models(config_settings())
-    assert writes == [("POST", "/api/folders"), ("POST", "/api/datasources")] + [
-        ("POST", "/api/dashboards/db")
-    ] * len(models)
+    assert writes == [("POST", "/api/folders"), ("POST", "/api/datasources")] + [("POST", "/api/dashboards/db")] * len(
+        models
+    )
     reads = [p for m, p, _ in fake.requests if m == "GET"]
     assert reads[:2] == ["/api/folders/ttft", "/api/datasources/uid/ttft-clickhouse"]
     assert sorted(reads[2:]) == sorted(f"/api/dashboards/uid/{m['uid']}" for m in models.values())

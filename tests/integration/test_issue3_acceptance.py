@@ -38,9 +38,9 @@ from tests.support.scenarios import (
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e]
 
-#: Seed-story traffic: four 4-minute phases at 25 req/s over the four default tenants (~24k requests).
-STORY_RATE = 25.0
-STORY_DURATION_S = 16 * 60
+#: Seed-story traffic: four 3-minute phases at 20 req/s over the four default tenants (~14k requests).
+STORY_RATE = 20.0
+STORY_DURATION_S = 12 * 60
 STORY_SEED = 7
 STORY_TENANT = "acme"  # the largest default tenant (~43 % of the traffic)
 LATE_REQUEST_ID = "late-amendment-1"

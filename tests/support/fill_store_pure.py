@@ -72,9 +72,7 @@ def main() -> None:
     db = settings.clickhouse_database
     apply_migrations(client, db)
     window_ms = settings.windows.window_s * 1000
-    start_ms = float(
-        (int(time.time() * 1000 - (args.end_ago_min + args.minutes) * 60_000) // window_ms) * window_ms
-    )
+    start_ms = float((int(time.time() * 1000 - (args.end_ago_min + args.minutes) * 60_000) // window_ms) * window_ms)
     errors = ErrorRates(duplicate=0.02, missing_stage=0.02, orphan=0.01, malformed=0.003)
     messages = list(
         generate(
@@ -119,9 +117,7 @@ def main() -> None:
             for r in by_window.get(ws, [])
             if r.get("rollout") in ("stable", "canary")
         }
-        snap = WindowSnapshot(
-            aggs.stage_windows, aggs.stage_strata, aggs.window_health, aggs.llm_signals, arms
-        )
+        snap = WindowSnapshot(aggs.stage_windows, aggs.stage_strata, aggs.window_health, aggs.llm_signals, arms)
         out = engine.evaluate_window(ws, snap)  # type: ignore[arg-type]
         verdicts += [v.to_row() for v in out.verdicts]
         alerts += [t.to_row() for t in out.transitions]

@@ -214,9 +214,7 @@ def check_alert_rules(client: Any, to_ms: int) -> dict[str, Any]:
         for rule in group["rules"]:
             query = rule["data"][0]
             span = query["relativeTimeRange"]
-            ctx = QueryContext(
-                to_ms - span["from"] * 1000, to_ms - span["to"] * 1000, query["model"]["intervalMs"]
-            )
+            ctx = QueryContext(to_ms - span["from"] * 1000, to_ms - span["to"] * 1000, query["model"]["intervalMs"])
             entry: dict[str, Any] = {"paused": rule.get("isPaused")}
             try:
                 columns, rows = run_query(client, expand_query(query["model"]["rawSql"], ctx))
@@ -255,9 +253,7 @@ def main() -> None:
         out: dict[str, Any] = {}
         for path in sorted((REPO / "dashboards").glob("*.json")):
             model = json.loads(path.read_text(encoding="utf-8"))
-            variables = {
-                v["name"]: chosen.get(v["name"], Variable(v["name"], ())) for v in model["templating"]["list"]
-            }
+            variables = {v["name"]: chosen.get(v["name"], Variable(v["name"], ())) for v in model["templating"]["list"]}
             for suffix, raw_sql, panel in queries(model):
                 interval = panel_interval_ms(
                     from_ms, to_ms, (panel or {}).get("maxDataPoints", 500), (panel or {}).get("interval")

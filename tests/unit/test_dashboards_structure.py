@@ -87,9 +87,7 @@ def test_committed_files_are_generated_from_the_repository_config() -> None:
     settings = repo_settings()
     for spec in dashboard_specs(settings):
         path = DASHBOARDS_DIR / f"{spec.slug}.json"
-        assert path.read_text(encoding="utf-8") == render(dashboard_json(spec)), (
-            f"run `ttft grafana build`: {path}"
-        )
+        assert path.read_text(encoding="utf-8") == render(dashboard_json(spec)), f"run `ttft grafana build`: {path}"
     assert RULES_FILE.read_text(encoding="utf-8") == rules_text(settings), "run `ttft grafana build`"
 
 

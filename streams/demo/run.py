@@ -1,0 +1,324 @@
+"""``ttft demo`` end to end: broker, Alertmanager, workers, the story, the verdict, the report, clean-up.
+
+Everything lives in one demo home (wiped at the start of each run; only a directory the demo created
+itself, or an empty one, is ever wiped). Whatever happens (Ctrl-C, SIGTERM, an exception), the ``finally``
+blocks stop the join, the writer, Alertmanager and the broker, in that order; the children's own process
+groups, a parent-death signal and an ``atexit`` hook back that up.
+
+The store is read only after the writer has exited: the embedded chDB store admits one process per data
+directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Final
+
+from rich.console import Console
+
+from streams.demo.alerting import WebhookRecorder, find_alertmanager, start_alertmanager
+from streams.demo.pipeline import LagProbe, PipelineProgress, Worker, pipeline_progress, start_worker, wait_healthy
+from streams.demo.plan import DemoPlan, plan_demo
+from streams.demo.processes import ProcessSet, free_port
+from streams.demo.summary import collect_results, render_results, story_problems
+from streams.demo.view import DemoView, clock, describe_labels
+from streams.kafka.broker import LocalBroker, missing_prerequisite
+from streams.settings import Settings, load_settings
+
+MARKER: Final = ".ttft-demo"
+APP_ID: Final = "ttft-demo"
+#: Environment the children keep from the caller; every other TTFT_* variable is the demo's own.
+KEPT_ENV: Final = ("TTFT_KAFKA_LIBS",)
+
+
+class DemoError(RuntimeError):
+    """The demo could not run (prerequisite missing, a component failed); the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """``ttft demo`` options. ``duration_s``: wall time of the traffic; ``live``: None = when a TTY."""
+
+    duration_s: float = 180.0
+    home: Path | None = None
+    seed: int = 7
+    alertmanager: bool = True
+    live: bool | None = None
+    drain_timeout_s: float = 300.0
+
+
+def default_home() -> Path:
+    """``$TTFT_HOME/demo`` (``.ttft/demo`` by default)."""
+    return Path(os.environ.get("TTFT_HOME") or ".ttft") / "demo"
+
+
+def prepare_home(home: Path) -> Path:
+    """Wipe and recreate the demo home; refuses a non-empty directory the demo did not create."""
+    home = home.resolve()
+    if home.exists() and any(home.iterdir()) and not (home / MARKER).exists():
+        raise DemoError(f"{home} is not empty and is not a demo home ({MARKER} missing); choose another --home")
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    (home / MARKER).write_text("created by `ttft demo`; wiped at the start of each demo run\n")
+    return home
+
+
+def demo_env(home: Path, bootstrap: str, alertmanager_url: str | None) -> dict[str, str]:
+    """The children's environment: the caller's, minus its TTFT_* settings, plus the demo's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTFT_") or k in KEPT_ENV}
+    env.update(
+        TTFT_HOME=str(home),
+        TTFT_KAFKA_BOOTSTRAP=bootstrap,
+        TTFT_TOPIC_PREFIX="ttft",
+        TTFT_APP_ID=APP_ID,
+        TTFT_SESSION_TIMEOUT_S="6",
+    )
+    if alertmanager_url:
+        env["TTFT_ALERTMANAGER_URL"] = alertmanager_url
+    return env
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    # load_settings() reads os.environ; the demo's own settings must equal its children's.
+    saved = {k: v for k, v in os.environ.items() if k.startswith("TTFT_")}
+    for key in saved:
+        del os.environ[key]
+    os.environ.update({k: v for k, v in env.items() if k.startswith("TTFT_")})
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith("TTFT_")]:
+            del os.environ[key]
+        os.environ.update(saved)
+
+
+def settings_for(env: dict[str, str]) -> Settings:
+    """The settings a child started with ``env`` loads."""
+    with _environment(env):
+        return load_settings()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` (like Ctrl-C) so the clean-up runs; restored on exit."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Say:
+    """Set-up steps: a spinner on a terminal, one line each otherwise."""
+
+    def __init__(self, console: Console, live: bool) -> None:
+        self.console = console
+        self.live = live
+        self.t0 = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        self.console.print(f"[{time.monotonic() - self.t0:5.1f}s] {text}", markup=False, highlight=False)
+
+    @contextlib.contextmanager
+    def step(self, text: str) -> Iterator[None]:
+        if self.live:
+            with self.console.status(text):
+                yield
+        else:
+            self(text + " ...")
+            yield
+
+
+def run_demo(options: DemoOptions, console: Console) -> int:
+    """Run the whole demo; returns the exit code (0: the story came out as told). Raises ``DemoError``."""
+    live = console.is_terminal if options.live is None else options.live
+    say = _Say(console, live)
+    home = prepare_home(options.home or default_home())
+    problem = missing_prerequisite()
+    if problem:
+        raise DemoError(f"{problem} (run `make setup`)")
+    plan_demo(options.duration_s, time.time() * 1000.0)  # a bad duration fails before anything starts
+    say(f"demo home {home}")
+    processes = ProcessSet(home / "logs")
+    broker = LocalBroker(home / "kafka", port=free_port())
+    webhook: WebhookRecorder | None = None
+    view_ref: list[DemoView] = []
+    try:
+        with sigterm_as_interrupt():
+            with say.step("starting Kafka"):
+                started = broker.start(timeout_s=120.0)
+            say(f"kafka ready at {broker.bootstrap} in {started:.1f} s")
+            am_url: str | None = None
+            binary = find_alertmanager() if options.alertmanager else None
+            if binary is not None:
+                webhook = WebhookRecorder(on_alert=lambda a: view_ref[0].on_webhook_alert(a) if view_ref else None)
+                with say.step("starting Alertmanager"):
+                    _, am_url = start_alertmanager(processes, home / "alertmanager", webhook.url, binary)
+                say(f"alertmanager ready at {am_url} (webhook receiver {webhook.url})")
+            elif options.alertmanager:
+                say("alertmanager not installed (deploy/alertmanager/install.sh): alerts go to the store only")
+            env = demo_env(home, broker.bootstrap, am_url)
+            settings = settings_for(env)
+            with say.step("starting the writer (applies migrations) and the join worker"):
+                writer = start_worker(processes, "writer", env)
+                join = start_worker(processes, "join", env)
+                wait_healthy([writer, join], timeout_s=180.0)
+            # Planned now, after the set-up: the story ends just before the producer is due to finish.
+            plan = plan_demo(options.duration_s, time.time() * 1000.0, seed=options.seed)
+            say(
+                f"workers healthy; playing {plan.expected_requests:,} requests (~{plan.expected_events:,} stage "
+                f"events, {len(plan.tenants)} tenants) over {(plan.end_ms - plan.start_ms) / 60_000:.0f} min of "
+                f"event time ending {clock(plan.end_ms)} UTC, {plan.speedup:.1f}x faster than real time"
+            )
+            view = DemoView(console, plan, settings, live=live)
+            view_ref.append(view)
+            final = asyncio.run(_play(plan, settings, view, join, writer, options.drain_timeout_s, webhook))
+            say(
+                f"pipeline drained: {final.records_written:,.0f} requests stored, "
+                f"{final.windows_closed:,.0f} windows closed"
+            )
+            with say.step("stopping the workers"):
+                _stop_workers(join, writer)
+            paged = _paged(webhook)
+            processes.close()
+            broker.stop()
+            with say.step("reading the store and writing the report"):
+                from streams.store.client import make_client
+
+                with _environment(env):
+                    client = make_client(settings)
+                results = collect_results(client, settings, plan, home / "report", paged)
+            render_results(console, results)
+            problems = story_problems(results)
+            for text in problems:
+                console.print(f"problem: {text}", markup=False, highlight=False, style="bold red")
+            say(f"demo finished; nothing left running. Logs in {home / 'logs'}")
+            return 1 if problems else 0
+    finally:
+        processes.close()
+        broker.stop()
+        if webhook is not None:
+            webhook.close()
+
+
+def _paged(webhook: WebhookRecorder | None) -> list[str]:
+    """``alertname labels`` of every firing alert Alertmanager delivered to the webhook."""
+    if webhook is None:
+        return []
+    return sorted(
+        {
+            f"{(a.get('labels') or {}).get('alertname')} {describe_labels(a.get('labels') or {})}"
+            for a in webhook.alerts("firing")
+        }
+    )
+
+
+def _stop_workers(join: Worker, writer: Worker) -> None:
+    # The join first (it stops producing records), then the writer, which commits what it holds.
+    codes = {"join": join.child.stop(timeout_s=60.0), "writer": writer.child.stop(timeout_s=90.0)}
+    bad = {role: rc for role, rc in codes.items() if rc != 0}
+    if bad:
+        logs = "\n".join(f"--- {w.role}\n{w.child.log_tail()}" for w in (join, writer) if w.role in bad)
+        raise DemoError(f"worker(s) exited uncleanly {bad}:\n{logs}")
+
+
+async def _play(
+    plan: DemoPlan,
+    settings: Settings,
+    view: DemoView,
+    join: Worker,
+    writer: Worker,
+    drain_timeout_s: float,
+    webhook: WebhookRecorder | None,
+) -> PipelineProgress:
+    """Produce the story paced to event time while the view refreshes; then wait for the pipeline to drain."""
+    from streams.kafka.topics import kafka_client_kwargs
+    from streams.sim.produce import Pacer, produce_messages
+
+    probe = LagProbe(settings)
+    await probe.start()
+    await view.start()
+    produce: asyncio.Task[object] | None = None
+    progress: PipelineProgress | None = None
+    try:
+        view.stage = "producing"
+        produce = asyncio.create_task(
+            produce_messages(
+                plan.messages(),
+                topic=settings.topic("stage-events"),
+                client_kwargs=kafka_client_kwargs(settings),
+                pacer=Pacer(plan.start_ms, plan.speedup),
+                on_progress=view.on_produced,
+                progress_every=500,
+            )
+        )
+        while not produce.done():
+            progress = await _look(probe, join, writer, progress)
+            await view.tick(progress, poll_s=0.8)
+        produce.result()
+        view.stage = "draining"
+        deadline = time.monotonic() + drain_timeout_s
+        while progress is None or not progress.drained:
+            if time.monotonic() > deadline:
+                raise DemoError(f"the pipeline did not drain within {drain_timeout_s:.0f} s ({progress})")
+            await view.tick(progress, poll_s=0.8)
+            progress = await _look(probe, join, writer, progress)
+        view.stage = "drained"
+        await _await_pages(view, webhook, timeout_s=15.0, progress=progress)
+        await view.tick(progress, poll_s=0.5)
+        return progress
+    finally:
+        if produce is not None and not produce.done():
+            produce.cancel()
+            with contextlib.suppress(BaseException):
+                await produce
+        await view.stop()
+        await probe.stop()
+
+
+async def _look(
+    probe: LagProbe, join: Worker, writer: Worker, last: PipelineProgress | None
+) -> PipelineProgress | None:
+    for worker in (join, writer):
+        if not worker.child.alive():
+            raise DemoError(
+                f"the {worker.role} worker exited with {worker.child.proc.returncode}:\n{worker.child.log_tail()}"
+            )
+    try:
+        return await pipeline_progress(probe, join, writer)
+    except OSError:
+        return last
+
+
+async def _await_pages(
+    view: DemoView, webhook: WebhookRecorder | None, timeout_s: float, progress: PipelineProgress
+) -> None:
+    """Give Alertmanager a few seconds to page every alert that fired (its group_wait is 1 s)."""
+    if webhook is None:
+        return
+    view.stage = "waiting for Alertmanager"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await view.tick(progress, poll_s=0.5)
+        firing = {str(m.get("alertname")) for m in view.model.alerts.values() if m.get("state") == "firing"}
+        paged = {str((a.get("labels") or {}).get("alertname")) for a in webhook.alerts("firing")}
+        if firing <= paged:
+            return

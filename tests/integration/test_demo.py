@@ -1,0 +1,93 @@
+"""``ttft demo --duration 60``: the CI smoke test of the one-command demo (real broker, workers, store).
+
+Runs the demo as a subprocess without a terminal (plain progress lines), in its own demo home, and checks
+what it promises: the breakdown naming llm_ttft then retrieval, the before P95 near 3.2 s, the after P95
+beside the sum of stage P95s, a fired canary alert, a report on disk, and no process left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streams.kafka.broker import missing_prerequisite
+
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e, pytest.mark.timeout(420)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """``pid cmdline`` of every live process whose command line or environment contains ``text``."""
+    needle = text.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (needle in cmdline or needle in environ):
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{entry.name} {command[:200]}")
+    return found
+
+
+@pytest.fixture
+def demo_home(tmp_path: Path) -> Path:
+    reason = missing_prerequisite()
+    if reason:
+        pytest.skip(f"no local Kafka broker: {reason}")
+    return tmp_path / "demo-home"
+
+
+def test_demo_60s_tells_the_story_and_leaves_nothing_running(demo_home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTFT_")}
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "streams.cli.main", "demo", "--duration", "60", "--home", str(demo_home)],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=400,
+        check=False,
+    )
+    seconds = time.monotonic() - started
+    text = out.stdout.decode(errors="replace")
+    assert out.returncode == 0, f"rc={out.returncode} after {seconds:.0f} s\n{text[-6000:]}\n{out.stderr.decode()[-3000:]}"
+
+    assert "\x1b[" not in text, "plain output expected without a terminal"
+    assert re.search(r"\] producing · produced [\d,]+/", text), "no plain progress lines"
+
+    order = re.search(r"^breakdown \(before\): llm_ttft [\d,]+ ms, retrieval [\d,]+ ms", text, re.M)
+    assert order, text[-4000:]
+    assert "cut llm_ttft first, then retrieval" in text
+
+    before = re.search(r"^before: TTFT P95 ([\d,]+) ms", text, re.M)
+    assert before, text[-4000:]
+    assert abs(float(before.group(1).replace(",", "")) / 3200.0 - 1.0) <= 0.10
+
+    after = re.search(r"^after: TTFT P95 ([\d,]+) ms beside the sum of stage P95s ([\d,]+) ms", text, re.M)
+    assert after, text[-4000:]
+    assert after.group(1) != after.group(2)
+    assert "they differ" in text
+
+    assert re.search(r"^alert fired: (TTFTCanaryFailed|TTFTDraftAcceptanceLow) .*version=v13", text, re.M), text[-4000:]
+
+    report = demo_home / "report"
+    assert f"report written to {report / 'index.html'}" in text
+    assert (report / "index.html").is_file() and (report / "report.json").is_file()
+    assert list(report.glob("*.png")), "the report has no charts"
+
+    leftovers = _processes_mentioning(str(demo_home.resolve()))
+    assert not leftovers, "processes left running:\n" + "\n".join(leftovers)

@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+from rich.console import Console
+
+from bench import lag, procstat, profiling, results, traffic
+from bench.__main__ import parse_args
+from bench.results import RunReport, derive, evaluate_targets, render_markdown, render_tables
+
+GOOD: dict[str, float | None] = {
+    "raw_events_per_s": 100_000.0,
+    "naive_events_per_s": 4_000.0,
+    "pipeline_events_per_s": 30_000.0,
+    "lag_offered_eps": 5_000.0,
+    "join_grace_ms": 2_000.0,
+    "lag_p95_ms": 3_100.0,
+    "open_requests": 100_000.0,
+    "rss_open_requests_mb": 300.0,
+    "rss_per_open_request_bytes": 1_500.0,
+    "scale_1w_events_per_s": 20_000.0,
+    "scale_2w_events_per_s": 28_000.0,
+    "sim_events_per_s": 25_000.0,
+    "orjson_dump_events_per_s": 500_000.0,
+}
+
+
+def test_derive_adds_ratios() -> None:
+    f = derive(GOOD)
+    assert f["pipeline_vs_raw"] == pytest.approx(0.3)
+    assert f["pipeline_vs_naive"] == pytest.approx(7.5)
+    assert f["scale_ratio"] == pytest.approx(1.4)
+    assert f["sim_vs_orjson"] == pytest.approx(0.05)
+    assert derive({})["pipeline_vs_raw"] is None
+
+
+def test_every_target_holds_on_good_figures() -> None:
+    statuses = {t.name: t.status for t in evaluate_targets(GOOD)}
+    assert set(statuses.values()) == {"holds"}, statuses
+    assert len(statuses) == 7
+
+
+def test_targets_fail_and_go_unmeasured() -> None:
+    bad = {**GOOD, "pipeline_events_per_s": 10_000.0, "lag_p95_ms": 4_500.0, "scale_2w_events_per_s": 21_000.0}
+    by_name = {t.name: t for t in evaluate_targets(bad)}
+    assert by_name["ours >= 25 % of baseline A"].status == "fails"
+    assert by_name[">= 20,000 ev/s end to end, one join worker"].status == "fails"
+    assert by_name["lag P95 <= grace + 2 s at 5,000 ev/s"].measured == "4,500 ms (limit 4,000 ms)"
+    assert by_name["2 join workers >= 1.3x one"].status == "fails"
+    assert {t.status for t in evaluate_targets({})} == {"not measured"}
+
+
+def test_open_request_rss_is_extrapolated_from_a_smaller_run() -> None:
+    small = {"open_requests": 20_000.0, "rss_open_requests_mb": 120.0, "rss_per_open_request_bytes": 1_048.576}
+    t = next(t for t in evaluate_targets(small) if t.name.startswith("join RSS"))
+    assert t.status == "holds"
+    assert t.measured == "200 MiB (extrapolated from 20,000)"
+
+
+def test_report_json_markdown_and_tables(tmp_path: Path) -> None:
+    report = RunReport(
+        dict(GOOD),
+        {"started_at": "2026-01-02T03:04:05+00:00", "commit": "abc1234", "machine": {"cpu": "x", "cores": 2}},
+        {"raw": {"events": 10}},
+    )
+    path = report.write(tmp_path)
+    data = json.loads(path.read_text())
+    assert data["figures"]["pipeline_vs_raw"] == pytest.approx(0.3)
+    assert [t["status"] for t in data["targets"]].count("holds") == 7
+    md = render_markdown(report)
+    assert "| throughput | ours / A | 0.300 | x |" in md
+    assert "commit `abc1234`" in md
+    console = Console(record=True, width=140)
+    for table in render_tables(report):
+        console.print(table)
+    text = console.export_text()
+    assert "30,000" in text and "holds" in text
+
+
+def test_format_value() -> None:
+    row = results.Row("s", "l", "k", "%", 0)
+    assert results.format_value(0.734, row) == "73"
+    assert results.format_value(None, row) == "-"
+    assert results.format_value(12345.678, results.Row("s", "l", "k", "ev/s")) == "12,346"
+
+
+def test_proc_parsers() -> None:
+    stat = "123 (python (x) y) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0 100 0 0"
+    assert procstat.parse_stat_cpu_s(stat, clk_tck=100) == pytest.approx(3.0)
+    status = "Name:\tpython\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n"
+    assert procstat.parse_status_kib(status, "VmRSS") == 1024 * 1024
+    assert procstat.parse_status_kib(status, "VmSwap") == 0
+    m = procstat.parse_machine_cpu("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3\n", clk_tck=100)
+    assert (m.busy_s, m.total_s) == (2.0, 10.0)
+    a, b = procstat.ProcSample(1.0, 0, 0), procstat.ProcSample(4.0, 0, 0)
+    assert procstat.cores_used(a, b, 2.0) == 1.5
+    assert procstat.machine_busy_share(m, procstat.MachineSample(7.0, 20.0)) == 0.5
+
+
+def test_proc_reads_this_process() -> None:
+    sample = procstat.read_proc(__import__("os").getpid())
+    assert sample.rss_bytes > 0 and sample.peak_rss_bytes >= sample.rss_bytes and sample.cpu_s > 0
+
+
+def test_lag_from_commit_samples() -> None:
+    keys = {(0, 0): b"a", (0, 1): b"b", (1, 0): b"c", (1, 1): b"other"}
+    commits = [(10.0, {0: 0}), (10.1, {0: 1, 1: 0}), (10.2, {0: 2, 1: 2})]
+    produced = {b"a": 9.0, b"b": 9.5, b"c": 10.0, b"never": 1.0}
+    got = sorted(lag.lags_ms(keys, commits, produced))
+    assert got == pytest.approx([200.0, 700.0, 1100.0])
+    assert lag.percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
+    assert lag.percentile([float(i) for i in range(1, 101)], 0.95) == 95.0
+
+
+def test_wall_pacer_maps_event_time_to_its_origin() -> None:
+    pacer = lag.WallPacer(start_ms=1_000.0)
+    assert pacer.delay_s(1_000.0) <= 0.0
+    assert pacer.origin is not None
+    assert pacer.wall_of(3_000.0) == pytest.approx(pacer.origin + 2.0)
+
+
+def test_profile_summary_and_flame() -> None:
+    text = (
+        "main (app.py:1);run (loop.py:5);decode (schemas/decode.py:10) 60\n"
+        "main (app.py:1);run (loop.py:5);insert (store.py:3) 30\n"
+        "main (app.py:1);select (selectors.py:9) 10\n"
+    )
+    stacks = profiling.parse_collapsed(text)
+    assert sum(stacks.values()) == 100
+    tops = profiling.top_frames(stacks, 3)
+    assert tops[0].frame == "decode (decode.py)" and tops[0].self_pct == 60.0
+    assert profiling.inclusive_share(stacks, r"loop\.py") == 90.0
+    svg = profiling.flame_svg(stacks, "join")
+    assert svg.startswith("<svg") and "decode (decode.py) 60.0%" in svg
+
+
+def test_traffic_helpers() -> None:
+    template = (b"r1", orjson.dumps({"request_id": "r1", "stage": "request_start", "ts_ms": 1.0}), 1.0)
+    starts = traffic.request_starts(template, 3, start_ms=100.0)
+    assert [orjson.loads(v)["request_id"] for _, v, _ in starts] == ["open-0000000", "open-0000001", "open-0000002"]
+    assert len({k for k, _, _ in starts}) == 3
+    msgs = [(b"a", b"1", 1.0), (b"b", b"2", 2.0), (b"a", b"3", 3.0), (b"c", b"4", 4.0)]
+    t = traffic.Traffic(msgs, [b"a", b"b", b"c"], 0.0)
+    assert traffic.first_requests(t, 2) == msgs[:3]
+    assert t.events == 4 and t.requests == 3
+
+
+def test_bench_arguments() -> None:
+    quick = parse_args(["--quick", "--skip", "naive,quix"])
+    assert quick.skip == {"naive", "quix"}
+    assert quick.open_requests == 20_000 and quick.lag_seconds == 10.0
+    assert parse_args(["--requests", "1000"]).events == int(1000 * traffic.EVENTS_PER_REQUEST)
+    with pytest.raises(SystemExit):
+        parse_args(["--skip", "nonsense"])
+
+
+def test_naive_peer_folds_like_the_contract() -> None:
+    from bench import naive_join_app as naive
+
+    state = naive.PendingRequest(
+        request_id="r",
+        tenant_id="t",
+        version_id="v",
+        route=None,
+        fallback_level=0,
+        started_at=None,
+        first_token_at=None,
+        stages={},
+        event_ids=[],
+    )
+    for stage, ts, dur in [
+        ("request_start", 0.0, None),
+        ("retrieval", 1.0, 100.0),
+        ("retrieval", 2.0, 50.0),
+        ("prompt_assemble", 5.0, 20.0),
+        ("llm_ttft", 30.0, 400.0),
+        ("first_token", 600.0, None),
+    ]:
+        assert not naive._complete(state) or stage == "first_token"
+        naive._fold(state, naive.StageEvent(request_id="r", tenant_id="t", stage=stage, ts_ms=ts, duration_ms=dur))
+    assert naive._complete(state)
+    record = naive._record(state)
+    assert record.ttft_ms == 600.0 and record.retrieval_ms == 150.0 and record.other_ms == 30.0
+    assert set(state.stages) == {"retrieval", "prompt_assemble", "llm_ttft"}
