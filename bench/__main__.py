@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lag-rate", type=float, default=5_000.0, help="offered events/s of the lag phase")
     p.add_argument("--lag-seconds", type=float, default=30.0, help="length of the lag phase")
     p.add_argument("--skip", action="append", default=[], help=f"phases to skip, any of {','.join(PHASES)}")
+    p.add_argument("--phase-timeout", type=float, default=600.0, help="seconds a phase may take to drain")
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every phase (~2 min)")
     p.add_argument("--profile", action="store_true", help="py-spy the join and writer in the pipeline phase")
     p.add_argument("--update-doc", action="store_true", help=f"write the results table into {DOC.name}")
@@ -161,7 +162,7 @@ def _run_phases(run: Run, args: argparse.Namespace, broker: Any, root: Path, tra
         run.phase("raw (baseline A)", lambda: measure_raw(env.bootstrap, topic))
     if wants_pipeline and session is not None:
         s = session
-        run.phase("pipeline (ours)", lambda: s.measure_throughput(profile_dir))
+        run.phase("pipeline (ours)", lambda: s.measure_throughput(profile_dir, args.phase_timeout))
         if "lag" not in args.skip and "pipeline (ours)" not in run.failed:
             from bench.lag import measure_lag
 
@@ -171,15 +172,15 @@ def _run_phases(run: Run, args: argparse.Namespace, broker: Any, root: Path, tra
     if "naive" not in args.skip:
         from bench.baseline_faust_naive import measure_naive
 
-        run.phase("naive (baseline B)", lambda: measure_naive(env, traffic, args.naive_requests))
+        run.phase("naive (baseline B)", lambda: measure_naive(env, traffic, args.naive_requests, args.phase_timeout))
     if "memory" not in args.skip:
         from bench.memory import measure_open_requests
 
-        run.phase("memory", lambda: measure_open_requests(env, traffic, args.open_requests))
+        run.phase("memory", lambda: measure_open_requests(env, traffic, args.open_requests, args.phase_timeout))
     if "scaleout" not in args.skip:
         from bench.scaleout import measure_scaleout
 
-        run.phase("scale-out", lambda: measure_scaleout(env, traffic))
+        run.phase("scale-out", lambda: measure_scaleout(env, traffic, args.phase_timeout))
     if "quix" not in args.skip:
         from bench.quix import measure_quix
 

@@ -42,7 +42,7 @@ def measure_naive(env: BenchEnv, traffic: Traffic, requests: int, timeout_s: flo
         "BENCH_NAIVE_DATADIR": str(settings.home / "naive-data"),
         "BENCH_NAIVE_STATS": str(stats),
     }
-    cmd = [sys.executable, "-m", "bench.naive_join_app", "worker", "-l", "warning"]
+    cmd = [sys.executable, "-m", "bench.naive_join_app", "worker", "-l", "warn"]
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, env=child_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -1,9 +1,10 @@
 """Join-worker memory per open request: RSS before and after ``N`` requests are held open.
 
 A join worker on its own prefix, with a request timeout of an hour so nothing is finalised, receives
-``N`` ``request_start`` events (shaped like the simulator's, with its attrs) and nothing else. The RSS
-delta over ``N`` is the cost of one open request in the worker: the core's ``PendingRequest``, its
-deadline and age heap entries, and the packed copy in the Faust table that backs the changelog.
+``N`` ``request_start`` events (shaped like the simulator's, with its attrs) and nothing else, in two
+halves with the RSS read after each. The RSS delta over ``N`` is the cost of one open request in the
+worker: the core's ``PendingRequest``, its deadline and age heap entries, and the packed copy in the
+Faust table that backs the changelog. The second half's slope is reported too (one-off growth excluded).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from typing import Any
 
 from bench.harness import BenchEnv, poll_until, produce
-from bench.procstat import MIB, read_proc
+from bench.procstat import MIB, ProcSample, read_proc
 from bench.traffic import Traffic, request_starts
 
 #: Long enough that no open request times out or is evicted while the run holds them.
@@ -32,18 +33,25 @@ def measure_open_requests(env: BenchEnv, traffic: Traffic, count: int, timeout_s
     template = next(m for m in traffic.messages if b'"request_start"' in m[1])
     messages = request_starts(template, count, start_ms=time.time() * 1000.0)
     join = env.start_worker(pipe, "join")
-    try:
-        time.sleep(2.0)  # let start-up allocations settle before the baseline
-        before = read_proc(join.proc.pid)
-        produce(settings, settings.topic("stage-events"), messages)
+    half = count // 2
+
+    def hold(n: int) -> ProcSample:
         poll_until(
-            lambda: join.metric("ttft_open_requests") >= count and join.metric("ttft_unacked_events") == 0,
+            lambda: join.metric("ttft_open_requests") >= n and join.metric("ttft_unacked_events") == 0,
             timeout_s,
-            f"{count} open requests",
+            f"{n} open requests",
             interval_s=0.25,
         )
         time.sleep(1.0)
-        after = read_proc(join.proc.pid)
+        return read_proc(join.proc.pid)
+
+    try:
+        time.sleep(2.0)  # let start-up allocations settle before the baseline
+        before = read_proc(join.proc.pid)
+        produce(settings, settings.topic("stage-events"), messages[:half])
+        middle = hold(half)
+        produce(settings, settings.topic("stage-events"), messages[half:])
+        after = hold(count)
         open_now = join.metric("ttft_open_requests")
     finally:
         pipe.stop(join)
@@ -56,7 +64,10 @@ def measure_open_requests(env: BenchEnv, traffic: Traffic, count: int, timeout_s
         },
         "details": {
             "rss_before_mb": before.rss_bytes / MIB,
+            "rss_half_mb": middle.rss_bytes / MIB,
             "rss_after_mb": after.rss_bytes / MIB,
+            # The second half's slope leaves out one-off growth (fetch buffers, first allocations).
+            "marginal_bytes_per_open_request": (after.rss_bytes - middle.rss_bytes) / (count - half),
             "peak_rss_mb": after.peak_rss_bytes / MIB,
         },
     }

@@ -10,7 +10,7 @@ period or watermark (a request is emitted the moment its last required stage arr
 Configured by environment (set by :mod:`bench.baseline_faust_naive`): ``BENCH_NAIVE_BROKER``,
 ``BENCH_NAIVE_APP_ID``, ``BENCH_NAIVE_EVENTS_TOPIC``, ``BENCH_NAIVE_REQUESTS_TOPIC``,
 ``BENCH_NAIVE_PARTITIONS``, ``BENCH_NAIVE_DATADIR``, ``BENCH_NAIVE_STATS`` (a file that receives the wall
-time of the first event). Start: ``python -m bench.naive_join_app worker -l warning``.
+time of the first event). Start: ``python -m bench.naive_join_app worker -l warn``.
 """
 
 from __future__ import annotations

@@ -81,6 +81,9 @@ class WindowConfig(_Section):
     grace_s: int = Field(
         40, ge=0, description="Allowed lateness before a window closes; covers join timeout + grace by default."
     )
+    idle_close_s: float | None = Field(
+        None, gt=0, description="Idle this long, windows close on the wall clock (default: join timeout + grace)."
+    )
     relative_accuracy: float = Field(0.01, gt=0, lt=0.5)
     max_series: int = Field(1_000, gt=0, description="Cap on tenant x version series; overflow -> __other__.")
     cacheable_min_tokens: int = Field(1_024, ge=0)

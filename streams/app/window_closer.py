@@ -67,7 +67,14 @@ class WindowCloser:
         self.open: set[int] = set()
         self.closed: dict[int, int] = {}  # window_start -> times computed after closing
         self.watermark: float | None = None
+        self._max_started: float | None = None
         self._last_progress_wall = clock()
+        join = settings.join
+        self.idle_close_s = (
+            settings.windows.idle_close_s
+            if settings.windows.idle_close_s is not None
+            else (join.request_timeout_ms + join.grace_ms) / 1000.0
+        )
         self.hooks: list[WindowClosedHook] = []
         self.watermark_hooks: list[WatermarkHook] = []
         self.db = settings.clickhouse_database
@@ -85,6 +92,7 @@ class WindowCloser:
         since = latest - lookback_ms
         done = await self.store_call(stored_window_fingerprints, self.db, since)
         self.watermark = float(latest)
+        self._max_started = float(latest)
         for ws in sorted(w for w in have if w >= since):
             if done.get(ws) == have[ws]:
                 self.closed[ws] = 0
@@ -101,24 +109,15 @@ class WindowCloser:
         for record in records:
             ws = int(record["window_start"])
             started = float(record["started_at"])
-            if self.watermark is None or started > self.watermark:
-                self.watermark = started
+            if self._max_started is None or started > self._max_started:
+                self._max_started = started
             if ws in self.closed:
                 amended.add(ws)
             else:
                 self.open.add(ws)
         if records:
             self._last_progress_wall = now
-        elif self.watermark is not None:
-            idle = now - self._last_progress_wall
-            if idle >= self.settings.join.idle_tick_ms / 1000.0:
-                # Idle: event time moves with the wall clock. Once the join has had time to emit every
-                # request that started before (now - timeout - grace), nothing older can still arrive
-                # except as a late amendment, so historical traffic closes promptly.
-                join = self.settings.join
-                settled = now * 1000.0 - (join.request_timeout_ms + join.grace_ms + 2 * join.idle_tick_ms)
-                self.watermark = max(self.watermark + idle * 1000.0, settled)
-                self._last_progress_wall = now
+        self._advance_watermark(now)
         await self._close_due()
         self.metrics.open_windows.set(len(self.open))
         if self.watermark is not None:
@@ -129,6 +128,27 @@ class WindowCloser:
             self.closed[ws] += 1
             self.metrics.window_amendments.inc()
             await self._compute(ws, first_close=False)
+
+    def _advance_watermark(self, now: float) -> None:
+        """Event time = the latest ``started_at`` stored, moved on by the wall clock while idle.
+
+        Idle for ``idle_tick``: event time advances by the idle time since the last record (not cumulative,
+        so a slow backlog never runs ahead). Idle for ``windows.idle_close_s`` (default: the join's request
+        timeout + grace): the join has emitted everything that started before ``now - timeout - grace``,
+        so the watermark jumps there and historical traffic closes its windows.
+        """
+        if self._max_started is None:
+            return
+        watermark = self._max_started
+        idle = now - self._last_progress_wall
+        join = self.settings.join
+        if idle >= join.idle_tick_ms / 1000.0:
+            watermark += idle * 1000.0
+        if idle >= self.idle_close_s:
+            settled = now * 1000.0 - (join.request_timeout_ms + join.grace_ms + 2 * join.idle_tick_ms)
+            watermark = max(watermark, settled)
+        if self.watermark is None or watermark > self.watermark:
+            self.watermark = watermark
 
     async def _close_due(self) -> None:
         if self.watermark is None:

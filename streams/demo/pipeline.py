@@ -133,11 +133,19 @@ class LagProbe:
             "join": [self.settings.topic("stage-events")],
             "writer": [self.settings.topic("requests"), self.settings.topic("dead-letter")],
         }
-        await self._consumer.topics()
+        # The admin's metadata, not the consumer's: a consumer without a subscription answers None for
+        # partitions_for_topic(), which would make every lag 0.
+        described = await self._admin.describe_topics([t for topics in groups.values() for t in topics])
+        partitions = {
+            str(entry["topic"]): sorted(int(p["partition"]) for p in entry["partitions"])
+            for entry in described
+            if not entry.get("error_code")
+        }
         for role, topics in groups.items():
-            self._tps[role] = [
-                TopicPartition(t, p) for t in topics for p in sorted(self._consumer.partitions_for_topic(t) or ())
-            ]
+            missing = [t for t in topics if not partitions.get(t)]
+            if missing:
+                raise RuntimeError(f"topic(s) {', '.join(missing)} do not exist")
+            self._tps[role] = [TopicPartition(t, p) for t in topics for p in partitions[t]]
 
     async def lag(self, role: str) -> int:
         """End offsets minus committed offsets of ``<app_id>-<role>``, summed over its topics."""

@@ -3,13 +3,15 @@
 The story is historical traffic ending a little before now: ``seed-story`` (four phases: the "before"
 world, then parallel recall, a stable prompt prefix, routing + speculative decoding) followed by
 ``canary-regression`` (the fixed world, then a bad canary ``v13`` on a quarter of the traffic). Its event
-time is a fixed :data:`STORY_MINUTES` whatever ``--duration`` is; the duration sets how fast event time
-runs (``speedup``) and the request rates, so a shorter demo tells the same story with fewer requests.
+time is 26 minutes (:data:`FULL_LAYOUT`), or 17 for demos shorter than two minutes; the duration sets how
+fast event time runs (``speedup``) and the request rates, so a shorter demo tells the same story with
+fewer requests.
 
 Why these numbers:
 
-- Phases are whole windows (W = 60 s) starting on a window boundary, so a phase is exactly a set of
-  windows and the breakdown of a phase reads only that phase's requests.
+- Phases are whole windows (W = 60 s; so is the canary part's first 20 %) starting on a window
+  boundary, so a phase is exactly a set of windows and the breakdown of a phase reads only that
+  phase's requests.
 - Event time never runs ahead of the wall clock: the story ends :data:`END_MARGIN_MS` (rounded down
   to a window boundary) before the moment the producer is due to finish. Once the producer stops, the
   writer's idle watermark (wall clock minus the join timeout and grace) passes every window at once, so
@@ -24,19 +26,20 @@ Why these numbers:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain
 from typing import Final
 
 from streams.sim import DEFAULT_TENANTS, generate, phases
 from streams.sim.traffic import Message
 
 WINDOW_MS: Final = 60_000
-#: Event-time length of each seed-story phase, and of the whole canary-regression part (minutes).
-SEED_PHASE_MINUTES: Final = 4
-CANARY_MINUTES: Final = 10
-STORY_MINUTES: Final = 4 * SEED_PHASE_MINUTES + CANARY_MINUTES
+#: Event-time length (minutes) of each seed-story phase and of the whole canary-regression part: the
+#: full story, and the short one for demos under :data:`SHORT_BELOW_S` (a 60 s smoke test).
+FULL_LAYOUT: Final = (4, 10)
+SHORT_LAYOUT: Final = (3, 5)
+SHORT_BELOW_S: Final = 120.0
 END_MARGIN_MS: Final = 90_000
 #: Request rates (per second of event time) at the reference duration; scaled linearly with the duration.
 REFERENCE_DURATION_S: Final = 180.0
@@ -141,19 +144,22 @@ class DemoPlan:
     def messages(self) -> Iterator[Message]:
         """The story's stage events, part after part (each in emission order; deterministic for the seed).
 
-        A part's last requests complete a few seconds into the next part, which the pipeline absorbs as
-        ordinary out-of-order events (event time, grace).
+        The parts are merged by emission time: a part's last requests complete a few seconds into the next
+        part, and a partition's events stay in event-time order as a live service would send them.
         """
-        return chain.from_iterable(
-            generate(
-                p.scenario,
-                rate_rps=p.rate_rps,
-                duration_s=p.duration_s,
-                tenants=self.tenants,
-                seed=self.seed + index,
-                start_ms=p.start_ms,
-            )
-            for index, p in enumerate(self.parts)
+        return heapq.merge(
+            *(
+                generate(
+                    p.scenario,
+                    rate_rps=p.rate_rps,
+                    duration_s=p.duration_s,
+                    tenants=self.tenants,
+                    seed=self.seed + index,
+                    start_ms=p.start_ms,
+                )
+                for index, p in enumerate(self.parts)
+            ),
+            key=lambda message: message[2],
         )
 
 
@@ -167,17 +173,15 @@ def plan_demo(
     if duration_s < 10:
         raise ValueError("the demo needs at least 10 s of traffic")
     scale = min(duration_s / REFERENCE_DURATION_S, MAX_SCALE)
+    seed_phase_min, canary_min = SHORT_LAYOUT if duration_s < SHORT_BELOW_S else FULL_LAYOUT
     end_ms = int((now_ms + duration_s * 1000.0 - END_MARGIN_MS) // WINDOW_MS * WINDOW_MS)
-    canary_start = end_ms - CANARY_MINUTES * WINDOW_MS
-    seed_start = canary_start - 4 * SEED_PHASE_MINUTES * WINDOW_MS
+    canary_start = end_ms - canary_min * WINDOW_MS
+    seed_start = canary_start - 4 * seed_phase_min * WINDOW_MS
+    seed_rate = max(MIN_SEED_RATE_RPS, SEED_RATE_RPS * scale)
+    canary_rate = max(MIN_CANARY_RATE_RPS, CANARY_RATE_RPS * scale)
     parts = (
-        StoryPart("seed-story", seed_start, 4 * SEED_PHASE_MINUTES * 60, max(MIN_SEED_RATE_RPS, SEED_RATE_RPS * scale)),
-        StoryPart(
-            "canary-regression",
-            canary_start,
-            CANARY_MINUTES * 60,
-            max(MIN_CANARY_RATE_RPS, CANARY_RATE_RPS * scale),
-        ),
+        StoryPart("seed-story", seed_start, 4 * seed_phase_min * 60, seed_rate),
+        StoryPart("canary-regression", canary_start, canary_min * 60, canary_rate),
     )
     # The Pacer starts the clock at the first message, at the story's start.
     span_s = (end_ms - seed_start) / 1000.0

@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -109,21 +109,32 @@ def settings_for(env: dict[str, str]) -> Settings:
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises ``KeyboardInterrupt`` (like Ctrl-C) so the clean-up runs; restored on exit."""
+def signals_interrupt() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise ``KeyboardInterrupt`` so the clean-up runs; restored on exit.
+
+    SIGINT gets Python's own handler back even when the demo was started with SIGINT ignored (a
+    background job of a non-interactive shell), so Ctrl-C and ``kill -INT`` always stop the demo cleanly.
+    """
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
+    wanted: dict[signal.Signals, Callable[[int, FrameType | None], object]] = {
+        signal.SIGINT: signal.default_int_handler,
+        signal.SIGTERM: handler,
+        signal.SIGHUP: handler,
+    }
+    previous: dict[signal.Signals, object] = {}
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: nothing to install
-        yield
-        return
+        for signum, new in wanted.items():
+            previous[signum] = signal.signal(signum, new)
+    except ValueError:  # not the main thread: signals go to the main thread anyway
+        pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)  # type: ignore[arg-type]
 
 
 class _Say:
@@ -151,18 +162,18 @@ def run_demo(options: DemoOptions, console: Console) -> int:
     """Run the whole demo; returns the exit code (0: the story came out as told). Raises ``DemoError``."""
     live = console.is_terminal if options.live is None else options.live
     say = _Say(console, live)
-    home = prepare_home(options.home or default_home())
+    plan_demo(options.duration_s, time.time() * 1000.0)  # a bad duration fails before anything starts
     problem = missing_prerequisite()
     if problem:
         raise DemoError(f"{problem} (run `make setup`)")
-    plan_demo(options.duration_s, time.time() * 1000.0)  # a bad duration fails before anything starts
-    say(f"demo home {home}")
+    home = prepare_home(options.home or default_home())
+    say(f"demo home {home} (wiped and recreated)")
     processes = ProcessSet(home / "logs")
     broker = LocalBroker(home / "kafka", port=free_port())
     webhook: WebhookRecorder | None = None
     view_ref: list[DemoView] = []
     try:
-        with sigterm_as_interrupt():
+        with signals_interrupt():
             with say.step("starting Kafka"):
                 started = broker.start(timeout_s=120.0)
             say(f"kafka ready at {broker.bootstrap} in {started:.1f} s")

@@ -184,7 +184,7 @@ def render_results(console: Console, results: DemoResults) -> None:
         names = sorted({a.alertname for a in others})
         say(f"also fired: {len(others)} other alert(s) ({', '.join(names)}), see the report's alert timeline")
     if results.paged:
-        say(f"alertmanager: {len(results.paged)} firing alert(s) paged through the webhook receiver")
-    if results.verdict:
-        say(f"verdict: {results.verdict}")
-    say(f"report written to {results.report_dir / 'index.html'}")
+        say(
+            f"alertmanager paged {len(results.paged)} firing alert(s) to the demo's webhook: {', '.join(results.paged)}"
+        )
+    say(f"report written to {results.report_dir / 'index.html'} (it opens with the verdict)")

@@ -7,11 +7,11 @@ from typing import Any
 from streams.grafana.boards_latency import (
     IN_RANGE,
     P50_P95_P99,
-    mix_sql,
     stage_variable,
     tenant_variable,
     version_variable,
 )
+from streams.grafana.boards_stages import mix_sql
 from streams.grafana.model import (
     FORMAT_TABLE,
     FORMAT_TIME_SERIES,

@@ -14,8 +14,9 @@ from typing import Any, Final
 
 from streams.grafana.alert_rules import alert_rules, render_rules
 from streams.grafana.boards_health import pipeline_health
-from streams.grafana.boards_latency import overview, stage_drilldown
+from streams.grafana.boards_latency import overview
 from streams.grafana.boards_levers import canary, llm_levers
+from streams.grafana.boards_stages import stage_drilldown
 from streams.grafana.model import DashboardSpec, dashboard_json, render
 from streams.rules.config import RulesConfig
 from streams.settings import Settings, load_settings

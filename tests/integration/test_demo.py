@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from streams.demo.plan import END_MARGIN_MS, WINDOW_MS, plan_demo
 from streams.kafka.broker import missing_prerequisite
-
-pytestmark = [pytest.mark.kafka, pytest.mark.e2e, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,6 +49,39 @@ def demo_home(tmp_path: Path) -> Path:
     return tmp_path / "demo-home"
 
 
+@pytest.mark.parametrize("duration_s", [60.0, 180.0, 600.0])
+def test_plan_phases_are_whole_windows_and_event_time_stays_behind_the_wall_clock(duration_s: float) -> None:
+    now_ms = 1_800_000_123_456.0
+    plan = plan_demo(duration_s, now_ms)
+    phases = plan.phases()
+    assert [p.label for p in phases] == [
+        "seed-story/before",
+        "seed-story/parallel-recall",
+        "seed-story/stable-prefix",
+        "seed-story/routing-speculative",
+        "canary-regression/stable",
+        "canary-regression/canary",
+    ]
+    assert all(p.start_ms % WINDOW_MS == 0 and p.end_ms % WINDOW_MS == 0 for p in phases)
+    assert all(a.end_ms == b.start_ms for a, b in zip(phases, phases[1:], strict=False))
+    # Paced from now, the story's end is reached after duration_s, END_MARGIN_MS or more behind the clock.
+    assert (plan.end_ms - plan.start_ms) / plan.speedup == pytest.approx(duration_s * 1000.0)
+    assert now_ms + duration_s * 1000.0 - plan.end_ms >= END_MARGIN_MS
+    assert plan.speedup > 1.0
+
+
+def test_plan_is_deterministic_and_merges_the_parts_in_emission_order() -> None:
+    plan = plan_demo(60.0, 1_800_000_000_000.0, seed=3)
+    first = list(plan.messages())
+    assert first == list(plan.messages())
+    stamps = [ts for _, _, ts in first]
+    assert stamps == sorted(stamps)
+    assert len(first) == pytest.approx(plan.expected_events, rel=0.1)
+
+
+@pytest.mark.kafka
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
 def test_demo_60s_tells_the_story_and_leaves_nothing_running(demo_home: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTFT_")}
     started = time.monotonic()
@@ -64,7 +96,8 @@ def test_demo_60s_tells_the_story_and_leaves_nothing_running(demo_home: Path) ->
     )
     seconds = time.monotonic() - started
     text = out.stdout.decode(errors="replace")
-    assert out.returncode == 0, f"rc={out.returncode} after {seconds:.0f} s\n{text[-6000:]}\n{out.stderr.decode()[-3000:]}"
+    errors = out.stderr.decode(errors="replace")
+    assert out.returncode == 0, f"rc={out.returncode} after {seconds:.0f} s\n{text[-6000:]}\n{errors[-3000:]}"
 
     assert "\x1b[" not in text, "plain output expected without a terminal"
     assert re.search(r"\] producing · produced [\d,]+/", text), "no plain progress lines"

@@ -1,9 +1,9 @@
 """Issue 4 acceptance: a stage regression through broker -> worker -> Debian Alertmanager -> webhook.
 
-Traffic: the fixed world for two tenants (``acme`` 5 req/s, ``globex`` 4 req/s), historical, with acme's
-retrieval x1.5 slower for 5 of 17 one-minute windows. The rule spans are shortened in window units (the
-same rules as production, fewer windows) and the traffic meets every sample gate. The outbox keeps
-alerts across an Alertmanager outage and a writer ``kill -9``.
+Traffic: the fixed world for tenant ``acme`` at 2.5 req/s, historical, with its retrieval x1.5 slower for 4
+of 15 one-minute windows (~2,200 requests), produced one window at a time once the pipeline caught up. The
+rule spans are shortened in window units (the same rules as production, fewer windows) and the traffic
+meets every sample gate. The outbox keeps alerts across an Alertmanager outage and a writer ``kill -9``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from tests.support.scenarios import (
     PipelinePair,
     RegressionTraffic,
     historical_start_ms,
-    produce_paced,
     read_topic,
     regression_traffic,
     write_config,
@@ -29,30 +28,35 @@ from tests.support.scenarios import (
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.alertmanager, pytest.mark.e2e]
 
 TENANT, STAGE = "acme", "retrieval"
-WINDOWS_BEFORE, WINDOWS_INCIDENT, WINDOWS_AFTER = 8, 5, 4
-#: Below the writer's idle tick (1 s), so paced production never looks like an idle stream.
-PAUSE_S = 0.3
+WINDOWS_BEFORE, WINDOWS_INCIDENT, WINDOWS_AFTER = 6, 4, 5
 #: Alertmanager flushes every group_interval (1 s); a duplicate would show up well within this.
 QUIET_S = 6.0
 
-#: Production rules, shorter spans. Gates: acme ~300 and globex ~240 requests per window, so the short
-#: span (200) and the baseline (5 windows, 1000) are met from the 7th window on. ``stale_windows`` is long
-#: so that an alert only resolves on data (the idle watermark jumps hours ahead after historical traffic).
-RULES: dict[str, Any] = {
+#: Production rules with shorter spans. Gates: ~150 requests per window, so the short span (100) and the
+#: baseline (4 windows, 500) are met from the 7th window on; the other parent stages are the control.
+#: ``stale_windows`` is long so that an alert only resolves on data (the idle watermark jumps hours ahead
+#: after historical traffic). ``grace_s`` is one window: the traffic comes window by window, so a window
+#: closes two windows later, with every record in, and the resolution (window 11) closes while window 13 is
+#: produced. ``idle_tick_ms`` is a minute so that the pauses between chunks never count as an idle stream:
+#: the writer moves its watermark to the wall clock after one idle tick, and would then close every window
+#: of the historical traffic at once (test_writer_watermark_waits_out_a_join_pause, issue 3 module).
+CONFIG: dict[str, Any] = {
+    "windows": {"grace_s": 60},
+    "join": {"idle_tick_ms": 60_000},
     "rules": {
         "stale_windows": 2_000,
         "stage_regression": {
             "short_windows": 1,
             "long_windows": 3,
-            "baseline_windows": 5,
+            "baseline_windows": 4,
             "exclude_recent_windows": 3,
-            "min_recent_samples": 200,
-            "min_baseline_samples": 1_000,
+            "min_recent_samples": 100,
+            "min_baseline_samples": 500,
             "for_windows": 2,
             "resolve_windows": 2,
         },
         "tenant_silence": {"enabled": False},
-    }
+    },
 }
 
 
@@ -60,7 +64,7 @@ RULES: dict[str, Any] = {
 def regression() -> RegressionTraffic:
     return regression_traffic(
         historical_start_ms(hours_ago=3),
-        tenants={TENANT: 5.0, "globex": 4.0},
+        tenants={TENANT: 2.5},
         incident_tenant=TENANT,
         slowdown=1.5,
         windows_before=WINDOWS_BEFORE,
@@ -71,7 +75,7 @@ def regression() -> RegressionTraffic:
 
 
 def _start(settings: Any, home: Path, am: AlertmanagerServer) -> PipelinePair:
-    config = write_config(home / "rules.yaml", RULES)
+    config = write_config(home / "ttft.yaml", CONFIG)
     return PipelinePair.start(settings, home, TTFT_ALERTMANAGER_URL=am.url, TTFT_CONFIG=str(config))
 
 
@@ -106,9 +110,7 @@ def test_regression_arrives_once_and_resolves_once(
     pair = _start(kafka_settings, tmp_path, alertmanager)
     seen: dict[str, float] = {}
     try:
-        produce_paced(
-            kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), regression.chunks, PAUSE_S
-        )
+        pair.produce_in_step(regression.chunks, timeout_per_chunk=120)
         produced = time.monotonic()
 
         def arrived() -> bool:
@@ -160,12 +162,7 @@ def test_firing_alert_survives_alertmanager_outage_and_writer_restart(
     pair = _start(kafka_settings, tmp_path, am)
     try:
         # Only the windows up to the end of the incident: the alert fires and stays firing.
-        produce_paced(
-            kafka_settings.kafka_bootstrap,
-            kafka_settings.topic("stage-events"),
-            regression.chunks[: WINDOWS_BEFORE + WINDOWS_INCIDENT],
-            PAUSE_S,
-        )
+        pair.produce_in_step(regression.chunks[: WINDOWS_BEFORE + WINDOWS_INCIDENT], timeout_per_chunk=120)
         pair.pipe.wait_for(
             lambda: any(t["state"] == "firing" for t in _transitions(kafka_settings)),
             240,

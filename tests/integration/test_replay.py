@@ -41,6 +41,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_LAST: dict[str, float] = {}
+
+
+def _remember(state: dict[str, float]) -> bool:
+    _LAST.clear()
+    _LAST.update(state)
+    print("drain state", state, flush=True)
+    return False
+
+
 def _snapshot(pipe: Pipeline) -> dict[str, list[dict[str, Any]]]:
     return {name: pipe.query(sql) for name, sql in SNAPSHOT_QUERIES.items()}
 
@@ -60,15 +70,17 @@ def test_replay_of_a_run_leaves_every_table_unchanged(kafka_settings: Any, tmp_p
         pipe.wait_healthy(join)
         produce_sync(settings.kafka_bootstrap, settings.topic("stage-events"), traffic.messages)
 
-        def drained() -> bool:
+        def drained() -> dict[str, float] | bool:
             b = settings.kafka_bootstrap
-            return (
-                group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
-                and join.metric("ttft_open_requests") == 0
-                and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
-                and writer.metric("ttft_open_windows") == 0
-                and writer.metric("ttft_windows_closed_total") > 0
-            )
+            state = {
+                "join_lag": group_lag(b, f"{app}-join", [settings.topic("stage-events")]),
+                "open": join.metric("ttft_open_requests"),
+                "writer_lag": group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]),
+                "open_windows": writer.metric("ttft_open_windows"),
+                "closed": writer.metric("ttft_windows_closed_total"),
+            }
+            done = not (state["join_lag"] or state["open"] or state["writer_lag"] or state["open_windows"])
+            return (done and state["closed"] > 0) or (False if done else {} or False) or _remember(state)
 
         pipe.wait_for(drained, 240, "the first run to drain")
         assert pipe.stop(join) == 0

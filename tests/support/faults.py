@@ -1,24 +1,21 @@
-"""Fault scenarios over the real pipeline: one runner, a fault-free reference, and the stores compared.
+"""Fault scenarios over the real pipeline: one runner, a fault-free reference, and stores compared.
 
-:func:`run` starts a writer and a join worker on fresh topics and a fresh store, produces ``traffic`` with
-an idempotent producer (paced, so the stream is still flowing when a fault fires), lets ``fault`` watch the
-workers' ``/metrics`` until its trigger (work in flight: un-acknowledged offsets, open requests, pending
-windows), injects and recovers it, waits until the pipeline drained and closed every window, stops the
-workers, and reads the store from a subprocess (chDB holds one data directory per process):
+:func:`run` starts a writer and a join worker on fresh topics and a fresh store, produces the traffic with
+an idempotent producer (paced, so the stream still flows when the fault fires), lets the :class:`Fault`
+watch the workers' ``/metrics`` until its trigger (work in flight: un-acknowledged offsets, open requests,
+windows being flushed), injects and recovers it, waits until the pipeline drained and closed every window,
+stops the workers and reads the store in a subprocess (chDB holds one data directory per process):
 ``python -m tests.support.faults snapshot`` prints a :class:`StoreSnapshot` as JSON.
 
-A snapshot keeps what must not depend on faults: every ``requests`` column except insert/late/amendment
-bookkeeping, every ``stage_windows`` column except ``computed_version``, the alerts' identities and
-event-time transitions, and the dead letters' sources. Fault classes live in ``tests/support/fault_kinds.py``
-style in the test module; this file holds the runner and the one-fault-at-a-time protocol (:class:`Fault`).
+A snapshot keeps what must not depend on faults: every ``requests`` column except insert, late-arrival
+and amendment bookkeeping; every ``stage_windows`` column except ``computed_version``; the alerts'
+identities and event-time transitions (no delivery times); the dead letters' sources.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
-import os
 import signal
 import socket
 import subprocess
@@ -26,23 +23,20 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.support.pipeline import REPO, Pipeline, WorkerProcess, group_lag, pipeline_env
 
-#: Columns that record how a row got there (insert time, late arrivals, merged amendments), not what it is.
+#: How a row got there (insert time, late arrivals, merged amendments; record_version encodes late_events).
 REQUEST_BOOKKEEPING = ("inserted_at", "amendment_ids", "late_events", "record_version")
-WINDOW_BOOKKEEPING = ("computed_version",)
-ALERT_COLUMNS = (
-    "fingerprint, alertname, labels, state, window_start, event_at, active_at, fired_at, resolved_at, muted"
-)
+ALERT_COLUMNS = "fingerprint, alertname, labels, state, window_start, event_at, active_at, fired_at, resolved_at"
+_SUB_STAGES = tuple(f'"stage":"{s}"'.encode() for s in ("vector_recall", "bm25_recall", "rerank"))
 POLL_S = 0.05
 
 
-# --- traffic --------------------------------------------------------------------------------------
+# --- traffic ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -52,8 +46,6 @@ class FaultTraffic:
     name: str
     messages: list[tuple[bytes, bytes]]
     requests: int
-    malformed: int
-    duplicates: int
     start_ms: int
     end_ms: int
 
@@ -61,59 +53,44 @@ class FaultTraffic:
 def canary_traffic(
     *, rate_rps: float = 25.0, duration_s: float = 420.0, seed: int = 8, hours_ago: float = 3.0
 ) -> FaultTraffic:
-    """``canary-regression`` traffic (a slow canary arm with low draft acceptance, so alerts fire) with
-    duplicates, missing stages, orphans and malformed messages, starting ``hours_ago`` in event time so
-    every window closes as soon as the stream is idle."""
+    """``canary-regression`` traffic (a canary arm with low draft acceptance, so alerts fire) with duplicates,
+    missing stages, orphans and malformed messages, ``hours_ago`` in event time so every window closes as
+    soon as the stream is idle. The optional recall sub-stages are left out: they cost join time and
+    exercise nothing a fault needs."""
     from streams.sim.faults import ErrorRates
     from streams.sim.traffic import generate_with_truth
 
     start_ms = int((time.time() - hours_ago * 3600) * 1000) // 60_000 * 60_000
     errors = ErrorRates(duplicate=0.02, missing_stage=0.02, orphan=0.01, malformed=0.005)
     messages, truth = generate_with_truth(
-        "canary-regression",
-        rate_rps=rate_rps,
-        duration_s=duration_s,
-        seed=seed,
-        start_ms=start_ms,
-        errors=errors,
+        "canary-regression", rate_rps=rate_rps, duration_s=duration_s, seed=seed, start_ms=start_ms, errors=errors
     )
-    # Optional recall sub-stages are left out: they cost join time and exercise nothing a fault needs.
     kept = [(k, v) for k, v, _ in messages if not any(s in v for s in _SUB_STAGES)]
     return FaultTraffic(
-        name=f"canary-regression:{rate_rps}rps:{duration_s}s:seed{seed}",
+        name=f"canary-regression {rate_rps} rps x {duration_s} s seed {seed}",
         messages=kept,
         requests=len(truth.requests),
-        malformed=len(truth.malformed),
-        duplicates=len(truth.duplicates),
         start_ms=start_ms,
         end_ms=int(start_ms + duration_s * 1000),
     )
 
 
-_SUB_STAGES = tuple(f'"stage":"{s}"'.encode() for s in ("vector_recall", "bm25_recall", "rerank"))
-
-
 class PacedProducer(threading.Thread):
-    """Produces the traffic in chunks with pauses, idempotently (a retried send is never a duplicate), and
-    rides out a broker restart on its own (long request timeout, client retries)."""
+    """Produces the traffic in chunks with pauses; idempotent (a retried send is never a duplicate) and
+    patient (rides out a broker restart by itself: long request timeout, client retries)."""
 
-    def __init__(
-        self, bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]], chunk: int, pause_s: float
-    ) -> None:
+    def __init__(self, bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]], chunk: int, pause_s: float):
         super().__init__(name="paced-producer", daemon=True)
         self.bootstrap, self.topic, self.messages = bootstrap, topic, messages
         self.chunk, self.pause_s = chunk, pause_s
         self.acked = 0
         self.error: BaseException | None = None
-        self.finished = threading.Event()
 
     def run(self) -> None:
         try:
             asyncio.run(self._produce())
-        except BaseException as exc:  # reported by the runner, which owns the assertion
+        except BaseException as exc:  # the runner owns the assertion
             self.error = exc
-        finally:
-            self.finished.set()
 
     async def _produce(self) -> None:
         from aiokafka import AIOKafkaProducer
@@ -131,26 +108,25 @@ class PacedProducer(threading.Thread):
         try:
             for i in range(0, len(self.messages), self.chunk):
                 part = self.messages[i : i + self.chunk]
-                futures = [await producer.send(self.topic, value=v, key=k) for k, v in part]
-                await asyncio.gather(*futures)
+                await asyncio.gather(*[await producer.send(self.topic, value=v, key=k) for k, v in part])
                 self.acked += len(part)
                 await asyncio.sleep(self.pause_s)
         finally:
             await producer.stop()
 
 
-# --- the store, read from another process -----------------------------------------------------------
+# --- the store, read by another process ---------------------------------------------------------------
 
 
 @dataclass
 class StoreSnapshot:
-    """The comparable content of one run's store (normalised: bookkeeping dropped, rows sorted)."""
+    """The comparable content of one run's store (bookkeeping dropped, rows sorted)."""
 
     requests: list[dict[str, Any]]
     stage_windows: list[dict[str, Any]]
     alerts: list[dict[str, Any]]
     dead_letters: list[dict[str, Any]]
-    #: rows before FINAL: replays absorbed by ReplacingMergeTree show up here (until parts merge)
+    #: rows before FINAL: replays absorbed by ReplacingMergeTree show up here until parts merge
     raw_request_rows: int
     #: request ids with more than one row after FINAL (must be 0)
     duplicated: int
@@ -160,35 +136,33 @@ class StoreSnapshot:
 
 
 def _query_snapshot() -> dict[str, Any]:
-    """Runs in the snapshot subprocess: one chDB open, every query, JSON out."""
-    from tests.support.dump_store import _plain
-
+    """In the snapshot subprocess: open the store once, run every query."""
     from streams.settings import load_settings
     from streams.store.client import make_client
+    from tests.support.dump_store import _plain
 
     settings = load_settings()
     client = make_client(settings)
-    db = settings.clickhouse_database
 
     def rows(sql: str) -> list[dict[str, Any]]:
-        result = client.query(sql.replace("{db}", db))
+        result = client.query(sql.replace("{db}", settings.clickhouse_database))
         return [{k: _plain(v) for k, v in row.items()} for row in result.named_results()]
 
-    drop_requests = ", ".join(REQUEST_BOOKKEEPING)
-    drop_windows = ", ".join(WINDOW_BOOKKEEPING)
     counts = rows(
         "SELECT (SELECT count() FROM {db}.requests) AS raw, "
         "(SELECT count() - uniqExact(request_id) FROM {db}.requests FINAL) AS duplicated"
     )[0]
     return {
-        "requests": rows(f"SELECT * EXCEPT ({drop_requests}) FROM {{db}}.requests FINAL ORDER BY request_id"),
+        "requests": rows(
+            f"SELECT * EXCEPT ({', '.join(REQUEST_BOOKKEEPING)}) FROM {{db}}.requests FINAL ORDER BY request_id"
+        ),
         "stage_windows": rows(
-            f"SELECT * EXCEPT ({drop_windows}) FROM {{db}}.stage_windows FINAL "
+            "SELECT * EXCEPT (computed_version) FROM {db}.stage_windows FINAL "
             "ORDER BY window_start, tenant_id, version_id, stage"
         ),
         "alerts": rows(f"SELECT {ALERT_COLUMNS} FROM {{db}}.alerts FINAL ORDER BY fingerprint, state, event_at"),
         "dead_letters": rows(
-            "SELECT source_topic, source_partition, source_offset, reason_code FROM {db}.dead_letters FINAL "
+            "SELECT source_partition, source_offset, reason_code FROM {db}.dead_letters FINAL "
             "ORDER BY source_partition, source_offset"
         ),
         "raw_request_rows": int(counts["raw"]),
@@ -208,14 +182,11 @@ def read_snapshot(env: dict[str, str]) -> StoreSnapshot:
     )
     if out.returncode != 0:
         raise AssertionError(f"store snapshot failed: {out.stderr.decode()[-3000:]}")
-    data = json.loads(out.stdout.decode().strip().splitlines()[-1])
-    for row in data["dead_letters"]:  # topic names carry the run's prefix
-        row["source_topic"] = str(row["source_topic"]).rpartition(".")[2]
-    return StoreSnapshot(**data)
+    return StoreSnapshot(**json.loads(out.stdout.decode().strip().splitlines()[-1]))
 
 
-def differences(reference: StoreSnapshot, other: StoreSnapshot, limit: int = 8) -> list[str]:
-    """Human-readable differences between two snapshots (empty when equal)."""
+def data_differences(reference: StoreSnapshot, other: StoreSnapshot, limit: int = 6) -> list[str]:
+    """Differences in ``requests``, ``stage_windows`` and ``dead_letters`` (empty when equal)."""
     out: list[str] = []
     ref = {r["request_id"]: r for r in reference.requests}
     got = {r["request_id"]: r for r in other.requests}
@@ -228,29 +199,38 @@ def differences(reference: StoreSnapshot, other: StoreSnapshot, limit: int = 8) 
         f"{rid}.{k}: {ref[rid].get(k)!r} != {got[rid].get(k)!r}"
         for rid in sorted(set(ref) & set(got))
         for k in sorted(set(ref[rid]) | set(got[rid]))
-        if not _same(ref[rid].get(k), got[rid].get(k))
+        if ref[rid].get(k) != got[rid].get(k)
     ]
     if wrong:
         out.append(f"request values differ: {len(wrong)}, e.g. {wrong[:limit]}")
     if other.duplicated:
         out.append(f"request ids stored twice after FINAL: {other.duplicated}")
-    for name in ("stage_windows", "alerts", "dead_letters"):
-        a, b = _keyed(getattr(reference, name)), _keyed(getattr(other, name))
-        if a != b:
-            only_a = [k for k in a - b][:limit]
-            only_b = [k for k in b - a][:limit]
-            out.append(f"{name} differ: {len(a - b)} only in reference {only_a}; {len(b - a)} only here {only_b}")
+    out += _rows_differ("stage_windows", reference.stage_windows, other.stage_windows, limit)
+    out += _rows_differ("dead_letters", reference.dead_letters, other.dead_letters, limit)
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    return bool(a == b)
+def alert_differences(reference: StoreSnapshot, other: StoreSnapshot, limit: int = 6) -> list[str]:
+    """Differences in the alerts' identities and transitions (empty when equal)."""
+    return _rows_differ(
+        "alerts", [_transition(a) for a in reference.alerts], [_transition(a) for a in other.alerts], limit
+    )
 
 
-def _keyed(rows: list[dict[str, Any]]) -> set[str]:
-    return {json.dumps(r, sort_keys=True, ensure_ascii=False) for r in rows}
+def _transition(alert: dict[str, Any]) -> dict[str, Any]:
+    labels = alert.get("labels") or {}
+    return {**alert, "labels": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))}
+
+
+def _rows_differ(name: str, a: list[dict[str, Any]], b: list[dict[str, Any]], limit: int) -> list[str]:
+    ka = {json.dumps(r, sort_keys=True, ensure_ascii=False) for r in a}
+    kb = {json.dumps(r, sort_keys=True, ensure_ascii=False) for r in b}
+    if ka == kb and len(a) == len(b):
+        return []
+    return [
+        f"{name} differ ({len(a)} vs {len(b)} rows): only in reference {sorted(ka - kb)[:limit]}; "
+        f"only in this run {sorted(kb - ka)[:limit]}"
+    ]
 
 
 # --- the runner ---------------------------------------------------------------------------------------
@@ -275,22 +255,28 @@ class RunContext:
     observed: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def join_group(self) -> str:
-        return f"{self.settings.app_id}-join"
-
-    @property
     def writer_group(self) -> str:
         return f"{self.settings.app_id}-writer"
 
     def writer_topics(self) -> list[str]:
         return [self.settings.topic("requests"), self.settings.topic("dead-letter")]
 
-    def metrics(self, worker: WorkerProcess) -> dict[str, float]:
-        """The worker's metrics summed over labels ({} while it does not answer)."""
+    def join_lag(self) -> int:
+        return group_lag(
+            self.settings.kafka_bootstrap, f"{self.settings.app_id}-join", [self.settings.topic("stage-events")]
+        )
+
+    def writer_lag(self) -> int:
+        return group_lag(self.settings.kafka_bootstrap, self.writer_group, self.writer_topics())
+
+    def metrics(self, worker: WorkerProcess, *, labelled: bool = False) -> dict[str, float]:
+        """The worker's metrics, summed over labels unless ``labelled`` ({} while it does not answer)."""
         try:
             raw = worker.metrics()
         except OSError:
             return {}
+        if labelled:
+            return raw
         out: dict[str, float] = {}
         for key, value in raw.items():
             name = key.partition("{")[0]
@@ -298,32 +284,30 @@ class RunContext:
         return out
 
     def restart(self, role: str, sig: int = signal.SIGKILL) -> float:
-        """Stop ``role`` with ``sig``, start it again, wait until healthy; returns the seconds it took."""
+        """Stop ``role`` with ``sig``, start a new one, wait until healthy; returns the seconds it took."""
         old = self.join if role == "join" else self.writer
         t0 = time.monotonic()
         if sig == signal.SIGKILL:
             old.proc.send_signal(signal.SIGKILL)
             old.proc.wait(30)
         else:
-            rc = self.pipe.stop(old, sig)
-            self.observed[f"{role}_stop_rc"] = rc
+            self.observed[f"{role}_stop_rc"] = self.pipe.stop(old, sig)
         new = self.pipe.start(role, free_port())
-        self.pipe.wait_healthy(new, timeout=120)
+        self.pipe.wait_healthy(new, timeout=180)
         if role == "join":
             self.join = new
         else:
             self.writer = new
         return time.monotonic() - t0
 
-    def wait_progress(self, worker_role: str, metric: str, timeout: float = 120.0) -> float:
-        """Seconds until ``metric`` of the (current) worker of ``worker_role`` is above zero."""
+    def wait_metric(self, role: str, name: str, above: float = 0.0, timeout: float = 180.0) -> float:
+        """Seconds until metric ``name`` of the current ``role`` worker exceeds ``above``."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            worker = self.join if worker_role == "join" else self.writer
-            if self.metrics(worker).get(metric, 0.0) > 0:
+            if self.metrics(self.join if role == "join" else self.writer).get(name, 0.0) > above:
                 return time.monotonic() - t0
             time.sleep(POLL_S * 4)
-        raise AssertionError(f"{worker_role} made no progress ({metric}) in {timeout}s")
+        raise AssertionError(f"{role}: {name} did not pass {above} in {timeout}s")
 
 
 class Fault:
@@ -335,11 +319,11 @@ class Fault:
     pause_s = 0.25
 
     def prepare(self, home: Path) -> dict[str, str]:
-        """Extra worker environment (and any server the fault needs); called before the workers start."""
+        """Extra worker environment (and servers the fault needs); called before the workers start."""
         return {}
 
     def bootstrap(self, default: str) -> str:
-        """The broker this run uses (a fault that restarts the broker brings its own)."""
+        """The broker of this run (a fault that restarts the broker brings its own)."""
         return default
 
     def armed(self, ctx: RunContext, join: dict[str, float], writer: dict[str, float]) -> bool:
@@ -350,7 +334,7 @@ class Fault:
         """Inject the fault and bring the pipeline back; record what was seen in ``ctx.observed``."""
 
     def before_stop(self, ctx: RunContext) -> None:
-        """Runs after the pipeline drained, before the workers stop."""
+        """After the pipeline drained, before the workers stop."""
 
     def close(self) -> None:
         """Stop whatever :meth:`prepare` started."""
@@ -358,42 +342,53 @@ class Fault:
 
 @dataclass
 class RunResult:
-    """One run: the store it left, what was sent, and what the fault observed."""
+    """One run: the store it left, what was sent, what the fault observed."""
 
     fault: str
     snapshot: StoreSnapshot
     sent_messages: int
     sent_requests: int
     seconds: float
-    phases: dict[str, float]
     observed: dict[str, Any]
 
-    def counts(self, reference: StoreSnapshot | None = None) -> dict[str, Any]:
+    def counts(self, reference: StoreSnapshot) -> dict[str, Any]:
         """sent, stored, dead-lettered, lost, duplicated (and absorbed replays), time to recover."""
-        base = reference or self.snapshot
         return {
             "fault": self.fault,
             "sent_requests": self.sent_requests,
             "sent_messages": self.sent_messages,
             "stored": len(self.snapshot.requests),
             "dead_lettered": len(self.snapshot.dead_letters),
-            "lost": len(base.request_ids() - self.snapshot.request_ids()),
+            "lost": len(reference.request_ids() - self.snapshot.request_ids()),
             "duplicated": self.snapshot.duplicated,
-            "absorbed_rows": self.snapshot.raw_request_rows - len(self.snapshot.requests),
-            "alerts": len(self.snapshot.alerts),
+            "absorbed_replayed_rows": self.snapshot.raw_request_rows - len(self.snapshot.requests),
+            "alert_transitions": len(self.snapshot.alerts),
             "recover_s": self.observed.get("recover_s"),
-            "seconds": round(self.seconds, 1),
+            "run_s": round(self.seconds, 1),
         }
 
 
-def run(traffic: FaultTraffic, fault: Fault | None, *, bootstrap: str, home: Path) -> RunResult:
+WATCHED = (
+    "ttft_events_consumed_total",
+    "ttft_unacked_events",
+    "ttft_open_requests",
+    "ttft_unacked_records",
+    "ttft_records_written_total",
+    "ttft_windows_closed_total",
+    "ttft_open_windows",
+    "ttft_alerts_pending_delivery",
+    "ttft_alert_transitions_total",
+    "ttft_insert_failures_total",
+)
+
+
+def run(traffic: FaultTraffic, fault: Fault | None = None, *, bootstrap: str, home: Path) -> RunResult:
     """Run the pipeline over ``traffic`` with ``fault`` (None: the reference) on fresh topics and store."""
     from streams.kafka.topics import ensure_topics
     from streams.settings import Settings
 
     fault = fault or Fault()
     t0 = time.monotonic()
-    phases: dict[str, float] = {}
     home.mkdir(parents=True, exist_ok=True)
     try:
         extra = fault.prepare(home)
@@ -406,15 +401,14 @@ def run(traffic: FaultTraffic, fault: Fault | None, *, bootstrap: str, home: Pat
         pipe = Pipeline(env, home)
         try:
             ctx = _start(settings, pipe, traffic, fault)
-            phases["started"] = time.monotonic() - t0
+            watcher = threading.Thread(target=_watch_premature_close, args=(ctx,), daemon=True)
+            watcher.start()
             if fault.name != "none":
                 _trigger(ctx, fault)
-                phases["fault_done"] = time.monotonic() - t0
-            ctx.producer.join(300)
-            if ctx.producer.error is not None:
-                raise AssertionError(f"producer failed: {ctx.producer.error!r}")
+            ctx.producer.join(600)
+            assert ctx.producer.error is None, f"producer failed: {ctx.producer.error!r}"
             _wait_drained(ctx)
-            phases["drained"] = time.monotonic() - t0
+            ctx.observed["drained_s"] = round(time.monotonic() - t0, 1)
             fault.before_stop(ctx)
             for worker in (ctx.join, ctx.writer):
                 rc = pipe.stop(worker)
@@ -422,65 +416,65 @@ def run(traffic: FaultTraffic, fault: Fault | None, *, bootstrap: str, home: Pat
         finally:
             pipe.stop_all()
         snapshot = read_snapshot(env)
-        phases["snapshot"] = time.monotonic() - t0
     finally:
         fault.close()
-    return RunResult(
-        fault=fault.name,
-        snapshot=snapshot,
-        sent_messages=ctx.producer.acked,
-        sent_requests=traffic.requests,
-        seconds=time.monotonic() - t0,
-        phases={k: round(v, 1) for k, v in phases.items()},
-        observed=ctx.observed,
-    )
+    return RunResult(fault.name, snapshot, ctx.producer.acked, traffic.requests, time.monotonic() - t0, ctx.observed)
 
 
 def _start(settings: Any, pipe: Pipeline, traffic: FaultTraffic, fault: Fault) -> RunContext:
     writer = pipe.start("writer", free_port())
     join = pipe.start("join", free_port())
-    pipe.wait_healthy(writer)
-    pipe.wait_healthy(join)
-    producer = PacedProducer(
-        settings.kafka_bootstrap, settings.topic("stage-events"), traffic.messages, fault.chunk, fault.pause_s
-    )
+    pipe.wait_healthy(writer, timeout=180)
+    pipe.wait_healthy(join, timeout=180)
+    topic = settings.topic("stage-events")
+    producer = PacedProducer(settings.kafka_bootstrap, topic, traffic.messages, fault.chunk, fault.pause_s)
     producer.start()
     return RunContext(settings, pipe, join, writer, producer, traffic)
 
 
-def _trigger(ctx: RunContext, fault: Fault, timeout: float = 240.0) -> None:
+def _trigger(ctx: RunContext, fault: Fault, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     join: dict[str, float] = {}
     writer: dict[str, float] = {}
     while time.monotonic() < deadline:
         join, writer = ctx.metrics(ctx.join), ctx.metrics(ctx.writer)
         if join and writer and fault.armed(ctx, join, writer):
-            ctx.observed["at_trigger"] = {
-                "produced": ctx.producer.acked,
-                **{k: join.get(k, 0.0) for k in JOIN_IN_FLIGHT},
-                **{k: writer.get(k, 0.0) for k in WRITER_IN_FLIGHT},
-            }
+            merged = {**writer, **{k: v for k, v in join.items() if v}}
+            ctx.observed["at_trigger"] = {"produced": ctx.producer.acked, **{k: merged.get(k, 0.0) for k in WATCHED}}
             fault.inject(ctx)
             return
         time.sleep(POLL_S)
     raise AssertionError(f"fault {fault.name} never triggered; join={join} writer={writer}")
 
 
-JOIN_IN_FLIGHT = ("ttft_events_consumed_total", "ttft_unacked_events", "ttft_open_requests")
-WRITER_IN_FLIGHT = (
-    "ttft_unacked_records",
-    "ttft_records_written_total",
-    "ttft_windows_closed_total",
-    "ttft_open_windows",
-    "ttft_alerts_pending_delivery",
-    "ttft_alert_transitions_total",
-    "ttft_insert_failures_total",
-)
-
-
-def _wait_drained(ctx: RunContext, timeout: float = 300.0) -> None:
+def _watch_premature_close(ctx: RunContext) -> None:
+    """Record when the writer's watermark first passes the end of the traffic (every window closes), and
+    whether the join still had events to process then: windows closed before their records were in."""
     s = ctx.settings
-    b = s.kafka_bootstrap
+    closes_at = ctx.traffic.end_ms + (s.windows.window_s + s.windows.grace_s) * 1000
+    while True:
+        done = "drained_s" in ctx.observed
+        mark = ctx.metrics(ctx.writer).get("ttft_writer_watermark_ms", 0.0)
+        if mark >= closes_at:
+            join = ctx.metrics(ctx.join)
+            try:
+                lag = ctx.join_lag()
+            except Exception as exc:  # diagnostics only
+                lag = -1
+                ctx.observed["watch_error"] = repr(exc)
+            ctx.observed["all_windows_closed"] = {
+                "join_lag": lag,
+                "join_open_requests": join.get("ttft_open_requests", -1.0),
+                "produced": ctx.producer.acked,
+                "premature": lag != 0 or ctx.producer.acked < len(ctx.traffic.messages),
+            }
+            return
+        if done:
+            return
+        time.sleep(0.5)
+
+
+def _wait_drained(ctx: RunContext, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     status: dict[str, float] = {}
     while time.monotonic() < deadline:
@@ -489,17 +483,12 @@ def _wait_drained(ctx: RunContext, timeout: float = 300.0) -> None:
             "open_requests": join.get("ttft_open_requests", -1.0),
             "open_windows": writer.get("ttft_open_windows", -1.0),
             "windows_closed": writer.get("ttft_windows_closed_total", 0.0),
-            "join_lag": float(group_lag(b, ctx.join_group, [s.topic("stage-events")])),
-            "writer_lag": float(group_lag(b, ctx.writer_group, ctx.writer_topics())),
         }
-        if (
-            status["open_requests"] == 0
-            and status["open_windows"] == 0
-            and status["windows_closed"] > 0
-            and status["join_lag"] == 0
-            and status["writer_lag"] == 0
-        ):
-            return
+        if status["open_requests"] == 0 and status["open_windows"] == 0 and status["windows_closed"] > 0:
+            status["join_lag"] = ctx.join_lag()
+            status["writer_lag"] = ctx.writer_lag()
+            if status["join_lag"] == 0 and status["writer_lag"] == 0:
+                return
         time.sleep(0.5)
     logs = "\n".join(f"--- {w.role}:{w.port}\n{w.log()[-2000:]}" for w in ctx.pipe.workers)
     raise AssertionError(f"the pipeline did not drain in {timeout}s: {status}\n{logs}")
@@ -518,33 +507,9 @@ async def _committed(bootstrap: str, group: str) -> dict[str, int]:
 
 
 def committed_offsets(bootstrap: str, group: str) -> dict[str, int]:
-    """``{topic:partition: committed offset}`` of a consumer group."""
+    """``{"topic:partition": committed offset}`` of a consumer group."""
     return asyncio.run(_committed(bootstrap, group))
 
 
-def summary(results: list[RunResult], reference: StoreSnapshot) -> str:
-    """One line per run with the counts the issue asks for."""
-    return "\n".join(json.dumps(r.counts(reference), default=str) for r in results)
-
-
-def reason_counts(snapshot: StoreSnapshot) -> dict[str, int]:
-    return dict(Counter(str(d["reason_code"]) for d in snapshot.dead_letters))
-
-
-__all__ = [
-    "Fault",
-    "FaultTraffic",
-    "RunContext",
-    "RunResult",
-    "StoreSnapshot",
-    "asdict",
-    "canary_traffic",
-    "committed_offsets",
-    "differences",
-    "run",
-]
-
-
 if __name__ == "__main__" and sys.argv[1:] == ["snapshot"]:
-    os.environ.setdefault("PYTHONPATH", str(REPO))
     print(json.dumps(_query_snapshot(), ensure_ascii=False))

@@ -156,6 +156,7 @@ def pipeline_env(settings: Any, home: Path, **extra: str) -> dict[str, str]:
         TTFT_APP_ID=f"app-{settings.topic_prefix}",
         TTFT_PARTITIONS=str(settings.partitions),
         TTFT_SESSION_TIMEOUT_S="6",
+        TTFT_WINDOWS__IDLE_CLOSE_S="8",
         PYTHONPATH=str(REPO),
     )
     env.update(extra)

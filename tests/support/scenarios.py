@@ -27,7 +27,7 @@ import yaml
 from streams.settings import Settings
 from streams.sim.model import simulate_request
 from streams.sim.scenarios import ROUTING_SPECULATIVE
-from tests.support.pipeline import REPO, Pipeline, WorkerProcess, group_lag, pipeline_env
+from tests.support.pipeline import REPO, Pipeline, WorkerProcess, group_lag, pipeline_env, produce_sync
 
 #: ``requests`` column of each stage sketch (``other`` is clamped at 0 in the sketch).
 STAGE_COLUMNS: dict[str, str] = {
@@ -112,6 +112,26 @@ class PipelinePair:
             and self.writer.metric("ttft_windows_closed_total") > 0
         )
 
+    def caught_up(self) -> bool:
+        """The join committed every produced event and the writer every record produced so far."""
+        app = self.env["TTFT_APP_ID"]
+        s, b = self.settings, self.settings.kafka_bootstrap
+        return (
+            group_lag(b, f"{app}-join", [s.topic("stage-events")]) == 0
+            and group_lag(b, f"{app}-writer", [s.topic("requests"), s.topic("dead-letter")]) == 0
+        )
+
+    def produce_in_step(self, chunks: Sequence[Sequence[tuple[bytes, bytes]]], timeout_per_chunk: float) -> None:
+        """Produce chunk after chunk, each once the pipeline has caught up with the previous one.
+
+        Event time then advances evenly over every partition, as in live traffic, instead of as a backlog
+        whose partitions the consumers drain at different speeds.
+        """
+        topic = self.settings.topic("stage-events")
+        for index, chunk in enumerate(chunks):
+            produce_sync(self.settings.kafka_bootstrap, topic, list(chunk))
+            self.pipe.wait_for(self.caught_up, timeout_per_chunk, f"the pipeline to catch up with chunk {index}")
+
     def wait_drained(self, timeout: float, what: str = "the pipeline to drain") -> None:
         self.pipe.wait_for(self.drained, timeout, what)
 
@@ -142,9 +162,7 @@ def run_ttft(env: dict[str, str], *args: str, timeout: float = 300.0) -> str:
         check=False,
     )
     if out.returncode != 0:
-        raise AssertionError(
-            f"ttft {' '.join(args)} failed ({out.returncode}): {out.stderr.decode()[-3000:]}"
-        )
+        raise AssertionError(f"ttft {' '.join(args)} failed ({out.returncode}): {out.stderr.decode()[-3000:]}")
     return out.stdout.decode()
 
 
@@ -182,15 +200,21 @@ def breakdown_json(env: dict[str, str], tenant: str, start_ms: float, end_ms: fl
 
 async def _read_topic(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None]]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
 
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    parts = sorted(int(p["partition"]) for d in described if d["topic"] == topic for p in d["partitions"])
+    if not parts:
+        raise AssertionError(f"topic {topic} has no partitions: {described}")
+    tps = [TopicPartition(topic, p) for p in parts]
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        parts = consumer.partitions_for_topic(topic)
-        if not parts:
-            await consumer.topics()
-            parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -211,37 +235,6 @@ async def _read_topic(bootstrap: str, topic: str) -> list[tuple[bytes | None, by
 def read_topic(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None]]:
     """Every message of ``topic`` (no consumer group), in produce-timestamp order."""
     return asyncio.run(_read_topic(bootstrap, topic))
-
-
-async def _produce_paced(
-    bootstrap: str, topic: str, chunks: Sequence[Sequence[tuple[bytes, bytes]]], pause_s: float
-) -> int:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
-    await producer.start()
-    n = 0
-    try:
-        for i, chunk in enumerate(chunks):
-            if i:
-                await asyncio.sleep(pause_s)
-            futures = [await producer.send(topic, value=value, key=key) for key, value in chunk]
-            await asyncio.gather(*futures)
-            n += len(futures)
-    finally:
-        await producer.stop()
-    return n
-
-
-def produce_paced(
-    bootstrap: str, topic: str, chunks: Sequence[Sequence[tuple[bytes, bytes]]], pause_s: float
-) -> int:
-    """Produce chunk after chunk with one producer, pausing ``pause_s`` between chunks.
-
-    Keep ``pause_s`` well below ``join.idle_tick_ms``: a writer idle that long moves its watermark to the
-    wall clock, which closes every window of historical traffic at once.
-    """
-    return asyncio.run(_produce_paced(bootstrap, topic, chunks, pause_s))
 
 
 # --- traffic --------------------------------------------------------------------------------------------
