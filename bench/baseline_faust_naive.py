@@ -47,8 +47,8 @@ def measure_naive(env: BenchEnv, traffic: Traffic, requests: int, timeout_s: flo
         proc = subprocess.Popen(cmd, env=child_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         expected_requests = len({m[0] for m in messages})
-        ended, peak = asyncio.run(
-            _wait_done(env, proc, log_path, app_id, events_topic, requests_topic, expected_requests, timeout_s)
+        ended, peak, cpu_s = asyncio.run(
+            _wait_done(env, proc, log_path, app_id, events_topic, requests_topic, expected_requests, stats, timeout_s)
         )
         first = json.loads(stats.read_text())["first_event_at"]
         elapsed = ended - first
@@ -56,6 +56,7 @@ def measure_naive(env: BenchEnv, traffic: Traffic, requests: int, timeout_s: flo
             "naive_events_per_s": len(messages) / elapsed,
             "naive_events": float(len(messages)),
             "rss_peak_naive_mb": peak / MIB,
+            "naive_cpu_us_per_event": cpu_s / len(messages) * 1e6,
         }
     finally:
         _stop(proc)
@@ -69,23 +70,30 @@ async def _wait_done(
     events_topic: str,
     requests_topic: str,
     expected_requests: int,
+    stats: Path,
     timeout_s: float,
-) -> tuple[float, int]:
-    """Wall time at which every event was committed and every request emitted; peak RSS seen."""
+) -> tuple[float, int, float]:
+    """Wall time at which every event was committed and every request emitted; peak RSS; CPU seconds
+    of the worker from the first poll that saw its first event (start-up excluded) to the end."""
     peak = 0
+    cpu0: float | None = None
     async with Offsets(env.bootstrap) as offsets:
 
         async def done() -> bool:
-            nonlocal peak
+            nonlocal peak, cpu0
             if proc.poll() is not None:
                 raise RuntimeError(f"naive worker exited rc={proc.returncode}: {_tail(log_path)}")
-            peak = max(peak, read_proc(proc.pid).peak_rss_bytes)
+            sample = read_proc(proc.pid)
+            peak = max(peak, sample.peak_rss_bytes)
+            if cpu0 is None and stats.exists():
+                cpu0 = sample.cpu_s
             if await offsets.lag(app_id, [events_topic]) != 0:
                 return False
             return sum((await offsets.ends([requests_topic])).values()) >= expected_requests
 
         ended = await poll_until_async(done, timeout_s, "the naive Faust join to commit every event", 0.1)
-    return ended, peak
+        cpu_s = read_proc(proc.pid).cpu_s - (cpu0 or 0.0)
+    return ended, peak, cpu_s
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

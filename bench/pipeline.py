@@ -1,9 +1,10 @@
 """Our pipeline end to end: ``ttft worker --role writer`` and ``--role join`` over the pre-produced traffic.
 
 Timed from the first event the join consumed (its ``ttft_events_consumed_total`` leaves 0) until every
-request row is in the store. chDB lets one process hold a store, so "in the store" is read while the
-writer runs from its ``ttft_records_written_total`` (rows whose insert returned; the clean traffic emits
-each request once) and confirmed after the writer stopped with ``SELECT count() FROM requests FINAL``
+request row is in the store; the CPU seconds each worker spent over that span are reported per event.
+chDB lets one process hold a store, so "in the store" is read while the writer runs from its
+``ttft_records_written_total`` (rows whose insert returned; the clean traffic emits each request once)
+and confirmed after the writer stopped with ``SELECT count() FROM requests FINAL``
 (:meth:`PipelineSession.verify_store`). The workers stay up for :mod:`bench.lag`.
 """
 
@@ -54,6 +55,7 @@ class PipelineSession:
             return join.metric("ttft_events_consumed_total") > 0
 
         first = poll_until(consumed, 120, "the join's first event", interval_s=0.02)
+        cpu0 = {w.role: read_proc(w.proc.pid).cpu_s for w in (join, self.writer)}
         if profile_dir is not None:
             spies.append((join, start_pyspy(join.proc.pid, profile_dir / "join-profile.txt")))
         writer = self.writer
@@ -63,13 +65,18 @@ class PipelineSession:
             return writer.metric("ttft_records_written_total") >= self.requests_expected
 
         done = poll_until(written, timeout_s, "every request row written", interval_s=0.2)
+        cpu = {w.role: read_proc(w.proc.pid).cpu_s - cpu0[w.role] for w in (join, writer)}
         profile: dict[str, Any] = {}
         for worker, spy in spies:
             stop_pyspy(spy)
             profile[worker.role] = _summarise(profile_dir, worker.role)  # type: ignore[arg-type]
         elapsed = done - first
         return {
-            "figures": {"pipeline_events_per_s": self.traffic.events / elapsed},
+            "figures": {
+                "pipeline_events_per_s": self.traffic.events / elapsed,
+                "pipeline_join_cpu_us_per_event": cpu["join"] / self.traffic.events * 1e6,
+                "pipeline_writer_cpu_us_per_event": cpu["writer"] / self.traffic.events * 1e6,
+            },
             "details": {
                 "events": self.traffic.events,
                 "requests": self.requests_expected,

@@ -32,6 +32,7 @@ from schemas.decode import decode_stage_event
 from streams.alerting.outbox import alert_message
 from streams.app.metrics import WorkerMetrics
 from streams.core.guard import DeadLetterGuard
+from streams.core.watermarks import WATERMARK_KEY
 from streams.core.join import RequestJoin, TenantMismatch
 from streams.kafka.topics import faust_broker_kwargs
 from streams.rules import ingest_halted_transition
@@ -40,6 +41,7 @@ from streams.settings import Settings
 log = logging.getLogger("ttft.join")
 
 JOIN_STATE_TABLE = "join-state"
+HEARTBEAT_INTERVAL_MS = 500.0
 #: Exit status of a join worker halted by the dead-letter guard (distinct from crashes, which exit 1).
 EXIT_INGEST_HALTED = 3
 
@@ -101,6 +103,7 @@ class JoinAdapter:
         )
         self.changelog_topic = self.state.changelog_topic.get_topic_name()
         self._lock = asyncio.Lock()
+        self._last_heartbeat_ms = 0.0
         self.guard = DeadLetterGuard(settings.caps.halt_window_messages, settings.caps.halt_dead_letter_share)
         self._recovered = False
         app.agent(self.events_topic, name="join", concurrency=1)(self._agent)
@@ -190,7 +193,7 @@ class JoinAdapter:
         async with self._lock:
             now = time.time() * 1000.0
             outputs = [self._record_output(r) for r in self.core.advance_all(now)]
-            if outputs or self.core.has_dirty():
+            if outputs or self.core.has_dirty() or self._heartbeat_due(now):
                 await self._flush(outputs)
 
     async def _halt(self, decoded: Any, msg: Any) -> None:
@@ -236,6 +239,38 @@ class JoinAdapter:
                 done = committed.get(tp) or 0
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - done))
 
+    # --- watermark heartbeats ---------------------------------------------------------------------
+
+    def _heartbeat_due(self, now_ms: float) -> bool:
+        return now_ms - self._last_heartbeat_ms >= HEARTBEAT_INTERVAL_MS
+
+    async def _send_heartbeats(self, now_ms: float) -> None:
+        """Tell the writer how far each owned partition's event time has progressed.
+
+        One message per (owned stage-events partition, requests partition), produced after the records
+        of the batch: on each requests partition the heartbeat follows every record it vouches for, so the
+        writer may close windows on the minimum it has seen, whatever order it reads partitions in. A
+        partition without events yet reports the wall clock (nothing is pending there).
+        """
+        if not self._heartbeat_due(now_ms):
+            return
+        self._last_heartbeat_ms = now_ms
+        topic = self.events_topic.get_topic_name()
+        owned = sorted(tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic)
+        producer = self.app.producer
+        futures: list[Awaitable[Any]] = []
+        for partition in owned:
+            watermark = self.core.watermark(partition) or now_ms
+            value = orjson.dumps({"watermark_ms": watermark, "source_partition": partition})
+            for target in range(self.settings.partitions):
+                futures.append(
+                    await producer.send(
+                        self.requests_topic, WATERMARK_KEY, value, partition=target, timestamp=None, headers=None
+                    )
+                )
+        if futures:
+            await asyncio.gather(*futures)
+
     # --- producing ----------------------------------------------------------------------------
 
     def _record_output(self, record: dict[str, Any]) -> tuple[str, bytes | None, bytes]:
@@ -272,6 +307,7 @@ class JoinAdapter:
             )
         if futures:
             await asyncio.gather(*futures)
+        await self._send_heartbeats(time.time() * 1000.0)
         c = self.core.counters
         m = self.metrics
         m.open_requests.set(self.core.open_requests)

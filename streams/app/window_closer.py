@@ -23,6 +23,7 @@ import orjson
 from streams.app.arms import arms_from_records
 from streams.app.metrics import WorkerMetrics
 from streams.core.series import SeriesAdmission
+from streams.core.watermarks import SourceWatermarks
 from streams.core.windows import WindowAggregates, aggregate_window
 from streams.settings import Settings
 from streams.store.aggregates_store import (
@@ -68,6 +69,8 @@ class WindowCloser:
         self.closed: dict[int, int] = {}  # window_start -> times computed after closing
         self.watermark: float | None = None
         self._max_started: float | None = None
+        self.source_watermarks = SourceWatermarks(settings.partitions)
+        self.request_partitions: list[int] = list(range(settings.partitions))
         self._last_progress_wall = clock()
         join = settings.join
         self.idle_close_s = (
@@ -130,25 +133,23 @@ class WindowCloser:
             await self._compute(ws, first_close=False)
 
     def _advance_watermark(self, now: float) -> None:
-        """Event time = the latest ``started_at`` stored, moved on by the wall clock while idle.
+        """The writer's event time: how far every join partition has provably progressed.
 
-        Idle for ``idle_tick``: event time advances by the idle time since the last record (not cumulative,
-        so a slow backlog never runs ahead). Idle for ``windows.idle_close_s`` (default: the join's request
-        timeout + grace): the join has emitted everything that started before ``now - timeout - grace``,
-        so the watermark jumps there and historical traffic closes its windows.
+        From the join's heartbeats (:mod:`streams.core.watermarks`): their minimum, less the join's request
+        timeout and grace (a request may stay open that long before it is emitted). When no record arrived
+        for ``windows.idle_close_s`` (default: that same timeout + grace) the wall clock stands in, so a
+        stopped join or historical traffic still closes its windows.
         """
-        if self._max_started is None:
-            return
-        watermark = self._max_started
-        idle = now - self._last_progress_wall
         join = self.settings.join
-        if idle >= join.idle_tick_ms / 1000.0:
-            watermark += idle * 1000.0
-        if idle >= self.idle_close_s:
-            settled = now * 1000.0 - (join.request_timeout_ms + join.grace_ms + 2 * join.idle_tick_ms)
-            watermark = max(watermark, settled)
-        if self.watermark is None or watermark > self.watermark:
-            self.watermark = watermark
+        settle_ms = join.request_timeout_ms + join.grace_ms + 2 * join.idle_tick_ms
+        candidates: list[float] = []
+        progress = self.source_watermarks.progress(self.request_partitions)
+        if progress is not None:
+            candidates.append(progress - settle_ms)
+        if self._max_started is not None and now - self._last_progress_wall >= self.idle_close_s:
+            candidates.append(now * 1000.0 - settle_ms)
+        if candidates and (self.watermark is None or max(candidates) > self.watermark):
+            self.watermark = max(candidates)
 
     async def _close_due(self) -> None:
         if self.watermark is None:

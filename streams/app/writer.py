@@ -28,6 +28,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from schemas.dead_letter import DeadLetter
 from streams.app.metrics import WorkerMetrics
 from streams.core.join import merge_records
+from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.topics import kafka_client_kwargs
 from streams.settings import Settings
 from streams.store.client import StoreUnavailable, make_client
@@ -64,6 +65,8 @@ class StoreWriter:
         self.client: Any = None
         self.hooks: list[BatchHook] = []
         self.on_stop: list[Callable[[], Any]] = []
+        #: Join watermark heartbeats (source partition, requests partition, ms) read since the last hook.
+        self.heartbeats: list[tuple[int, int, float]] = []
         self._fault = fault_injector
         self._stopping = asyncio.Event()
         self.consumer: AIOKafkaConsumer | None = None
@@ -102,6 +105,12 @@ class StoreWriter:
         await self.consumer.start()
         self.metrics.health["status"] = "ok"
 
+    def request_partitions(self) -> list[int]:
+        """The ``ttft.requests`` partitions this writer currently owns."""
+        if self.consumer is None:
+            return []
+        return sorted(tp.partition for tp in self.consumer.assignment() if tp.topic == self.requests_topic)
+
     async def stop(self) -> None:
         """Finish the batch in flight (it is committed or not at all), then leave the group."""
         self._stopping.set()
@@ -136,6 +145,7 @@ class StoreWriter:
         records: list[dict[str, Any]] = []
         amendments: list[dict[str, Any]] = []
         dead_letters: list[dict[str, Any]] = []
+        heartbeats: list[tuple[int, int, float]] = []
         offsets: dict[TopicPartition, int] = {}
         n = 0
         for tp, messages in batch.items():
@@ -146,6 +156,10 @@ class StoreWriter:
                     continue
                 if tp.topic == self.dead_letter_topic:
                     dead_letters.append(DeadLetter.model_validate_json(msg.value).model_dump())
+                    continue
+                if msg.key == WATERMARK_KEY:
+                    beat = orjson.loads(msg.value)
+                    heartbeats.append((int(beat["source_partition"]), tp.partition, float(beat["watermark_ms"])))
                     continue
                 value = orjson.loads(msg.value)
                 if value.get("amend"):
@@ -168,6 +182,7 @@ class StoreWriter:
         if dead_letters:
             await self._insert("dead_letters", insert_dead_letters, db, dead_letters)
             self.metrics.dead_letters_written.inc(len(dead_letters))
+        self.heartbeats.extend(heartbeats)
         for hook in self.hooks:
             result = hook(records)
             if asyncio.iscoroutine(result):

@@ -67,6 +67,10 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
         writer.on_stop.append(stop_delivery)
 
     async def on_batch(records: list[dict[str, Any]]) -> None:
+        for source, target, watermark_ms in writer.heartbeats:
+            closer.source_watermarks.observe(source, target, watermark_ms)
+        writer.heartbeats.clear()
+        closer.request_partitions = writer.request_partitions()
         await closer.on_records(records)
         await publisher.flush()
 

@@ -92,13 +92,9 @@ async def _produce(settings: Settings, transitions: list[AlertTransition]) -> No
         await producer.stop()
 
 
-async def _run_until(
-    settings: Settings, url: str, done: object, timeout_s: float
-) -> tuple[DeliveryState, int]:
+async def _run_until(settings: Settings, url: str, done: object, timeout_s: float) -> tuple[DeliveryState, int]:
     """Run a delivery loop until ``done(state, client)`` or the timeout; returns its state and failures."""
-    options = DeliveryOptions(
-        resend_interval_s=60.0, poll_timeout_ms=200, retry_initial_s=0.2, retry_max_s=0.5
-    )
+    options = DeliveryOptions(resend_interval_s=60.0, poll_timeout_ms=200, retry_initial_s=0.2, retry_max_s=0.5)
     stop = asyncio.Event()
     state = DeliveryState()
     async with AlertmanagerClient(url, attempts=1, timeout_s=2.0) as client:
@@ -119,9 +115,7 @@ def test_delivery_loop_survives_alertmanager_down_and_a_restart(
     asyncio.run(_produce(kafka_settings, [transition("firing", 120_000.0)]))
 
     # Alertmanager is down: the loop retries and commits nothing; then the "worker" stops.
-    state, failures = asyncio.run(
-        _run_until(kafka_settings, server.url, lambda s, c: c.failed_attempts >= 3, 20)
-    )
+    state, failures = asyncio.run(_run_until(kafka_settings, server.url, lambda s, c: c.failed_attempts >= 3, 20))
     assert failures >= 3 and state.owed and state.stats.delivered == 0 and state.stats.replayed == 0
     # What a restarting worker's engine resumes (RuleEngine.restore): the firing alert.
     restored = asyncio.run(read_outbox_state(kafka_settings)).active_transitions()

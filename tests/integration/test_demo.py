@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,7 @@ def test_plan_phases_are_whole_windows_and_event_time_stays_behind_the_wall_cloc
         "canary-regression/canary",
     ]
     assert all(p.start_ms % WINDOW_MS == 0 and p.end_ms % WINDOW_MS == 0 for p in phases)
-    assert all(a.end_ms == b.start_ms for a, b in zip(phases, phases[1:], strict=False))
+    assert all(a.end_ms == b.start_ms for a, b in pairwise(phases))
     # Paced from now, the story's end is reached after duration_s, END_MARGIN_MS or more behind the clock.
     assert (plan.end_ms - plan.start_ms) / plan.speedup == pytest.approx(duration_s * 1000.0)
     assert now_ms + duration_s * 1000.0 - plan.end_ms >= END_MARGIN_MS

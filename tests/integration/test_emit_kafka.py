@@ -93,9 +93,7 @@ def test_emitted_events_arrive_and_decode(kafka_settings: Settings) -> None:
     assert len(by_request) == REQUESTS
     for request_events in by_request.values():
         stages = [e.stage for e in request_events]
-        assert sorted(stages) == sorted(
-            ["request_start", "retrieval", "prompt_assemble", "llm_ttft", "first_token"]
-        )
+        assert sorted(stages) == sorted(["request_start", "retrieval", "prompt_assemble", "llm_ttft", "first_token"])
         assert {e.tenant_id for e in request_events} == {"租户-δ"}
         ts = {e.stage: e.ts_ms for e in request_events}
         assert ts["request_start"] <= ts["retrieval"] <= ts["prompt_assemble"] <= ts["first_token"]

@@ -45,11 +45,11 @@ STORY_DURATION_S = 8 * 60
 STORY_SEED = 1
 STORY_TENANT = "acme"  # the largest default tenant (~43 % of the traffic)
 LATE_REQUEST_ID = "late-amendment-1"
-#: Grace and idle tick raised from 40 s and 1 s: on a busy host the writer's watermark (newest record over
-#: all partitions, and the wall clock after one idle tick) closes windows before their records are in, and
-#: every such window is amended again and again. The final aggregates are the same; the runs are faster.
-#: The idle-tick mechanism is pinned by test_writer_watermark_waits_out_a_join_pause below.
-STORY_ENV = {"TTFT_WINDOWS__GRACE_S": "120", "TTFT_JOIN__IDLE_TICK_MS": "5000"}
+#: The story is produced as fast as possible, so the join and the writer drain a backlog whose partitions
+#: progress unevenly; the writer's watermark (newest record over all partitions) then closes windows before
+#: their records are in, and each is amended again. A two-window grace keeps that rare (the final aggregates
+#: are the same either way); a 10 s idle close (default: join timeout + grace, 32 s) ends each run sooner.
+STORY_ENV = {"TTFT_WINDOWS__GRACE_S": "120", "TTFT_WINDOWS__IDLE_CLOSE_S": "10"}
 WINDOW_COLUMNS = (
     "toUnixTimestamp64Milli(window_start) AS window_start, tenant_id, version_id, stage, count, p50, p95, "
     "p99, max, bins, zero_count, slo_bad_count, negative_count, relative_accuracy"
@@ -113,9 +113,8 @@ def _kill_during_aggregation(pair: PipelinePair, expected_requests: int) -> dict
     return seen
 
 
-def _run_story(settings: Settings, home: Path, *, crash: bool) -> StoryRun:
+def _run_story(settings: Settings, home: Path, start_ms: int, *, crash: bool) -> StoryRun:
     started = time.monotonic()
-    start_ms = historical_start_ms(hours_ago=4)
     late_ws = _late_window(start_ms)
     pair = PipelinePair.start(settings, home, **STORY_ENV)
     run = StoryRun(pair.env, start_ms, late_ws, 0.0, {})
@@ -188,15 +187,25 @@ def _run_story(settings: Settings, home: Path, *, crash: bool) -> StoryRun:
 
 
 @pytest.fixture(scope="module")
-def story_reference(kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoryRun]:
-    home = tmp_path_factory.mktemp("story-reference")
-    yield _run_story(_settings(kafka_broker, home), home, crash=False)
+def story_start_ms() -> int:
+    """One event-time start for both runs, so their windows and request ids are the same."""
+    return historical_start_ms(hours_ago=4)
 
 
 @pytest.fixture(scope="module")
-def story_crashed(kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoryRun]:
+def story_reference(
+    kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory, story_start_ms: int
+) -> Iterator[StoryRun]:
+    home = tmp_path_factory.mktemp("story-reference")
+    yield _run_story(_settings(kafka_broker, home), home, story_start_ms, crash=False)
+
+
+@pytest.fixture(scope="module")
+def story_crashed(
+    kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory, story_start_ms: int
+) -> Iterator[StoryRun]:
     home = tmp_path_factory.mktemp("story-crashed")
-    yield _run_story(_settings(kafka_broker, home), home, crash=True)
+    yield _run_story(_settings(kafka_broker, home), home, story_start_ms, crash=True)
 
 
 def _window_state(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -286,15 +295,6 @@ def test_breakdown_names_llm_first_and_ttft_p95_is_not_the_sum(story_reference: 
     assert total - true > 0.02 * true, (total, true)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "streams/app/window_closer.py:112-120: one idle_tick (1 s) without records makes the writer move its "
-        "watermark to the wall clock, even while the join still has a backlog of historical events; every "
-        "later record becomes a late amendment, which alerting_hook.on_window never judges"
-    ),
-)
 def test_writer_watermark_waits_out_a_join_pause(kafka_settings: Any, tmp_path: Path) -> None:
     from streams.sim import generate
 
@@ -304,7 +304,9 @@ def test_writer_watermark_waits_out_a_join_pause(kafka_settings: Any, tmp_path: 
         for k, v, _ in generate("steady", rate_rps=5, duration_s=600, tenants=["acme"], seed=3, start_ms=start_ms)
     ]
     end_ms = start_ms + 600_000
-    pair = PipelinePair.start(kafka_settings, tmp_path)
+    # A join stall shorter than idle_close_s must only move event time by the stall, never to the wall clock
+    # (which would close every window of the backlog at once and leave the rest to unjudged amendments).
+    pair = PipelinePair.start(kafka_settings, tmp_path, TTFT_WINDOWS__IDLE_CLOSE_S="10")
     try:
         produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), traffic)
         pair.pipe.wait_for(lambda: pair.writer.metric("ttft_records_written_total") >= 300, 120, "the first records")

@@ -25,9 +25,7 @@ from tests.fixtures.kafka import KafkaBrokerHandle
 kafka = pytest.mark.kafka
 
 
-async def _produce(
-    settings: Settings, topic: str, items: list[tuple[bytes, bytes]], timeout_ms: int = 5_000
-) -> None:
+async def _produce(settings: Settings, topic: str, items: list[tuple[bytes, bytes]], timeout_ms: int = 5_000) -> None:
     producer = AIOKafkaProducer(request_timeout_ms=timeout_ms, **kafka_client_kwargs(settings))
     await producer.start()
     try:
@@ -37,9 +35,7 @@ async def _produce(
         await producer.stop()
 
 
-async def _consume(
-    settings: Settings, topic: str, n: int, timeout_s: float = 20.0
-) -> list[tuple[bytes, bytes]]:
+async def _consume(settings: Settings, topic: str, n: int, timeout_s: float = 20.0) -> list[tuple[bytes, bytes]]:
     consumer = AIOKafkaConsumer(
         topic, auto_offset_reset="earliest", enable_auto_commit=False, **kafka_client_kwargs(settings)
     )
@@ -213,9 +209,7 @@ def test_sasl_plain_and_scram_listener(tmp_path: Path) -> None:
 
 @kafka
 @pytest.mark.timeout(240)
-def test_restart_on_same_data_keeps_messages(
-    kafka_broker: KafkaBrokerHandle, kafka_settings: Settings
-) -> None:
+def test_restart_on_same_data_keeps_messages(kafka_broker: KafkaBrokerHandle, kafka_settings: Settings) -> None:
     topic = kafka_settings.topic("requests")
     asyncio.run(_produce(kafka_settings, topic, [(b"req-1", b"before restart")]))
     port, data = kafka_broker.bootstrap, kafka_broker.data_dir

@@ -82,9 +82,7 @@ def test_pipeline_joins_10k_requests_exactly(kafka_settings: Any, tmp_path: Path
     pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
     try:
         join, writer = _start(pipe)
-        n = produce_sync(
-            kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), traffic.messages
-        )
+        n = produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), traffic.messages)
         assert n == len(traffic.messages)
         pipe.wait_for(lambda: _drained(kafka_settings, join), 180, "the pipeline to drain")
         assert pipe.stop(join) == 0

@@ -75,7 +75,9 @@ def test_replay_of_a_run_leaves_every_table_unchanged(kafka_settings: Any, tmp_p
             state = {
                 "join_lag": group_lag(b, f"{app}-join", [settings.topic("stage-events")]),
                 "open": join.metric("ttft_open_requests"),
-                "writer_lag": group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]),
+                "writer_lag": group_lag(
+                    b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]
+                ),
                 "open_windows": writer.metric("ttft_open_windows"),
                 "closed": writer.metric("ttft_windows_closed_total"),
             }

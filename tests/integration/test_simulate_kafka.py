@@ -18,9 +18,7 @@ pytestmark = pytest.mark.kafka
 START = 1_767_225_600_000.0
 
 
-async def _consume(
-    settings: Settings, expected: int, timeout_s: float
-) -> dict[int, list[tuple[bytes, bytes, int]]]:
+async def _consume(settings: Settings, expected: int, timeout_s: float) -> dict[int, list[tuple[bytes, bytes, int]]]:
     consumer = AIOKafkaConsumer(
         settings.topic("stage-events"),
         group_id=None,
@@ -38,9 +36,7 @@ async def _consume(
             for tp, records in batch.items():
                 for record in records:
                     assert record.key is not None and record.value is not None
-                    by_partition.setdefault(tp.partition, []).append(
-                        (record.key, record.value, record.timestamp)
-                    )
+                    by_partition.setdefault(tp.partition, []).append((record.key, record.value, record.timestamp))
                     count += 1
     finally:
         await consumer.stop()

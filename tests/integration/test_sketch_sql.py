@@ -88,9 +88,7 @@ def test_hour_rollup_in_sql_equals_python(
     params = {"start": _ts(HOUR_START_MS), "end": _ts(HOUR_START_MS + 3_600_000), "tenant": ""}
     for use_udf in (False, True):
         result = ch_client.query(rollup_sql(ch_database, use_udf=use_udf), parameters=params)
-        rows = {
-            (r[0], r[1], r[2]): dict(zip(result.column_names, r, strict=True)) for r in result.result_rows
-        }
+        rows = {(r[0], r[1], r[2]): dict(zip(result.column_names, r, strict=True)) for r in result.result_rows}
         assert set(rows) == set(python)
         for key, rollup in python.items():
             sql = rows[key]
@@ -118,10 +116,7 @@ def test_recomputed_windows_replace_their_rows(
     count = ch_client.query(
         f"SELECT sum(count) FROM {ch_database}.stage_windows FINAL WHERE stage = 'ttft'"
     ).result_rows[0][0]
-    assert (
-        count
-        == sum(r["count"] for agg in windows.values() for r in agg.stage_windows if r["stage"] == "ttft") + 1
-    )
+    assert count == sum(r["count"] for agg in windows.values() for r in agg.stage_windows if r["stage"] == "ttft") + 1
     health = ch_client.query(
         f"SELECT sum(total), sum(amendments) FROM {ch_database}.window_health FINAL"
         " WHERE window_start = {start:DateTime64(3)}",

@@ -185,9 +185,7 @@ def test_amendment_merges_into_the_stored_record(ch_client: Client, ch_database:
 
 
 def test_amendments_of_one_request_fold_in_order(ch_client: Client, ch_database: str) -> None:
-    stored = make_record(
-        "r2", status="missing_stage", missing_stages=["retrieval", "llm_ttft"], event_count=3
-    )
+    stored = make_record("r2", status="missing_stage", missing_stages=["retrieval", "llm_ttft"], event_count=3)
     insert_requests(ch_client, ch_database, [stored])
     first = _late_llm_ttft("r2")
     second = make_record("r2", status="orphan", retrieval_ms=300.0, event_count=1, late_events=1, amend=True)

@@ -172,9 +172,7 @@ def test_store_works_over_http_with_synchronous_inserts(stand_in: _StandIn, ch_c
 
 
 def test_wrong_password_is_never_shown(stand_in: _StandIn) -> None:
-    settings = Settings(
-        clickhouse_url=SecretStr(_url(stand_in)), clickhouse_password=SecretStr("wrong-hunter2")
-    )
+    settings = Settings(clickhouse_url=SecretStr(_url(stand_in)), clickhouse_password=SecretStr("wrong-hunter2"))
     with pytest.raises(StoreUnavailable) as info:
         make_client(settings)
     text = str(info.value)

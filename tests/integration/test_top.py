@@ -51,9 +51,7 @@ def _messages(settings: Settings) -> list[tuple[str, bytes, bytes]]:
     at = HOUR_START_MS + WINDOW_MS
     steps: tuple[tuple[AlertState, float | None], ...] = (("pending", None), ("firing", at + WINDOW_MS))
     for state, fired in steps:
-        t = AlertTransition(
-            "TTFTCanaryFailed", labels, {"summary": "canary v2 is slower"}, {}, state, at, at, fired
-        )
+        t = AlertTransition("TTFTCanaryFailed", labels, {"summary": "canary v2 is slower"}, {}, state, at, at, fired)
         out.append((settings.topic("alerts"), t.fingerprint.encode(), orjson.dumps(t.to_message())))
     gone = AlertTransition(
         "TTFTSLOBurn",
@@ -158,9 +156,7 @@ def test_model_replaces_republished_windows_and_prunes() -> None:
 def test_top_refresh_loop_plain_and_live(kafka_settings: Settings) -> None:
     asyncio.run(_produce(kafka_settings, _messages(kafka_settings)))
     plain = Console(file=io.StringIO(), width=120)
-    frame = asyncio.run(
-        run_top(kafka_settings, console=plain, once=False, duration_s=1.5, interval_s=0.5, live=False)
-    )
+    frame = asyncio.run(run_top(kafka_settings, console=plain, once=False, duration_s=1.5, interval_s=0.5, live=False))
     text = plain.file.getvalue()  # type: ignore[attr-defined]
     assert [p.tenant for p in frame.tenants] == ["acme", "globex"]
     frames = text.split("ttft top · event time")[1:]

@@ -58,9 +58,7 @@ def _insert_alerts(client: Client, database: str) -> None:
     at = HOUR_START_MS + 2 * WINDOW_MS
     steps = [
         AlertTransition("TTFTCanaryFailed", labels, {"summary": "canary"}, {}, "pending", at, at),
-        AlertTransition(
-            "TTFTCanaryFailed", labels, {"summary": "canary"}, {}, "firing", at, at, at + WINDOW_MS
-        ),
+        AlertTransition("TTFTCanaryFailed", labels, {"summary": "canary"}, {}, "firing", at, at, at + WINDOW_MS),
         AlertTransition(
             "TTFTCanaryFailed",
             labels,
@@ -111,9 +109,7 @@ def _span_where() -> str:
     )
 
 
-def _sql_stage_p95(
-    client: Client, db: str, tenant: str, extra: str = ""
-) -> dict[str, tuple[int, float | None]]:
+def _sql_stage_p95(client: Client, db: str, tenant: str, extra: str = "") -> dict[str, tuple[int, float | None]]:
     rows = client.query(
         f"SELECT stage, sum(count), sumMap(bins), sum(zero_count) FROM {db}.stage_windows FINAL "
         f"WHERE tenant_id = '{tenant}' AND {_span_where()} {extra} GROUP BY stage"
@@ -138,16 +134,13 @@ def test_breakdown_numbers_equal_hand_written_sql(ch_client: Client, ch_database
     assert bd.parent_p95_sum != pytest.approx(bd.ttft_p95, rel=0.01)
 
     # Independent of sketches: numpy over the raw records is within the 1 % relative accuracy.
-    sketched = [
-        r for r in records if r["tenant_id"] == "acme" and r["status"] in ("complete", "missing_stage")
-    ]
+    sketched = [r for r in records if r["tenant_id"] == "acme" and r["status"] in ("complete", "missing_stage")]
     exact = float(np.quantile([r["ttft_ms"] for r in sketched], 0.95, method="lower"))
     assert bd.ttft_p95 == pytest.approx(exact, rel=0.01)
 
     status: dict[str, int] = dict(
         ch_client.query(  # type: ignore[arg-type]
-            f"SELECT status, count() FROM {ch_database}.requests FINAL "
-            "WHERE tenant_id = 'acme' GROUP BY status"
+            f"SELECT status, count() FROM {ch_database}.requests FINAL WHERE tenant_id = 'acme' GROUP BY status"
         ).result_rows
     )
     c = bd.completeness
@@ -212,9 +205,7 @@ def test_report_numbers_equal_hand_written_sql(ch_client: Client, ch_database: s
             f"GROUP BY version_id HAVING countIf(rollout = '{arm}') > countIf(rollout != '{arm}'))",
         )
         got = acme["canary"]["stages"][arm]
-        assert {s: (v["count"], v["p95"]) for s, v in got.items()} == {
-            s: _approx(v) for s, v in expected.items()
-        }
+        assert {s: (v["count"], v["p95"]) for s, v in got.items()} == {s: _approx(v) for s, v in expected.items()}
     assert acme["canary"]["arms"] == {"v1": "stable", "v2": "canary"}
 
     # Completeness per window straight from the records.
@@ -223,9 +214,9 @@ def test_report_numbers_equal_hand_written_sql(ch_client: Client, ch_database: s
         f"countIf(status = 'timed_out') FROM {ch_database}.requests FINAL WHERE tenant_id = 'acme' "
         "GROUP BY ws ORDER BY ws"
     ).result_rows
-    assert [
-        (p["window_start"], p["total"], p["complete"], p["timed_out"]) for p in acme["completeness_series"]
-    ] == [tuple(int(x) for x in r) for r in status]
+    assert [(p["window_start"], p["total"], p["complete"], p["timed_out"]) for p in acme["completeness_series"]] == [
+        tuple(int(x) for x in r) for r in status
+    ]
 
     breakdown = compute_breakdown(ch_client, ch_database, SETTINGS, SPAN, tenant="acme").to_json()
     assert acme["breakdown"]["stages"] == breakdown["stages"]
@@ -254,9 +245,7 @@ def test_breakdown_cli_smoke(
     result = runner.invoke(main, ["breakdown", "--tenant", "acme", "--since", "1h", "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
-    assert (
-        payload["span"]["end_ms"] == SPAN.end_ms
-    )  # anchored on the newest stored window, not the wall clock
+    assert payload["span"]["end_ms"] == SPAN.end_ms  # anchored on the newest stored window, not the wall clock
     in_process = compute_breakdown(ch_client, ch_database, SETTINGS, SPAN, tenant="acme")
     assert payload["ttft_p95"] == in_process.ttft_p95 and payload["cut_first"] == "llm_ttft"
 
@@ -271,9 +260,7 @@ def test_breakdown_cli_smoke(
 
 def test_span_resolution() -> None:
     newest = HOUR_START_MS + 10 * WINDOW_MS
-    assert resolve_span("1h", None, newest_end_ms=newest, now_ms=9e12) == Span(
-        newest - 3_600_000, newest, "data"
-    )
+    assert resolve_span("1h", None, newest_end_ms=newest, now_ms=9e12) == Span(newest - 3_600_000, newest, "data")
     assert resolve_span("1h", None, newest_end_ms=newest, now_ms=9e12, anchor="now").end_ms == int(9e12)
     assert resolve_span("2h", "1h", newest_end_ms=newest, now_ms=0).duration_ms == 3_600_000
     assert resolve_span("1h30m", None, newest_end_ms=None, now_ms=1e13).anchor == "now"
