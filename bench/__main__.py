@@ -8,7 +8,9 @@ itself apart from the broker (and whatever else runs on the machine, which the C
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -21,6 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
+from bench.harness import BenchEnv
 from bench.results import RESULTS_DIR, RunReport, git_commit, machine_info, render_markdown, render_tables
 from bench.traffic import EVENTS_PER_REQUEST, Traffic, build_traffic
 
@@ -36,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=None, help="stage events of the throughput traffic")
     p.add_argument("--requests", type=int, default=None, help="or: requests of the throughput traffic")
     p.add_argument("--naive-requests", type=int, default=None, help="requests baseline B runs over")
+    p.add_argument("--scale-events", type=int, default=120_000, help="events of each scale-out configuration")
     p.add_argument("--open-requests", type=int, default=100_000, help="open requests of the memory phase")
     p.add_argument("--lag-rate", type=float, default=5_000.0, help="offered events/s of the lag phase")
     p.add_argument("--lag-seconds", type=float, default=30.0, help="length of the lag phase")
@@ -57,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.open_requests = min(args.open_requests, 20_000)
         args.lag_seconds = min(args.lag_seconds, 10.0)
+        args.scale_events = min(args.scale_events, 40_000)
     return args
 
 
@@ -95,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]cannot run the benchmark: {reason}")
         return 2
     started_at = datetime.now(UTC)
+    load_start = os.getloadavg()
     wall0 = time.monotonic()
     run = Run()
     if "simspeed" not in args.skip:
@@ -106,22 +112,38 @@ def main(argv: list[str] | None = None) -> int:
     traffic_box: list[Traffic] = []
     gen = threading.Thread(target=lambda: traffic_box.append(build_traffic(args.events)), daemon=True)
     gen.start()  # the simulator runs while the JVM starts; the broker stays on the main thread (pdeathsig)
-    env: Any = None
+    env = BenchEnv(broker, root)
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so workers and the broker are stopped and the
+    # figures measured so far are still written.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         console.print(f"broker ready in {broker.start():.1f} s; generating {args.events:,} events ...")
         gen.join()
         traffic = traffic_box[0]
         console.print(f"traffic: {traffic.events:,} events, {traffic.requests:,} requests")
-        env = _run_phases(run, args, broker, root, traffic)
+        _run_phases(run, args, env, traffic)
         if broker.pid:
             from bench.procstat import MIB, read_proc
 
             run.figures["rss_peak_broker_mb"] = read_proc(broker.pid).peak_rss_bytes / MIB
+    except (KeyboardInterrupt, SystemExit):
+        run.failed.append("interrupted")
     finally:
-        if env is not None:
-            env.stop_all()
+        env.stop_all()
         broker.stop()
         shutil.rmtree(root, ignore_errors=True)
+        report = _report(run, args, started_at, wall0, load_start)
+    path = report.write(args.out)
+    out = Console()
+    for table in render_tables(report):
+        out.print(table)
+    console.print(f"results: {path} ({report.meta['wall_s']:.0f} s)")
+    if args.update_doc:
+        _update_doc(render_markdown(report))
+    return 1 if run.failed else 0
+
+
+def _report(run: Run, args: argparse.Namespace, started_at: datetime, wall0: float, load: Any) -> RunReport:
     meta = {
         "started_at": started_at.isoformat(timespec="seconds"),
         "commit": git_commit(),
@@ -132,23 +154,16 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in vars(args).items()
         },
         "failed_phases": run.failed,
+        # Other work on the machine skews every absolute figure; the ratios and CPU figures less so.
+        "loadavg_start": load,
+        "loadavg_end": os.getloadavg(),
     }
-    report = RunReport(run.figures, meta, run.details)
-    path = report.write(args.out)
-    out = Console()
-    for table in render_tables(report):
-        out.print(table)
-    console.print(f"results: {path} ({meta['wall_s']:.0f} s)")
-    if args.update_doc:
-        _update_doc(render_markdown(report))
-    return 1 if run.failed else 0
+    return RunReport(run.figures, meta, run.details)
 
 
-def _run_phases(run: Run, args: argparse.Namespace, broker: Any, root: Path, traffic: Traffic) -> Any:
-    from bench.harness import BenchEnv
+def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traffic) -> None:
     from bench.pipeline import PipelineSession
 
-    env = BenchEnv(broker, root)
     profile_dir = args.out if args.profile else None
     wants_pipeline = "pipeline" not in args.skip
     session = PipelineSession(env, traffic) if wants_pipeline or "raw" not in args.skip else None
@@ -180,12 +195,11 @@ def _run_phases(run: Run, args: argparse.Namespace, broker: Any, root: Path, tra
     if "scaleout" not in args.skip:
         from bench.scaleout import measure_scaleout
 
-        run.phase("scale-out", lambda: measure_scaleout(env, traffic, args.phase_timeout))
+        run.phase("scale-out", lambda: measure_scaleout(env, traffic, args.scale_events, args.phase_timeout))
     if "quix" not in args.skip:
         from bench.quix import measure_quix
 
         run.phase("quix", measure_quix)
-    return env
 
 
 def _update_doc(markdown: str) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import BenchEnv, free_port, poll_until, produce
-from bench.procstat import MIB, read_proc
-from bench.profiling import flame_svg, parse_collapsed, start_pyspy, stop_pyspy, top_frames
+from bench.procstat import MIB, machine_busy_share, read_machine, read_proc
+from bench.profiling import flame_svg, inclusive_share, parse_collapsed, start_pyspy, stop_pyspy, top_frames
 from bench.traffic import Traffic
 from tests.support.pipeline import WorkerProcess
 
@@ -56,6 +56,7 @@ class PipelineSession:
 
         first = poll_until(consumed, 120, "the join's first event", interval_s=0.02)
         cpu0 = {w.role: read_proc(w.proc.pid).cpu_s for w in (join, self.writer)}
+        machine0 = read_machine()
         if profile_dir is not None:
             spies.append((join, start_pyspy(join.proc.pid, profile_dir / "join-profile.txt")))
         writer = self.writer
@@ -64,8 +65,9 @@ class PipelineSession:
             self._sample_peaks()
             return writer.metric("ttft_records_written_total") >= self.requests_expected
 
-        done = poll_until(written, timeout_s, "every request row written", interval_s=0.2)
+        done = poll_until(written, timeout_s, "every request row written", interval_s=0.5)
         cpu = {w.role: read_proc(w.proc.pid).cpu_s - cpu0[w.role] for w in (join, writer)}
+        busy = machine_busy_share(machine0, read_machine())
         profile: dict[str, Any] = {}
         for worker, spy in spies:
             stop_pyspy(spy)
@@ -76,6 +78,7 @@ class PipelineSession:
                 "pipeline_events_per_s": self.traffic.events / elapsed,
                 "pipeline_join_cpu_us_per_event": cpu["join"] / self.traffic.events * 1e6,
                 "pipeline_writer_cpu_us_per_event": cpu["writer"] / self.traffic.events * 1e6,
+                "pipeline_machine_busy": busy,
             },
             "details": {
                 "events": self.traffic.events,
@@ -127,6 +130,33 @@ class PipelineSession:
         }
 
 
+#: Inclusive shares worth tracking per worker: (label -> regex over the full frame text).
+PROFILE_GROUPS: dict[str, dict[str, str]] = {
+    "join": {
+        "our batch (decode + core + flush)": r"JoinAdapter\._process_batch",
+        "decode_stage_event": r"decode_stage_event",
+        "core join (streams/core)": r"streams/core/",
+        "produce + await acks (_flush)": r"JoinAdapter\._flush",
+        "faust stream / conductor": r"faust/streams\.py|faust/transport/conductor\.py",
+        "aiokafka producer": r"aiokafka/producer",
+        "aiokafka fetcher": r"aiokafka/consumer/fetcher",
+        "idle tick": r"JoinAdapter\._tick",
+        "logging": r"logging/__init__",
+        "event loop select": r"EpollSelector\.select",
+    },
+    "writer": {
+        "batch (StoreWriter._process)": r"StoreWriter\._process",
+        "insert requests": r"insert_requests",
+        "amendments": r"apply_amendments",
+        "window closer": r"WindowCloser",
+        "re-reading windows from the store": r"fetch_records_between|fetch_window_records",
+        "/metrics rendering": r"generate_latest",
+        "aiokafka fetcher": r"aiokafka/consumer/fetcher",
+        "event loop select": r"EpollSelector\.select",
+    },
+}
+
+
 def _summarise(profile_dir: Path, role: str) -> dict[str, Any]:
     """Top frames of one recorded process, and its flame graph next to the stacks."""
     raw = profile_dir / f"{role}-profile.txt"
@@ -136,7 +166,11 @@ def _summarise(profile_dir: Path, role: str) -> dict[str, Any]:
     (profile_dir / f"{role}-flame.svg").write_text(flame_svg(stacks, f"{role} worker, pipeline run"))
     tops = top_frames(stacks)
     (profile_dir / f"{role}-top.json").write_text(json.dumps([asdict(t) for t in tops], indent=1))
+    shares = {name: round(inclusive_share(stacks, rx), 1) for name, rx in PROFILE_GROUPS[role].items()}
+    raw.unlink()  # megabytes of stacks: the flame graph and the summary are what is kept
+    (profile_dir / f"{role}-profile.log").unlink(missing_ok=True)
     return {
+        "shares_pct": shares,
         "samples": sum(stacks.values()),
         "top_self": [(t.frame, round(t.self_pct, 1), round(t.total_pct, 1)) for t in tops],
     }

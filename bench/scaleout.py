@@ -18,19 +18,20 @@ from typing import Any
 
 from bench.harness import BenchEnv, Offsets, free_port, produce
 from bench.procstat import cores_used, machine_busy_share, read_machine, read_proc
-from bench.traffic import Traffic
+from bench.traffic import EVENTS_PER_REQUEST, Traffic, first_requests
 from tests.support.pipeline import WorkerProcess
 
 
-def measure_scaleout(env: BenchEnv, traffic: Traffic, timeout_s: float = 300.0) -> dict[str, Any]:
-    """Events/s of 1 and of 2 join workers over the same pre-produced events."""
+def measure_scaleout(env: BenchEnv, traffic: Traffic, events: int, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Events/s of 1 and of 2 join workers over the same pre-produced events (about ``events`` of them)."""
     settings = env.settings("scale")
     env.create_topics(settings)
-    produce(settings, settings.topic("stage-events"), traffic.messages)
+    messages = first_requests(traffic, max(1, int(events / EVENTS_PER_REQUEST)))
+    produce(settings, settings.topic("stage-events"), messages)
     figures: dict[str, float | None] = {}
     details: dict[str, Any] = {}
     for n in (1, 2):
-        result = _run(env, n, traffic.events, timeout_s)
+        result = _run(env, n, len(messages), timeout_s)
         key = f"scale_{n}w"
         figures[f"{key}_events_per_s"] = result["events_per_s"]
         figures[f"{key}_join_cores"] = result["join_cores"]

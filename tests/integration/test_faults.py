@@ -9,6 +9,7 @@ alerts (identities and event-time transitions). Counts per scenario are printed 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import threading
@@ -21,6 +22,7 @@ import pytest
 
 from tests.support.faults import (
     Fault,
+    FaultLab,
     FaultTraffic,
     RunContext,
     RunResult,
@@ -28,7 +30,6 @@ from tests.support.faults import (
     canary_traffic,
     committed_offsets,
     data_differences,
-    run,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e]
@@ -45,6 +46,7 @@ class JoinKill(Fault):
     """kill -9 of the join worker with a batch un-acknowledged and requests open; then a new one."""
 
     name = "join kill -9"
+    idle_close_s = 60.0  # a restart on a busy host takes up to ~30 s: longer than the default
 
     def armed(self, ctx: RunContext, join: dict[str, float], writer: dict[str, float]) -> bool:
         return _share(ctx, join) >= 0.35 and join.get("ttft_open_requests", 0) >= 50 and join["ttft_unacked_events"] > 0
@@ -71,6 +73,7 @@ class BrokerRestart(Fault):
     """The broker stopped and started again while producer, join and writer run (its own broker)."""
 
     name = "broker restart"
+    idle_close_s = 75.0  # stop + JVM start + reconnects: ~20-40 s without records
     chunk, pause_s = 2_000, 0.4
     down_s = 2.0
 
@@ -230,6 +233,17 @@ def _label_key(labels: dict[str, str]) -> str:
 
 # --- fixtures ---------------------------------------------------------------------------------------
 
+#: fixture name -> the fault it runs, in the order runs are scheduled (long waits first, so they overlap).
+FAULTS: dict[str, type[Fault]] = {
+    "alertmanager_outage": AlertmanagerOutage,
+    "store_outage": StoreOutage,
+    "broker_restart": BrokerRestart,
+    "join_kill": JoinKill,
+    "writer_kill": WriterKill,
+    "flush_restart": WindowFlushRestart,
+}
+AM_BINARY = "/usr/bin/prometheus-alertmanager"
+
 
 @pytest.fixture(scope="session")
 def fault_traffic() -> FaultTraffic:
@@ -239,55 +253,70 @@ def fault_traffic() -> FaultTraffic:
 
 
 @pytest.fixture(scope="session")
-def fault_reference(
-    kafka_broker: Any, fault_traffic: FaultTraffic, tmp_path_factory: pytest.TempPathFactory
-) -> RunResult:
+def fault_lab(
+    request: pytest.FixtureRequest,
+    kafka_broker: Any,
+    fault_traffic: FaultTraffic,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[FaultLab]:
+    """The reference and every fault some selected test needs, started at once, two runs at a time."""
     kafka_broker.ensure_running()
-    return run(fault_traffic, None, bootstrap=kafka_broker.bootstrap, home=tmp_path_factory.mktemp("fault-reference"))
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    lanes = int(os.environ.get("TTFT_FAULT_LANES", "2"))
+    lab = FaultLab(fault_traffic, kafka_broker.bootstrap, lambda name: tmp_path_factory.mktemp(name), lanes)
+    lab.start("reference", None)
+    for name, fault in FAULTS.items():
+        if name in wanted and (name != "alertmanager_outage" or shutil.which(AM_BINARY)):
+            lab.start(name, fault())
+    try:
+        yield lab
+    finally:
+        lab.close()
 
 
-def _faulty(fault: Fault, request: pytest.FixtureRequest) -> RunResult:
-    broker = request.getfixturevalue("kafka_broker")
-    traffic = request.getfixturevalue("fault_traffic")
-    reference = request.getfixturevalue("fault_reference")
-    broker.ensure_running()
-    home = request.getfixturevalue("tmp_path_factory").mktemp("fault")
-    result = run(traffic, fault, bootstrap=broker.bootstrap, home=home)
+@pytest.fixture(scope="session")
+def fault_reference(fault_lab: FaultLab) -> RunResult:
+    return fault_lab.result("reference")
+
+
+def _faulty(name: str, lab: FaultLab) -> RunResult:
+    if name not in lab.futures:
+        pytest.skip(f"{AM_BINARY} is not installed (make alertmanager)")
+    result = lab.result(name)
+    reference = lab.result("reference")
     print("\nFAULT", json.dumps(result.counts(reference.snapshot), ensure_ascii=False))
     print("OBSERVED", json.dumps(result.observed, ensure_ascii=False, default=str))
     return result
 
 
-@pytest.fixture(scope="module")
-def join_kill(request: pytest.FixtureRequest) -> Iterator[RunResult]:
-    yield _faulty(JoinKill(), request)
+@pytest.fixture
+def join_kill(fault_lab: FaultLab) -> RunResult:
+    return _faulty("join_kill", fault_lab)
 
 
-@pytest.fixture(scope="module")
-def writer_kill(request: pytest.FixtureRequest) -> Iterator[RunResult]:
-    yield _faulty(WriterKill(), request)
+@pytest.fixture
+def writer_kill(fault_lab: FaultLab) -> RunResult:
+    return _faulty("writer_kill", fault_lab)
 
 
-@pytest.fixture(scope="module")
-def broker_restart(request: pytest.FixtureRequest) -> Iterator[RunResult]:
-    yield _faulty(BrokerRestart(), request)
+@pytest.fixture
+def broker_restart(fault_lab: FaultLab) -> RunResult:
+    return _faulty("broker_restart", fault_lab)
 
 
-@pytest.fixture(scope="module")
-def store_outage(request: pytest.FixtureRequest) -> Iterator[RunResult]:
-    yield _faulty(StoreOutage(), request)
+@pytest.fixture
+def store_outage(fault_lab: FaultLab) -> RunResult:
+    return _faulty("store_outage", fault_lab)
 
 
-@pytest.fixture(scope="module")
-def alertmanager_outage(request: pytest.FixtureRequest) -> Iterator[RunResult]:
-    if shutil.which("/usr/bin/prometheus-alertmanager") is None:
-        pytest.skip("prometheus-alertmanager is not installed (make alertmanager)")
-    yield _faulty(AlertmanagerOutage(), request)
+@pytest.fixture
+def alertmanager_outage(fault_lab: FaultLab) -> RunResult:
+    return _faulty("alertmanager_outage", fault_lab)
 
 
-@pytest.fixture(scope="module")
-def flush_restart(request: pytest.FixtureRequest) -> Iterator[RunResult]:
-    yield _faulty(WindowFlushRestart(), request)
+@pytest.fixture
+def flush_restart(fault_lab: FaultLab) -> RunResult:
+    return _faulty("flush_restart", fault_lab)
 
 
 def _same_data(reference: RunResult, result: RunResult) -> None:

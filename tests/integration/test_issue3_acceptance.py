@@ -26,6 +26,7 @@ from streams.settings import Settings
 from streams.sim import SEED_STORY_TARGETS, phases
 from tests.support.pipeline import produce_sync
 from tests.support.scenarios import (
+    IDLE_HEARTBEAT_BUG,
     MINUTE_MS,
     PipelinePair,
     breakdown_json,
@@ -45,11 +46,9 @@ STORY_DURATION_S = 8 * 60
 STORY_SEED = 1
 STORY_TENANT = "acme"  # the largest default tenant (~43 % of the traffic)
 LATE_REQUEST_ID = "late-amendment-1"
-#: The story is produced as fast as possible, so the join and the writer drain a backlog whose partitions
-#: progress unevenly; the writer's watermark (newest record over all partitions) then closes windows before
-#: their records are in, and each is amended again. A two-window grace keeps that rare (the final aggregates
-#: are the same either way); a 10 s idle close (default: join timeout + grace, 32 s) ends each run sooner.
-STORY_ENV = {"TTFT_WINDOWS__GRACE_S": "120", "TTFT_WINDOWS__IDLE_CLOSE_S": "10"}
+#: Historical traffic closes its last windows once the writer has seen no record for ``idle_close_s``
+#: (default: join timeout + grace, 32 s); 10 s ends each run sooner.
+STORY_ENV = {"TTFT_WINDOWS__IDLE_CLOSE_S": "10"}
 WINDOW_COLUMNS = (
     "toUnixTimestamp64Milli(window_start) AS window_start, tenant_id, version_id, stage, count, p50, p95, "
     "p99, max, bins, zero_count, slo_bad_count, negative_count, relative_accuracy"
@@ -108,7 +107,7 @@ def _kill_during_aggregation(pair: PipelinePair, expected_requests: int) -> dict
         increasing = seen["closed"] > seen["closed_before"] >= 1
         return seen["written"] >= 0.4 * expected_requests and seen["open_windows"] > 0 and increasing
 
-    pair.pipe.wait_for(due, 300, "a kill point: >= 40 % of records written, windows open and closing")
+    pair.pipe.wait_for(due, 240, "a kill point: >= 40 % of records written, windows open and closing")
     pair.kill_writer()
     return seen
 
@@ -134,6 +133,8 @@ def _run_story(settings: Settings, home: Path, start_ms: int, *, crash: bool) ->
             except BaseException as exc:  # re-raised in the test thread below
                 failures.append(exc)
 
+        if crash:  # the kill point needs windows that stay open until their records are in
+            pair.check_event_time_before_traffic(start_ms)
         producing = threading.Thread(target=produce, daemon=True)
         producing.start()
         if crash:
@@ -213,6 +214,7 @@ def _window_state(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["count"], bins, row["zero_count"], row["slo_bad_count"], row["negative_count"])
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=IDLE_HEARTBEAT_BUG)
 def test_kill_9_during_aggregation_gives_the_clean_runs_windows(
     story_reference: StoryRun, story_crashed: StoryRun
 ) -> None:
@@ -295,22 +297,23 @@ def test_breakdown_names_llm_first_and_ttft_p95_is_not_the_sum(story_reference: 
     assert total - true > 0.02 * true, (total, true)
 
 
-def test_writer_watermark_waits_out_a_join_pause(kafka_settings: Any, tmp_path: Path) -> None:
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=IDLE_HEARTBEAT_BUG)
+def test_historical_traffic_closes_each_window_once_despite_a_join_stall(kafka_settings: Any, tmp_path: Path) -> None:
+    """The minimal reproduction: ~3,000 requests, no late event, so no window may ever be amended."""
     from streams.sim import generate
 
     start_ms = historical_start_ms(hours_ago=2)
-    traffic = [
-        (k, v)
-        for k, v, _ in generate("steady", rate_rps=5, duration_s=600, tenants=["acme"], seed=3, start_ms=start_ms)
-    ]
+    messages = generate("steady", rate_rps=5, duration_s=600, tenants=["acme"], seed=3, start_ms=start_ms)
+    traffic = [(k, v) for k, v, _ in messages]
     end_ms = start_ms + 600_000
-    # A join stall shorter than idle_close_s must only move event time by the stall, never to the wall clock
-    # (which would close every window of the backlog at once and leave the rest to unjudged amendments).
     pair = PipelinePair.start(kafka_settings, tmp_path, TTFT_WINDOWS__IDLE_CLOSE_S="10")
     try:
+        pair.check_event_time_before_traffic(start_ms)
         produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), traffic)
         pair.pipe.wait_for(lambda: pair.writer.metric("ttft_records_written_total") >= 300, 120, "the first records")
-        pair.join.proc.send_signal(signal.SIGSTOP)  # a 3 s stall of the join: GC, rebalance, a busy host
+        # A 3 s stall of the join (GC, rebalance, a busy host), shorter than idle_close_s: event time must not
+        # move to the wall clock, which would close every window of the backlog before its records are in.
+        pair.join.proc.send_signal(signal.SIGSTOP)
         try:
             time.sleep(3.0)
             watermark = pair.writer.metric("ttft_writer_watermark_ms")
@@ -318,14 +321,15 @@ def test_writer_watermark_waits_out_a_join_pause(kafka_settings: Any, tmp_path: 
         finally:
             pair.join.proc.send_signal(signal.SIGCONT)
         if written >= 0.9 * len(traffic) / 7:  # ~7 events per request
-            raise RuntimeError(f"the join was not behind at the pause ({written:.0f} records written)")
+            raise RuntimeError(f"the join was not behind at the stall ({written:.0f} records written)")
         pair.wait_drained(180)
         amendments = pair.writer.metric("ttft_window_amendments_total")
         pair.stop()
     finally:
         pair.pipe.stop_all()
     print(
-        f"writer watermark during the pause: {(watermark - end_ms) / 1000:+.0f} s past the traffic's end; "
+        f"writer event time during the stall: {(watermark - end_ms) / 1000:+.0f} s from the traffic's end; "
         f"{amendments:.0f} window amendments without any late event"
     )
     assert watermark <= end_ms + 60_000
+    assert amendments == 0

@@ -9,6 +9,7 @@ meets every sample gate. The outbox keeps alerts across an Alertmanager outage a
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from tests.fixtures.alertmanager import AlertmanagerServer, wait_for
 from tests.support.scenarios import (
+    IDLE_HEARTBEAT_BUG,
     PipelinePair,
     RegressionTraffic,
     historical_start_ms,
@@ -99,28 +101,35 @@ def _window_index(traffic: RegressionTraffic, ms: float | None) -> int | None:
     return None if ms is None else int((ms - traffic.start_ms) // traffic.window_ms)
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=IDLE_HEARTBEAT_BUG)
 def test_regression_arrives_once_and_resolves_once(
     kafka_settings: Any, alertmanager: AlertmanagerServer, tmp_path: Path, regression: RegressionTraffic
 ) -> None:
     started = time.monotonic()
     pair = _start(kafka_settings, tmp_path, alertmanager)
     seen: dict[str, float] = {}
-    try:
-        pair.produce_in_step(regression.chunks, timeout_per_chunk=120)
-        produced = time.monotonic()
+    watching = threading.Event()
 
-        def arrived() -> bool:
+    def watch() -> None:  # wall time of each notification's arrival, while traffic is still produced
+        while not watching.is_set() and len(seen) < 2:
             for status in ("firing", "resolved"):
                 if status not in seen and _notified(alertmanager, status, tenant=TENANT, stage=STAGE):
                     seen[status] = time.monotonic() - started
-            return len(seen) == 2
+            time.sleep(0.1)
 
-        assert wait_for(arrived, timeout_s=240, interval_s=0.2), (
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        pair.check_event_time_before_traffic(regression.start_ms)
+        pair.produce_in_step(regression.chunks, timeout_per_chunk=120)
+        produced = time.monotonic() - started
+        assert wait_for(lambda: len(seen) == 2, timeout_s=120, interval_s=0.2), (
             f"notifications so far: {alertmanager.webhook.alerts()}\n{pair.writer.log()[-3000:]}"
         )
         time.sleep(QUIET_S)
         pair.stop()
     finally:
+        watching.set()
         pair.pipe.stop_all()
     firing = _notified(alertmanager, "firing")
     resolved = _notified(alertmanager, "resolved")
@@ -131,7 +140,7 @@ def test_regression_arrives_once_and_resolves_once(
     fired_window = _window_index(regression, fired[0]["fired_at"]) if fired else None
     resolved_window = _window_index(regression, cleared[0]["resolved_at"]) if cleared else None
     print(
-        f"produced {sum(regression.requests.values())} requests in {produced - started:.1f} s; webhook "
+        f"produced {sum(regression.requests.values())} requests in {produced:.1f} s; webhook "
         f"firing at {seen.get('firing', 0):.1f} s, resolved at {seen.get('resolved', 0):.1f} s; "
         f"transitions {path}; fired in window {fired_window}, resolved in window {resolved_window} "
         f"(incident: windows {WINDOWS_BEFORE}-{WINDOWS_BEFORE + WINDOWS_INCIDENT - 1}); "
@@ -147,6 +156,7 @@ def test_regression_arrives_once_and_resolves_once(
     assert resolved_window >= WINDOWS_BEFORE + WINDOWS_INCIDENT
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=IDLE_HEARTBEAT_BUG)
 def test_firing_alert_survives_alertmanager_outage_and_writer_restart(
     kafka_settings: Any,
     alertmanager_server: AlertmanagerServer,
@@ -157,6 +167,7 @@ def test_firing_alert_survives_alertmanager_outage_and_writer_restart(
     started = time.monotonic()
     pair = _start(kafka_settings, tmp_path, am)
     try:
+        pair.check_event_time_before_traffic(regression.start_ms)
         # Only the windows up to the end of the incident: the alert fires and stays firing.
         pair.produce_in_step(regression.chunks[: WINDOWS_BEFORE + WINDOWS_INCIDENT], timeout_per_chunk=120)
         pair.pipe.wait_for(

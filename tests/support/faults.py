@@ -317,6 +317,10 @@ class Fault:
     #: producer pacing: messages per chunk, pause between chunks
     chunk = 4_000
     pause_s = 0.25
+    #: ``windows.idle_close_s`` of the run: the product default (join timeout + grace). A fault whose stall
+    #: may last longer (a restart on a busy host) raises it, so windows still close on the join's heartbeats
+    #: and not on the wall clock; at the end of the stream it only decides how soon the last windows close.
+    idle_close_s = 32.0
 
     def prepare(self, home: Path) -> dict[str, str]:
         """Extra worker environment (and servers the fault needs); called before the workers start."""
@@ -397,7 +401,7 @@ def run(traffic: FaultTraffic, fault: Fault | None = None, *, bootstrap: str, ho
             home=home, kafka_bootstrap=fault.bootstrap(bootstrap), topic_prefix=prefix, app_id=f"app-{prefix}"
         )
         asyncio.run(ensure_topics(settings))
-        env = pipeline_env(settings, home, **extra)
+        env = pipeline_env(settings, home, TTFT_WINDOWS__IDLE_CLOSE_S=str(fault.idle_close_s), **extra)
         pipe = Pipeline(env, home)
         try:
             ctx = _start(settings, pipe, traffic, fault)
@@ -492,6 +496,34 @@ def _wait_drained(ctx: RunContext, timeout: float = 600.0) -> None:
         time.sleep(0.5)
     logs = "\n".join(f"--- {w.role}:{w.port}\n{w.log()[-2000:]}" for w in ctx.pipe.workers)
     raise AssertionError(f"the pipeline did not drain in {timeout}s: {status}\n{logs}")
+
+
+class FaultLab:
+    """Runs the reference and the selected faults over one traffic, ``lanes`` runs at a time.
+
+    Most of a fault run is waiting (outages, restarts, the idle close at the end), so runs overlap in
+    background threads; :meth:`result` waits for one. Each run has its own topics, store and home.
+    """
+
+    def __init__(self, traffic: FaultTraffic, bootstrap: str, homes: Any, lanes: int = 2) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.traffic, self.bootstrap, self.homes = traffic, bootstrap, homes
+        self.pool = ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="fault-lane")
+        self.futures: dict[str, Any] = {}
+
+    def start(self, name: str, fault: Fault | None) -> None:
+        """Schedule one run (``fault=None``: the reference), in call order."""
+        home = self.homes(name)
+        self.futures[name] = self.pool.submit(run, self.traffic, fault, bootstrap=self.bootstrap, home=home)
+
+    def result(self, name: str, timeout: float = 1_800.0) -> RunResult:
+        """The finished run (re-raises what failed it)."""
+        result: RunResult = self.futures[name].result(timeout=timeout)
+        return result
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 async def _committed(bootstrap: str, group: str) -> dict[str, int]:
