@@ -8,6 +8,7 @@ itself apart from the broker (and whatever else runs on the machine, which the C
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -48,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every phase (~2 min)")
     p.add_argument("--profile", action="store_true", help="py-spy the join and writer in the pipeline phase")
     p.add_argument("--update-doc", action="store_true", help=f"write the results table into {DOC.name}")
+    p.add_argument("--render", type=Path, default=None, help="only print (and --update-doc) a saved run's JSON")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of the JSON result")
     args = p.parse_args(argv)
     args.skip = {s for item in args.skip for s in item.split(",") if s}
@@ -93,6 +95,8 @@ class Run:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render is not None:
+        return _render_saved(args.render, args.update_doc)
     from streams.kafka.broker import LocalBroker, missing_prerequisite
 
     reason = missing_prerequisite()
@@ -200,6 +204,17 @@ def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traf
         from bench.quix import measure_quix
 
         run.phase("quix", measure_quix)
+
+
+def _render_saved(path: Path, update_doc: bool) -> int:
+    data = json.loads(path.read_text())
+    report = RunReport(data["figures"], data["meta"], data.get("details", {}))
+    out = Console()
+    for table in render_tables(report):
+        out.print(table)
+    if update_doc:
+        _update_doc(render_markdown(report))
+    return 0
 
 
 def _update_doc(markdown: str) -> None:

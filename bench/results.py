@@ -240,7 +240,8 @@ def render_markdown(report: RunReport) -> str:
     lines = [
         f"Run of {m.get('started_at', '?')} on {machine.get('cpu', '?')} ({machine.get('cores', '?')} cores, "
         f"{machine.get('memory_gib', '?')} GiB), commit `{m.get('commit', '?')}`, Python "
-        f"{machine.get('python', '?')}, {m.get('wall_s', 0):.0f} s wall.",
+        f"{machine.get('python', '?')}, {m.get('wall_s', 0):.0f} s wall"
+        + (f", load average {m['loadavg_start'][0]:.1f} at the start." if m.get("loadavg_start") else "."),
         "",
         "| section | figure | value | unit |",
         "|---|---|---:|---|",

@@ -34,17 +34,6 @@ from streams.demo.view import DemoView, clock, describe_labels
 from streams.kafka.broker import LocalBroker, missing_prerequisite
 from streams.settings import Settings, load_settings
 
-MARKER: Final = ".ttft-demo"
-APP_ID: Final = "ttft-demo"
-#: Environment the children keep from the caller; every other TTFT_* variable is the demo's own.
-KEPT_ENV: Final = ("TTFT_KAFKA_LIBS",)
-IDLE_TICK_MS: Final = 10_000
-
-
-class DemoError(RuntimeError):
-    """The demo could not run (prerequisite missing, a component failed); the message says why."""
-
-
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
     """``ttft demo`` options. ``duration_s``: wall time of the traffic; ``live``: None = when a TTY."""
@@ -59,91 +48,6 @@ class DemoOptions:
     def drain_limit_s(self) -> float:
         """How long the pipeline may take to drain after the producer finished (default: max(300 s, 2x))."""
         return self.drain_timeout_s if self.drain_timeout_s is not None else max(300.0, 2.0 * self.duration_s)
-
-
-def default_home() -> Path:
-    """``$TTFT_HOME/demo`` (``.ttft/demo`` by default)."""
-    return Path(os.environ.get("TTFT_HOME") or ".ttft") / "demo"
-
-
-def prepare_home(home: Path) -> Path:
-    """Wipe and recreate the demo home; refuses a non-empty directory the demo did not create."""
-    home = home.resolve()
-    if home.exists() and any(home.iterdir()) and not (home / MARKER).exists():
-        raise DemoError(f"{home} is not empty and is not a demo home ({MARKER} missing); choose another --home")
-    shutil.rmtree(home, ignore_errors=True)
-    home.mkdir(parents=True)
-    (home / MARKER).write_text("created by `ttft demo`; wiped at the start of each demo run\n")
-    return home
-
-
-def demo_env(home: Path, bootstrap: str, alertmanager_url: str | None) -> dict[str, str]:
-    """The children's environment: the caller's, minus its TTFT_* settings, plus the demo's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TTFT_") or k in KEPT_ENV}
-    env.update(
-        TTFT_HOME=str(home),
-        TTFT_KAFKA_BOOTSTRAP=bootstrap,
-        TTFT_TOPIC_PREFIX="ttft",
-        TTFT_APP_ID=APP_ID,
-        TTFT_SESSION_TIMEOUT_S="6",
-        # A worker that gets no CPU for a few seconds on a busy machine must not be taken for an idle
-        # stream: on compressed historical traffic the idle tick moves the watermark towards the wall
-        # clock, minutes ahead of the story. Costs ~10 s more draining at the end.
-        TTFT_JOIN__IDLE_TICK_MS=str(IDLE_TICK_MS),
-    )
-    if alertmanager_url:
-        env["TTFT_ALERTMANAGER_URL"] = alertmanager_url
-    return env
-
-
-@contextlib.contextmanager
-def _environment(env: dict[str, str]) -> Iterator[None]:
-    # load_settings() reads os.environ; the demo's own settings must equal its children's.
-    saved = {k: v for k, v in os.environ.items() if k.startswith("TTFT_")}
-    for key in saved:
-        del os.environ[key]
-    os.environ.update({k: v for k, v in env.items() if k.startswith("TTFT_")})
-    try:
-        yield
-    finally:
-        for key in [k for k in os.environ if k.startswith("TTFT_")]:
-            del os.environ[key]
-        os.environ.update(saved)
-
-
-def settings_for(env: dict[str, str]) -> Settings:
-    """The settings a child started with ``env`` loads."""
-    with _environment(env):
-        return load_settings()
-
-
-@contextlib.contextmanager
-def signals_interrupt() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP raise ``KeyboardInterrupt`` so the clean-up runs; restored on exit.
-
-    SIGINT gets Python's own handler back even when the demo was started with SIGINT ignored (a
-    background job of a non-interactive shell), so Ctrl-C and ``kill -INT`` always stop the demo cleanly.
-    """
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    wanted: dict[signal.Signals, Callable[[int, FrameType | None], object]] = {
-        signal.SIGINT: signal.default_int_handler,
-        signal.SIGTERM: handler,
-        signal.SIGHUP: handler,
-    }
-    previous: dict[signal.Signals, object] = {}
-    try:
-        for signum, new in wanted.items():
-            previous[signum] = signal.signal(signum, new)
-    except ValueError:  # not the main thread: signals go to the main thread anyway
-        pass
-    try:
-        yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)  # type: ignore[arg-type]
 
 
 class _Say:

@@ -38,7 +38,7 @@ QUIET_S = 6.0
 #: baseline (4 windows, 500) are met from the 7th window on; the other parent stages are the control.
 #: ``stale_windows`` is long so that an alert only resolves on data (the idle watermark jumps hours ahead
 #: after historical traffic). Windows and grace keep their defaults (60 s, 40 s): the traffic comes window by
-#: window, so a window closes about two windows later with every record in, and the resolution (window 11)
+#: window, so a window closes about two windows later with every record in, and the resolution (window 10-11)
 #: closes while window 12 or 13 is produced, seconds after the firing one.
 CONFIG: dict[str, Any] = {
     "rules": {
