@@ -75,15 +75,11 @@ class AlertingHook:
         while ws < until:
             snap = rows.get(ws)
             evaluation = self.engine.evaluate_window(ws, snap or WindowSnapshot(), muted=self.muted)
-            missing += [
-                t for t in evaluation.transitions if (t.fingerprint, t.state, round(t.event_at)) not in have
-            ]
+            missing += [t for t in evaluation.transitions if (t.fingerprint, t.state, round(t.event_at)) not in have]
             ws += self.window_ms
         self.last_evaluated = until - self.window_ms
         if missing:
-            log.warning(
-                "alerting: %d transitions were not stored before the restart; producing them", len(missing)
-            )
+            log.warning("alerting: %d transitions were not stored before the restart; producing them", len(missing))
             await self._emit(WindowEvaluation(float(self.last_evaluated), transitions=missing))
         log.info("alerting: engine rebuilt over %d windows", (until - since) // self.window_ms)
 
@@ -100,9 +96,7 @@ class AlertingHook:
 
     # --- live -----------------------------------------------------------------------------------
 
-    async def on_window(
-        self, ws: int, agg: WindowAggregates, first_close: bool, arms: dict[Any, Any]
-    ) -> None:
+    async def on_window(self, ws: int, agg: WindowAggregates, first_close: bool, arms: dict[Any, Any]) -> None:
         if not first_close:
             return  # a late amendment is stored, not judged again: transitions stay deterministic
         await self._evaluate_empty_until(ws)
@@ -149,10 +143,6 @@ class AlertingHook:
                 self.metrics.paging_muted.inc()
         await self.flush()
         if evaluation.transitions:
-            await self.store_call(
-                insert_rows, self.db, "alerts", [t.to_row() for t in evaluation.transitions]
-            )
+            await self.store_call(insert_rows, self.db, "alerts", [t.to_row() for t in evaluation.transitions])
         if evaluation.verdicts:
-            await self.store_call(
-                insert_rows, self.db, "canary_verdicts", [v.to_row() for v in evaluation.verdicts]
-            )
+            await self.store_call(insert_rows, self.db, "canary_verdicts", [v.to_row() for v in evaluation.verdicts])

@@ -104,6 +104,7 @@ class JoinAdapter:
         self.changelog_topic = self.state.changelog_topic.get_topic_name()
         self._lock = asyncio.Lock()
         self._last_heartbeat_ms = 0.0
+        self._next_offset: dict[int, int] = {}  # per partition: the offset after the last one processed
         self.guard = DeadLetterGuard(settings.caps.halt_window_messages, settings.caps.halt_dead_letter_share)
         self._recovered = False
         app.agent(self.events_topic, name="join", concurrency=1)(self._agent)
@@ -161,6 +162,7 @@ class JoinAdapter:
             touched: set[int] = set()
             for event in events:
                 msg = event.message
+                self._next_offset[msg.partition] = msg.offset + 1
                 decoded = decode_stage_event(
                     msg.value, msg.key, msg.topic, msg.partition, msg.offset, _ts_ms(msg), caps, now
                 )
@@ -192,7 +194,9 @@ class JoinAdapter:
         self._update_lag()
         async with self._lock:
             now = time.time() * 1000.0
-            outputs = [self._record_output(r) for r in self.core.advance_all(now)]
+            outputs = []
+            for partition in self._idle_partitions():
+                outputs += [self._record_output(r) for r in self.core.advance(partition, now)]
             if outputs or self.core.has_dirty() or self._heartbeat_due(now):
                 await self._flush(outputs)
 
@@ -224,6 +228,26 @@ class JoinAdapter:
         sys.stderr.flush()
         os._exit(EXIT_INGEST_HALTED)
 
+    def _idle_partitions(self) -> list[int]:
+        """Owned partitions with nothing left to fetch. A partition with a backlog is not idle, however long
+        its fetch stalls: moving its watermark on the wall clock would emit requests before their events."""
+        topic = self.events_topic.get_topic_name()
+        consumer = self.app.consumer
+        committed: dict[Any, int] = getattr(consumer, "_committed_offset", {})  # faust keeps no public view
+        idle: list[int] = []
+        for tp in self.app.assignor.assigned_actives():
+            if tp.topic != topic:
+                continue
+            try:
+                highwater = consumer.highwater(tp)
+            except Exception:  # not fetched yet: nothing known to be pending
+                highwater = None
+            done = self._next_offset.get(tp.partition) or committed.get(tp) or 0
+            if highwater is not None and highwater > done:
+                continue
+            idle.append(tp.partition)
+        return idle
+
     def _update_lag(self) -> None:
         """Consumer lag per owned partition: log end offset minus the committed offset."""
         consumer = self.app.consumer
@@ -250,7 +274,8 @@ class JoinAdapter:
         One message per (owned stage-events partition, requests partition), produced after the records
         of the batch: on each requests partition the heartbeat follows every record it vouches for, so the
         writer may close windows on the minimum it has seen, whatever order it reads partitions in. A
-        partition without events yet reports the wall clock (nothing is pending there).
+        partition without events sends nothing (reporting the wall clock would close historical windows
+        before their records arrive).
         """
         if not self._heartbeat_due(now_ms):
             return
@@ -260,7 +285,9 @@ class JoinAdapter:
         producer = self.app.producer
         futures: list[Awaitable[Any]] = []
         for partition in owned:
-            watermark = self.core.watermark(partition) or now_ms
+            watermark = self.core.watermark(partition)
+            if not watermark:
+                continue
             value = orjson.dumps({"watermark_ms": watermark, "source_partition": partition})
             for target in range(self.settings.partitions):
                 futures.append(
@@ -287,9 +314,7 @@ class JoinAdapter:
         producer = self.app.producer
         futures: list[Awaitable[Any]] = []
         for topic, key, value in outputs:
-            futures.append(
-                await producer.send(topic, key, value, partition=None, timestamp=None, headers=None)
-            )
+            futures.append(await producer.send(topic, key, value, partition=None, timestamp=None, headers=None))
         # Records first, state second: a crash in between re-emits (absorbed), never loses a record.
         if futures:
             await asyncio.gather(*futures)

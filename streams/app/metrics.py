@@ -24,24 +24,18 @@ class WorkerMetrics:
         r = self.registry = CollectorRegistry()
         self.events_consumed = Counter("ttft_events_consumed", "Stage events consumed", registry=r)
         self.events_acked = Counter("ttft_events_acked", "Stage events acknowledged", registry=r)
-        self.unacked_events = Gauge(
-            "ttft_unacked_events", "Events taken but not yet acknowledged", registry=r
-        )
+        self.unacked_events = Gauge("ttft_unacked_events", "Events taken but not yet acknowledged", registry=r)
         self.open_requests = Gauge("ttft_open_requests", "Requests waiting for their stages", registry=r)
         self.evictions = Counter("ttft_evictions", "Open requests evicted by max_open_requests", registry=r)
         self.duplicates = Counter("ttft_duplicate_events", "Duplicate events counted once", registry=r)
         self.late_events = Counter("ttft_late_events", "Events for already emitted requests", registry=r)
-        self.records_emitted = Counter(
-            "ttft_records_emitted", "Request records produced", ["status"], registry=r
-        )
+        self.records_emitted = Counter("ttft_records_emitted", "Request records produced", ["status"], registry=r)
         self.dead_letters = Counter("ttft_dead_letters", "Messages dead-lettered", ["reason"], registry=r)
         self.consumer_lag = Gauge(
             "ttft_consumer_lag", "Messages behind the log end", ["topic", "partition"], registry=r
         )
         self.records_written = Counter("ttft_records_written", "Request rows inserted", registry=r)
-        self.dead_letters_written = Counter(
-            "ttft_dead_letters_written", "Dead-letter rows inserted", registry=r
-        )
+        self.dead_letters_written = Counter("ttft_dead_letters_written", "Dead-letter rows inserted", registry=r)
         self.unacked_records = Gauge(
             "ttft_unacked_records", "Records consumed by the writer, not yet committed", registry=r
         )
@@ -58,9 +52,7 @@ class WorkerMetrics:
         self.watermark = Gauge("ttft_writer_watermark_ms", "Event-time watermark of the writer", registry=r)
         self.window_amendments = Counter("ttft_window_amendments", "Closed windows re-aggregated", registry=r)
         self.series_overflow = Counter("ttft_series_overflow", "Records mapped to __other__", registry=r)
-        self.alerts_sent = Counter(
-            "ttft_alert_transitions", "Alert transitions produced", ["state"], registry=r
-        )
+        self.alerts_sent = Counter("ttft_alert_transitions", "Alert transitions produced", ["state"], registry=r)
         self.alerts_pending_delivery = Gauge(
             "ttft_alerts_pending_delivery", "Alert notifications not yet delivered", registry=r
         )

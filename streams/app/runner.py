@@ -36,9 +36,7 @@ def _write_run_file(settings: Settings, role: str, worker_id: str, port: int) ->
     run_dir = settings.home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / f"{role}-{worker_id}.json"
-    path.write_text(
-        json.dumps({"pid": os.getpid(), "role": role, "worker_id": worker_id, "metrics_port": port})
-    )
+    path.write_text(json.dumps({"pid": os.getpid(), "role": role, "worker_id": worker_id, "metrics_port": port}))
     return path
 
 

@@ -84,9 +84,7 @@ class StoreWriter:
 
     async def start(self) -> None:
         self.client = await self._retry("connect", lambda: make_client(self.settings))
-        applied = await self._retry(
-            "migrate", lambda: apply_migrations(self.client, self.settings.clickhouse_database)
-        )
+        applied = await self._retry("migrate", lambda: apply_migrations(self.client, self.settings.clickhouse_database))
         if applied:
             log.info("applied migrations: %s", ", ".join(applied))
         self.consumer = AIOKafkaConsumer(
@@ -119,9 +117,7 @@ class StoreWriter:
         assert self.consumer is not None
         try:
             while not self._stopping.is_set():
-                batch = await self.consumer.getmany(
-                    timeout_ms=self.batch_timeout_ms, max_records=self.batch_max
-                )
+                batch = await self.consumer.getmany(timeout_ms=self.batch_timeout_ms, max_records=self.batch_max)
                 if batch:
                     await self._process(batch)
                 else:
@@ -192,9 +188,7 @@ class StoreWriter:
         for tp, committed in offsets.items():
             highwater = self.consumer.highwater(tp)
             if highwater is not None:
-                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(
-                    max(0, highwater - committed)
-                )
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - committed))
         self.metrics.batches.inc()
 
     async def _insert(self, table: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -30,14 +30,17 @@ class SourceWatermarks:
             by_target[requests_partition] = watermark_ms
 
     def progress(self, requests_partitions: Iterable[int]) -> float | None:
-        """Event time every source partition has passed on every given requests partition, or None."""
+        """Event time every source partition with data has passed on every given requests partition.
+
+        A partition that never carried an event sends no heartbeat and does not hold the others back (its
+        first, possibly older events become late amendments). None until a heartbeat arrived.
+        """
         targets = list(requests_partitions)
         if not targets:
             return None
         lows: list[float] = []
-        for p in range(self.source_partitions):
-            by_target = self.seen.get(p)
-            if by_target is None or any(r not in by_target for r in targets):
+        for by_target in self.seen.values():
+            if any(r not in by_target for r in targets):
                 return None
             lows.append(min(by_target[r] for r in targets))
-        return min(lows)
+        return min(lows) if lows else None

@@ -20,6 +20,7 @@ from typing import Final
 
 from streams.settings import Settings, load_settings
 
+
 class DemoError(RuntimeError):
     """The demo could not run (prerequisite missing, a component failed); the message says why."""
 
@@ -74,7 +75,11 @@ def demo_env(home: Path, bootstrap: str, alertmanager_url: str | None) -> dict[s
 
 @contextlib.contextmanager
 def environment(env: dict[str, str]) -> Iterator[None]:
-    # load_settings() reads os.environ; the demo's own settings must equal its children's.
+    """Within the block, ``os.environ``'s TTFT_* variables are exactly those of ``env``.
+
+    ``load_settings()`` and the store client read ``os.environ``; the demo's own view must equal its
+    children's.
+    """
     saved = {k: v for k, v in os.environ.items() if k.startswith("TTFT_")}
     for key in saved:
         del os.environ[key]

@@ -1,9 +1,8 @@
 """``ttft demo`` end to end: broker, Alertmanager, workers, the story, the verdict, the report, clean-up.
 
-Everything lives in one demo home (wiped at the start of each run; only a directory the demo created
-itself, or an empty one, is ever wiped). Whatever happens (Ctrl-C, SIGTERM, an exception), the ``finally``
-blocks stop the join, the writer, Alertmanager and the broker, in that order; the children's own process
-groups, a parent-death signal and an ``atexit`` hook back that up.
+Everything lives in one demo home (:mod:`streams.demo.home`). Whatever happens (Ctrl-C, SIGTERM, an
+exception), :meth:`DemoRun.close` stops the join, the writer, Alertmanager and the broker, in that order;
+the children's own process groups, a parent-death signal and an ``atexit`` hook back that up.
 
 The store is read only after the writer has exited: the embedded chDB store admits one process per data
 directory.
@@ -13,26 +12,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
-import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import Final
 
 from rich.console import Console
 
 from streams.demo.alerting import WebhookRecorder, find_alertmanager, start_alertmanager
+from streams.demo.home import (
+    DemoError,
+    default_home,
+    demo_env,
+    environment,
+    prepare_home,
+    settings_for,
+    signals_interrupt,
+)
 from streams.demo.pipeline import LagProbe, PipelineProgress, Worker, pipeline_progress, start_worker, wait_healthy
 from streams.demo.plan import DemoPlan, plan_demo
 from streams.demo.processes import ProcessSet, free_port
-from streams.demo.summary import collect_results, render_results, story_problems
+from streams.demo.summary import DemoResults, collect_results, render_results, story_problems
 from streams.demo.view import DemoView, clock, describe_labels
 from streams.kafka.broker import LocalBroker, missing_prerequisite
-from streams.settings import Settings, load_settings
+from streams.settings import Settings
+
+__all__ = ["DemoError", "DemoOptions", "DemoRun", "run_demo"]
+
 
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
@@ -73,74 +79,111 @@ class _Say:
 
 def run_demo(options: DemoOptions, console: Console) -> int:
     """Run the whole demo; returns the exit code (0: the story came out as told). Raises ``DemoError``."""
-    live = console.is_terminal if options.live is None else options.live
-    say = _Say(console, live)
     plan_demo(options.duration_s, time.time() * 1000.0)  # a bad duration fails before anything starts
     problem = missing_prerequisite()
     if problem:
         raise DemoError(f"{problem} (run `make setup`)")
-    home = prepare_home(options.home or default_home())
-    say(f"demo home {home} (wiped and recreated)")
-    processes = ProcessSet(home / "logs")
-    broker = LocalBroker(home / "kafka", port=free_port())
-    webhook: WebhookRecorder | None = None
-    view_ref: list[DemoView] = []
+    demo = DemoRun(options, console)
     try:
         with signals_interrupt():
-            with say.step("starting Kafka"):
-                started = broker.start(timeout_s=120.0)
-            say(f"kafka ready at {broker.bootstrap} in {started:.1f} s")
-            am_url: str | None = None
-            binary = find_alertmanager() if options.alertmanager else None
-            if binary is not None:
-                webhook = WebhookRecorder(on_alert=lambda a: view_ref[0].on_webhook_alert(a) if view_ref else None)
-                with say.step("starting Alertmanager"):
-                    _, am_url = start_alertmanager(processes, home / "alertmanager", webhook.url, binary)
-                say(f"alertmanager ready at {am_url} (webhook receiver {webhook.url})")
-            elif options.alertmanager:
-                say("alertmanager not installed (deploy/alertmanager/install.sh): alerts go to the store only")
-            env = demo_env(home, broker.bootstrap, am_url)
-            settings = settings_for(env)
-            with say.step("starting the writer (applies migrations) and the join worker"):
-                writer = start_worker(processes, "writer", env)
-                join = start_worker(processes, "join", env)
-                wait_healthy([writer, join], timeout_s=180.0)
-            # Planned now, after the set-up: the story ends just before the producer is due to finish.
-            plan = plan_demo(options.duration_s, time.time() * 1000.0, seed=options.seed)
-            say(
-                f"workers healthy; playing {plan.expected_requests:,} requests (~{plan.expected_events:,} stage "
-                f"events, {len(plan.tenants)} tenants) over {(plan.end_ms - plan.start_ms) / 60_000:.0f} min of "
-                f"event time ending {clock(plan.end_ms)} UTC, {plan.speedup:.1f}x faster than real time"
-            )
-            view = DemoView(console, plan, settings, live=live)
-            view_ref.append(view)
-            final = asyncio.run(_play(plan, settings, view, join, writer, options.drain_limit_s(), webhook))
-            say(
-                f"pipeline drained: {final.records_written:,.0f} requests stored, "
-                f"{final.windows_closed:,.0f} windows closed"
-            )
-            with say.step("stopping the workers"):
-                _stop_workers(join, writer)
-            paged = _paged(webhook)
-            processes.close()
-            broker.stop()
-            with say.step("reading the store and writing the report"):
-                from streams.store.client import make_client
-
-                with _environment(env):
-                    client = make_client(settings)
-                results = collect_results(client, settings, plan, home / "report", paged)
-            render_results(console, results)
-            problems = story_problems(results)
-            for text in problems:
-                console.print(f"problem: {text}", markup=False, highlight=False, style="bold red")
-            say(f"demo finished; nothing left running. Logs in {home / 'logs'}")
-            return 1 if problems else 0
+            demo.start()
+            plan = demo.play()
+            results = demo.conclude(plan)
     finally:
-        processes.close()
-        broker.stop()
-        if webhook is not None:
-            webhook.close()
+        demo.close()
+    render_results(console, results)
+    problems = story_problems(results)
+    for text in problems:
+        console.print(f"problem: {text}", markup=False, highlight=False, style="bold red")
+    demo.say(f"demo finished; nothing left running. Logs in {demo.home / 'logs'}")
+    return 1 if problems else 0
+
+
+class DemoRun:
+    """One demo run: what it started, in the order it started it. :meth:`close` stops all of it."""
+
+    def __init__(self, options: DemoOptions, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.live = console.is_terminal if options.live is None else options.live
+        self.say = _Say(console, self.live)
+        self.home = prepare_home(options.home or default_home())
+        self.say(f"demo home {self.home} (wiped and recreated)")
+        self.processes = ProcessSet(self.home / "logs")
+        self.broker = LocalBroker(self.home / "kafka", port=free_port())
+        self.webhook: WebhookRecorder | None = None
+        self.view: DemoView | None = None
+        self.env: dict[str, str] = {}
+        self.settings: Settings | None = None
+        self.workers: dict[str, Worker] = {}
+
+    def start(self) -> None:
+        """Kafka, Alertmanager (when installed), then the writer and the join worker, healthy."""
+        with self.say.step("starting Kafka"):
+            started = self.broker.start(timeout_s=120.0)
+        self.say(f"kafka ready at {self.broker.bootstrap} in {started:.1f} s")
+        am_url: str | None = None
+        binary = find_alertmanager() if self.options.alertmanager else None
+        if binary is not None:
+            self.webhook = WebhookRecorder(on_alert=self._on_webhook_alert)
+            with self.say.step("starting Alertmanager"):
+                _, am_url = start_alertmanager(self.processes, self.home / "alertmanager", self.webhook.url, binary)
+            self.say(f"alertmanager ready at {am_url} (webhook receiver {self.webhook.url})")
+        elif self.options.alertmanager:
+            self.say("alertmanager not installed (deploy/alertmanager/install.sh): alerts go to the store only")
+        self.env = demo_env(self.home, self.broker.bootstrap, am_url)
+        self.settings = settings_for(self.env)
+        with self.say.step("starting the writer (applies migrations) and the join worker"):
+            self.workers["writer"] = start_worker(self.processes, "writer", self.env)
+            self.workers["join"] = start_worker(self.processes, "join", self.env)
+            wait_healthy(list(self.workers.values()), timeout_s=180.0)
+
+    def _on_webhook_alert(self, alert: dict[str, object]) -> None:
+        if self.view is not None:
+            self.view.on_webhook_alert(alert)
+
+    def play(self) -> DemoPlan:
+        """Produce the story with the live view on, until the pipeline has drained; returns the plan."""
+        assert self.settings is not None, "start() first"
+        # Planned now, after the set-up: the story ends just before the producer is due to finish.
+        plan = plan_demo(self.options.duration_s, time.time() * 1000.0, seed=self.options.seed)
+        self.say(
+            f"workers healthy; playing {plan.expected_requests:,} requests (~{plan.expected_events:,} stage "
+            f"events, {len(plan.tenants)} tenants) over {(plan.end_ms - plan.start_ms) / 60_000:.0f} min of "
+            f"event time ending {clock(plan.end_ms)} UTC, {plan.speedup:.1f}x faster than real time"
+        )
+        self.view = DemoView(self.console, plan, self.settings, live=self.live)
+        join, writer = self.workers["join"], self.workers["writer"]
+        final = asyncio.run(
+            _play(plan, self.settings, self.view, join, writer, self.options.drain_limit_s(), self.webhook)
+        )
+        self.say(
+            f"pipeline drained: {final.records_written:,.0f} requests stored, "
+            f"{final.windows_closed:,.0f} windows closed"
+        )
+        return plan
+
+    def conclude(self, plan: DemoPlan) -> DemoResults:
+        """Stop the workers, then read the store (the writer has exited) and write the report."""
+        assert self.settings is not None, "start() first"
+        with self.say.step("stopping the workers"):
+            _stop_workers(self.workers["join"], self.workers["writer"])
+        paged = _paged(self.webhook)
+        self.close()
+        with self.say.step("reading the store and writing the report"):
+            from streams.store.client import make_client
+
+            with environment(self.env):
+                client = make_client(self.settings)
+            return collect_results(client, self.settings, plan, self.home / "report", paged)
+
+    def close(self) -> None:
+        """Stop everything still running: workers and Alertmanager (newest first), the broker, the webhook."""
+        self.processes.close()
+        self.broker.stop()
+        if self.webhook is not None:
+            self.webhook.close()
+            self.webhook = None
 
 
 def _paged(webhook: WebhookRecorder | None) -> list[str]:
