@@ -59,7 +59,7 @@ class JoinConfig(_Section):
     route_required_stages: dict[str, tuple[str, ...]] = Field(
         default_factory=dict, description="Per-route override of the required stages, e.g. {'fast': [...]}."
     )
-    batch_max: int = Field(2_000, gt=0, description="Events per processing batch.")
+    batch_max: int = Field(10_000, gt=0, description="Events per processing batch (one state write per request).")
     batch_within_s: float = Field(0.2, gt=0)
 
     @model_validator(mode="after")

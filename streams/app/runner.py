@@ -61,6 +61,9 @@ def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: st
 
     @app.task  # type: ignore[untyped-decorator]
     async def _serve() -> None:
+        # mode's worker leaves the root logger at DEBUG: every aiokafka/faust debug call then builds a record
+        # the handler drops (about 7 % of the join's CPU in the bench profile).
+        logging.getLogger().setLevel(getattr(logging, loglevel.upper(), logging.WARNING))
         runner, port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
         state["runner"] = runner
         state["run_file"] = _write_run_file(settings, "join", worker_id, port)
