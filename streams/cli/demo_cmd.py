@@ -17,7 +17,7 @@ from streams.cli.simulate_cmd import parse_duration_s
     "--duration",
     default="180",
     show_default=True,
-    help="Wall time of the traffic (90, 90s, 3m); set-up, draining and the report add about a minute.",
+    help="Wall time of the traffic (90, 90s, 3m); set-up, draining and the report add a minute or two.",
 )
 @click.option(
     "--home",

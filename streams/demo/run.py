@@ -175,7 +175,7 @@ class DemoRun:
 
             with environment(self.env):
                 client = make_client(self.settings)
-            return collect_results(client, self.settings, plan, self.home / "report", paged)
+            return collect_results(client, self.settings, plan, self.home / "report", paged, time.time() * 1000.0)
 
     def close(self) -> None:
         """Stop everything still running: workers and Alertmanager (newest first), the broker, the webhook."""

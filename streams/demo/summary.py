@@ -9,7 +9,8 @@ promises; :func:`story_problems` says which promise the data did not keep.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -17,7 +18,7 @@ from clickhouse_connect.driver.client import Client
 from rich.console import Console
 from rich.table import Table
 
-from streams.demo.plan import DemoPlan, StoryPhase
+from streams.demo.plan import WINDOW_MS, DemoPlan, StoryPhase
 from streams.demo.view import clock
 from streams.settings import PARENT_STAGES, Settings
 from streams.views import reads
@@ -52,7 +53,7 @@ class DemoResults:
     paged: list[str]
     report_dir: Path
     verdict: str
-    notes: list[str] = field(default_factory=list)
+    silent_windows: int = 0
 
     def breakdown(self, scenario: str, name: str) -> Breakdown | None:
         for phase, bd in self.phases:
@@ -86,18 +87,25 @@ def _fired_alerts(rows: list[dict[str, Any]]) -> list[FiredAlert]:
 
 
 def collect_results(
-    client: Client, settings: Settings, plan: DemoPlan, report_dir: Path, paged: list[str]
+    client: Client, settings: Settings, plan: DemoPlan, report_dir: Path, paged: list[str], now_ms: float
 ) -> DemoResults:
-    """Breakdowns per phase, fired alerts and the report (written to ``report_dir``)."""
+    """Breakdowns per phase, fired alerts (up to ``now_ms``: some fire after the story) and the report."""
     db = settings.clickhouse_database
     phases = [
         (ph, compute_breakdown(client, db, settings, Span(ph.start_ms, ph.end_ms, "demo story")))
         for ph in plan.phases()
     ]
     story = Span(plan.start_ms, plan.end_ms, "demo story")
-    fired = _fired_alerts(reads.alert_rows(client, db, story))
+    fired = _fired_alerts(reads.alert_rows(client, db, Span(plan.start_ms, int(now_ms) + WINDOW_MS, "demo run")))
     data = build_report(client, db, settings, story, report_dir)
-    return DemoResults(phases=phases, fired=fired, paged=paged, report_dir=report_dir, verdict=data.verdict)
+    return DemoResults(
+        phases=phases,
+        fired=fired,
+        paged=paged,
+        report_dir=report_dir,
+        verdict=data.verdict,
+        silent_windows=settings.rules.tenant_silence.silent_windows,
+    )
 
 
 def _parents_by_p95(bd: Breakdown) -> list[tuple[str, float]]:
@@ -179,12 +187,17 @@ def render_results(console: Console, results: DemoResults) -> None:
                 f"alert fired: {alert.alertname} {alert.labels} at {clock(alert.fired_at)} event time"
                 + (f": {alert.summary}" if alert.summary else "")
             )
-    others = [a for a in results.fired if a.alertname not in CANARY_ALERTS]
+    others = Counter(a.alertname for a in results.fired if a.alertname not in CANARY_ALERTS)
     if others:
-        names = sorted({a.alertname for a in others})
-        say(f"also fired: {len(others)} other alert(s) ({', '.join(names)}), see the report's alert timeline")
-    if results.paged:
+        names = ", ".join(f"{name} x{count}" if count > 1 else name for name, count in sorted(others.items()))
+        say(f"also fired: {names}")
+    if "TTFTTenantSilent" in others:
         say(
-            f"alertmanager paged {len(results.paged)} firing alert(s) to the demo's webhook: {', '.join(results.paged)}"
+            "  TTFTTenantSilent: the story's traffic stopped, and the pipeline took long enough to drain that the "
+            f"tenants had been silent for {results.silent_windows} windows (a slow or busy machine)"
         )
+    if results.paged:
+        by_name = Counter(entry.split(" ", 1)[0] for entry in results.paged)
+        names = ", ".join(f"{name} x{count}" if count > 1 else name for name, count in sorted(by_name.items()))
+        say(f"alertmanager paged {len(results.paged)} firing alert(s) to the demo's webhook: {names}")
     say(f"report written to {results.report_dir / 'index.html'} (it opens with the verdict)")
