@@ -4,7 +4,8 @@ Every child runs in a new session (so a Ctrl-C on the terminal reaches only the 
 the children in order: join first, then the writer so it commits what it holds) and gets SIGTERM from
 the kernel if the demo dies without cleaning up (``PR_SET_PDEATHSIG``). :class:`ProcessSet` stops
 what it started on ``close()``, and an ``atexit`` hook does the same as a last resort; a child that
-ignores SIGTERM gets SIGKILL on its whole process group.
+ignores SIGTERM gets SIGKILL on its whole process group (while it is still unreaped, so the group id
+cannot have been reused).
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ class ChildProcess:
             return ""
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL the whole process group. Returns the exit code (None if unknown)."""
+        """SIGTERM, wait, then SIGKILL the whole process group. Returns the exit code (None if unknown).
+
+        The group is killed only while the child is unreaped, so its id cannot belong to anyone else yet.
+        """
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
@@ -75,13 +79,6 @@ class ChildProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             return self.proc.wait(timeout=10)
         return None
-
-    def kill_group(self) -> None:
-        """SIGKILL whatever is left in the child's process group (grandchildren included)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
 
 
 class ProcessSet:
@@ -112,12 +109,10 @@ class ProcessSet:
         return child
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop every child still running, newest first; then sweep their process groups."""
+        """Stop every child still running, newest first (SIGTERM; SIGKILL to its group if it hangs)."""
         for child in reversed(self.children):
             if child.alive():
                 child.stop(timeout_s)
-        for child in self.children:
-            child.kill_group()
         atexit.unregister(self.close)
 
 

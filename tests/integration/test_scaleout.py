@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 N_REQUESTS = 10_000
 MOVE_BUDGET_S = 30.0
 KNOWN_STALL = (
-    "after the failover the survivor's commits on a partition moved from the killed worker stop at the "
-    "victim's last commit (a hole in the acked offsets; faust commits only contiguous offsets)"
+    "after the failover the survivor's committed offset on a partition stops for good while it processes the "
+    "rest (a hole in the acked offsets: fetched records dropped without a seek; faust commits only contiguous "
+    "offsets); see docs/scaling.md"
 )
 
 
@@ -167,13 +168,13 @@ def test_killed_join_worker_partitions_move_to_survivor(
         assert not producer.is_alive()
         try:
             wait_drained(pipe, kafka_settings, survivor, stall_s=120, cap_s=600)
-        except DrainStalled:
+        except DrainStalled as stalled:
             stuck = {p: lag for p, lag in partition_lags(kafka_settings).items() if lag}
-            if stuck and set(stuck) <= set(split[0]) and survivor.metric("ttft_open_requests") == 0:
-                # Known bug (see KNOWN_STALL): one partition moved from the victim keeps its committed
-                # offset forever while the survivor processes the rest; requests in the hole are lost.
-                pytest.xfail(f"{KNOWN_STALL}: uncommitted events per moved partition {stuck}")
-            raise
+            if 0 < len(stuck) <= 2 and survivor.metric("ttft_open_requests") == 0:
+                # Known bug (KNOWN_STALL): the survivor processed the rest, but the committed offset of one
+                # or two partitions stays put; the events in the hole are never processed.
+                pytest.xfail(f"{KNOWN_STALL}: uncommitted events per partition {stuck}, victim owned {split[0]}")
+            raise AssertionError(f"{stalled}\nuncommitted events per partition: {stuck}") from stalled
         drained_s = time.monotonic() - killed_at
         record_property("drained_after_kill_seconds", round(drained_s, 2))
         print(f"drained {drained_s:.1f} s after the kill")
