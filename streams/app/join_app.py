@@ -283,20 +283,18 @@ class JoinAdapter:
         topic = self.events_topic.get_topic_name()
         owned = sorted(tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic)
         producer = self.app.producer
-        futures: list[Awaitable[Any]] = []
         for partition in owned:
             watermark = self.core.watermark(partition)
             if not watermark:
                 continue
             value = orjson.dumps({"watermark_ms": watermark, "source_partition": partition})
             for target in range(self.settings.partitions):
-                futures.append(
-                    await producer.send(
-                        self.requests_topic, WATERMARK_KEY, value, partition=target, timestamp=None, headers=None
-                    )
+                # Not awaited: the producer keeps per-partition order, so each heartbeat still follows the
+                # records it vouches for; a lost heartbeat only delays a window (the next one supersedes it).
+                fut = await producer.send(
+                    self.requests_topic, WATERMARK_KEY, value, partition=target, timestamp=None, headers=None
                 )
-        if futures:
-            await asyncio.gather(*futures)
+                asyncio.ensure_future(fut).add_done_callback(_log_failure)
 
     # --- producing ----------------------------------------------------------------------------
 
@@ -339,6 +337,11 @@ class JoinAdapter:
         _sync_counter(m.duplicates, c.duplicates)
         _sync_counter(m.late_events, c.late_events)
         _sync_counter(m.evictions, c.evictions)
+
+
+def _log_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("watermark heartbeat not delivered: %s", fut.exception())
 
 
 def _ts_ms(message: Any) -> int | None:

@@ -84,7 +84,7 @@ def test_replay_of_a_run_leaves_every_table_unchanged(kafka_settings: Any, tmp_p
             done = not (state["join_lag"] or state["open"] or state["writer_lag"] or state["open_windows"])
             return (done and state["closed"] > 0) or (False if done else {} or False) or _remember(state)
 
-        pipe.wait_for(drained, 240, "the first run to drain")
+        pipe.wait_for(drained, 480, "the first run to drain")
         assert pipe.stop(join) == 0
         assert pipe.stop(writer) == 0
     finally:
