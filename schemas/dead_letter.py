@@ -58,9 +58,7 @@ class DeadLetter(BaseModel):
 
     reason_code: DeadLetterReason
     detail: str = Field(max_length=MAX_DETAIL_CHARS, description="Human-readable cause, naming the field.")
-    original: Base64Bytes = Field(
-        description="The original value bytes, truncated past caps.dead_letter_bytes."
-    )
+    original: Base64Bytes = Field(description="The original value bytes, truncated past caps.dead_letter_bytes.")
     original_length: int = Field(ge=0, description="Length of the full original value in bytes.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of the full original value.")
     source_topic: str = Field(description="Topic the message was read from.")

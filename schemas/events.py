@@ -150,9 +150,7 @@ class StageEvent(BaseModel):
         None, description="Which arm of a gray release served the request: stable or canary."
     )
     route: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
-    fallback_level: Annotated[StrictInt, Field(ge=0, le=100)] | None = Field(
-        None, description="0 = no degradation."
-    )
+    fallback_level: Annotated[StrictInt, Field(ge=0, le=100)] | None = Field(None, description="0 = no degradation.")
     event_id: Annotated[StrictStr, Field(min_length=1, max_length=128)] | None = Field(
         None, description="Duplicates of the same (request_id, stage, event_id) count once."
     )

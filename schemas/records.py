@@ -60,13 +60,9 @@ class RequestRecord(BaseModel):
     rerank_ms: float | None = None
     prompt_assemble_ms: float | None = None
     llm_ttft_ms: float | None = None
-    other_ms: float | None = Field(
-        None, description="ttft - (retrieval + prompt_assemble + llm_ttft), signed."
-    )
+    other_ms: float | None = Field(None, description="ttft - (retrieval + prompt_assemble + llm_ttft), signed.")
     custom_stages: dict[str, float] = Field(default_factory=dict)
-    stage_repeats: dict[str, int] = Field(
-        default_factory=dict, description="Retries: extra events per stage."
-    )
+    stage_repeats: dict[str, int] = Field(default_factory=dict, description="Retries: extra events per stage.")
     recall_mode: RecallMode | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None

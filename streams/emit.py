@@ -276,9 +276,7 @@ class StageEmitter:
         for i, item in enumerate(batch):
             key, value, ts = item
             try:
-                pending.append(
-                    (item, await self._producer.send(self.topic, value=value, key=key, timestamp_ms=ts))
-                )
+                pending.append((item, await self._producer.send(self.topic, value=value, key=key, timestamp_ms=ts)))
             except Exception as exc:
                 if _retriable(exc):
                     retry = batch[i:]  # no metadata or a full send buffer: the rest waits too

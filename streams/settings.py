@@ -78,9 +78,7 @@ class WindowConfig(_Section):
     """Event-time windows of the aggregates (DESIGN.md, windows)."""
 
     window_s: int = Field(60, gt=0, description="W: window_start = floor(started_at / W) * W.")
-    grace_s: int = Field(
-        10, ge=0, description="Allowed lateness after the join's watermark before a window closes."
-    )
+    grace_s: int = Field(10, ge=0, description="Allowed lateness after the join's watermark before a window closes.")
     idle_close_s: float | None = Field(
         None, gt=0, description="Idle this long, windows close on the wall clock (default: join timeout + grace)."
     )

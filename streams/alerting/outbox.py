@@ -173,9 +173,7 @@ async def deliver_due(
         return True
     now = datetime.fromtimestamp(now_s, tz=UTC)
     ends_in = timedelta(seconds=resend_interval_s * ends_after_intervals)
-    body = [
-        alertmanager_alert(d.transition, now=now, ends_in=ends_in, starts_at=d.starts_at) for d in deliveries
-    ]
+    body = [alertmanager_alert(d.transition, now=now, ends_in=ends_in, starts_at=d.starts_at) for d in deliveries]
     if await client.post(body):
         state.mark_delivered(deliveries, now_s)
         return True

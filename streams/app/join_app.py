@@ -32,8 +32,8 @@ from schemas.decode import decode_stage_event
 from streams.alerting.outbox import alert_message
 from streams.app.metrics import WorkerMetrics
 from streams.core.guard import DeadLetterGuard
-from streams.core.watermarks import WATERMARK_KEY
 from streams.core.join import RequestJoin, TenantMismatch
+from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.topics import faust_broker_kwargs
 from streams.rules import ingest_halted_transition
 from streams.settings import Settings

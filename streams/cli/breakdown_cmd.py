@@ -21,9 +21,7 @@ SPAN_HELP = (
 
 
 @click.command()
-@click.option(
-    "--tenant", "tenant", default=None, help="Tenant id (default: each tenant in the span, in turn)."
-)
+@click.option("--tenant", "tenant", default=None, help="Tenant id (default: each tenant in the span, in turn).")
 @click.option("--version", "version", default=None, help="One version (default: all versions merged).")
 @click.option("--since", default="1h", show_default=True, help=f"Span start: {SPAN_HELP}.")
 @click.option("--until", default=None, help=f"Span end (default: the anchor): {SPAN_HELP}.")
@@ -64,9 +62,7 @@ def breakdown(
     tenants = [tenant] if tenant is not None else tenants_in_span(client, database, span)
     if not tenants:
         raise click.ClickException("no stage windows in the span (has the worker closed any window yet?)")
-    results = [
-        compute_breakdown(client, database, settings, span, tenant=t, version=version) for t in tenants
-    ]
+    results = [compute_breakdown(client, database, settings, span, tenant=t, version=version) for t in tenants]
     if as_json:
         payload = results[0].to_json() if tenant is not None else [b.to_json() for b in results]
         click.echo(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())

@@ -22,9 +22,7 @@ def _broker(settings: Settings) -> LocalBroker:
     first = settings.kafka_bootstrap.split(",")[0].strip()
     host, sep, port = first.rpartition(":")
     if not sep or not port.isdigit():
-        raise click.ClickException(
-            f"TTFT_KAFKA_BOOTSTRAP must be host:port, got {settings.kafka_bootstrap!r}"
-        )
+        raise click.ClickException(f"TTFT_KAFKA_BOOTSTRAP must be host:port, got {settings.kafka_bootstrap!r}")
     return LocalBroker(Path(settings.home) / "kafka", host=host or "127.0.0.1", port=int(port), detach=True)
 
 
@@ -34,9 +32,7 @@ def kafka() -> None:
 
 
 @kafka.command()
-@click.option(
-    "--timeout", "timeout_s", default=90.0, show_default=True, help="Seconds to wait for readiness."
-)
+@click.option("--timeout", "timeout_s", default=90.0, show_default=True, help="Seconds to wait for readiness.")
 def up(timeout_s: float) -> None:
     """Start the broker in the background, wait until it serves requests, create the topics."""
     settings = load_settings()
@@ -50,9 +46,7 @@ def up(timeout_s: float) -> None:
             broker.start(timeout_s=timeout_s)
         except BrokerError as exc:
             raise click.ClickException(str(exc)) from exc
-        click.echo(
-            f"kafka started in {time.monotonic() - t0:.1f}s (pid {broker.pid}, data {broker.data_dir})"
-        )
+        click.echo(f"kafka started in {time.monotonic() - t0:.1f}s (pid {broker.pid}, data {broker.data_dir})")
     try:
         created = asyncio.run(ensure_topics(settings))
     except (TopicSetupError, OSError) as exc:

@@ -85,9 +85,7 @@ def show_record(console: Console, record: dict[str, Any]) -> None:
     attrs = {name: record.get(name) for name in ATTR_COLUMNS if record.get(name) is not None}
     if record.get("recall_mode"):
         attrs["recall_mode"] = record["recall_mode"]
-    console.print(
-        "attrs: " + (", ".join(f"{k}={v}" for k, v in attrs.items()) if attrs else "none"), highlight=False
-    )
+    console.print("attrs: " + (", ".join(f"{k}={v}" for k, v in attrs.items()) if attrs else "none"), highlight=False)
     console.print(
         f"events {record.get('event_count')}  duplicates {record.get('duplicate_events')}"
         f"  late {record.get('late_events')}  version {record.get('record_version')}"

@@ -95,9 +95,7 @@ class _Progress:
             self._rich.update(self._task, completed=done_s, sent=sent, rate=rate)
         elif now - self._last_line >= _PLAIN_EVERY_S:
             self._last_line = now
-            click.echo(
-                f"simulate: {sent} events, {done_s:.0f}/{self.total_s:.0f} s event time, {rate:,.0f} ev/s"
-            )
+            click.echo(f"simulate: {sent} events, {done_s:.0f}/{self.total_s:.0f} s event time, {rate:,.0f} ev/s")
 
 
 def _write_lines(messages: Iterator[Message], out: IO[bytes], progress: Callable[[int, float], None]) -> int:
@@ -116,13 +114,9 @@ def _write_lines(messages: Iterator[Message], out: IO[bytes], progress: Callable
 
 @click.command("simulate")
 @click.option("--scenario", type=click.Choice(SCENARIOS), default="steady", show_default=True)
-@click.option(
-    "--rate", type=float, default=50.0, show_default=True, help="Requests per second of event time."
-)
+@click.option("--rate", type=float, default=50.0, show_default=True, help="Requests per second of event time.")
 @click.option("--duration", default="60", show_default=True, help="Event-time length: 90, 90s, 10m, 1h.")
-@click.option(
-    "--tenants", default=None, help=f"Comma-separated tenant ids [default: {','.join(DEFAULT_TENANTS)}]."
-)
+@click.option("--tenants", default=None, help=f"Comma-separated tenant ids [default: {','.join(DEFAULT_TENANTS)}].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed and start: same events.")
 @click.option("--start", default=None, help="Event-time start: ISO 8601 or epoch ms [default: now].")
 @click.option(
@@ -132,9 +126,7 @@ def _write_lines(messages: Iterator[Message], out: IO[bytes], progress: Callable
     show_default=True,
     help="Event time runs this many times faster than wall time while producing.",
 )
-@click.option(
-    "--as-fast-as-possible", "unpaced", is_flag=True, help="No pacing: send as fast as Kafka takes it."
-)
+@click.option("--as-fast-as-possible", "unpaced", is_flag=True, help="No pacing: send as fast as Kafka takes it.")
 @click.option(
     "--errors",
     "errors_text",
@@ -187,9 +179,7 @@ def simulate(
         progress = _Progress(start_ms, duration_s, live=False)
         sent = _write_lines(messages, out, progress.update if out.name != "<stdout>" else lambda *_: None)
         elapsed = time.perf_counter() - started
-        click.echo(
-            f"wrote {sent} events in {elapsed:.1f} s ({sent / max(elapsed, 1e-9):,.0f} events/s)", err=True
-        )
+        click.echo(f"wrote {sent} events in {elapsed:.1f} s ({sent / max(elapsed, 1e-9):,.0f} events/s)", err=True)
         return
     _produce(messages, scenario, start_ms, duration_s, None if unpaced else speedup, bootstrap, live)
 
@@ -212,8 +202,7 @@ def _produce(
     pacer = Pacer(start_ms, speedup) if speedup is not None else None
     pacing = "as fast as possible" if speedup is None else f"speedup x{speedup:g}"
     click.echo(
-        f"simulate {scenario}: {duration_s:g} s of event time -> {topic} at {settings.kafka_bootstrap} "
-        f"({pacing})"
+        f"simulate {scenario}: {duration_s:g} s of event time -> {topic} at {settings.kafka_bootstrap} ({pacing})"
     )
     progress = _Progress(start_ms, duration_s, live=live)
     context: AbstractContextManager[Any] = progress if live else nullcontext()

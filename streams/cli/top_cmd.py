@@ -38,9 +38,7 @@ def _duration_ms(text: str, name: str) -> float:
 )
 @click.option("--once", is_flag=True, help="Catch up, print one frame and exit.")
 @click.option("--duration", "duration_s", type=float, default=None, help="Stop after this many seconds.")
-@click.option(
-    "--interval", "interval_s", type=float, default=1.0, show_default=True, help="Refresh period (s)."
-)
+@click.option("--interval", "interval_s", type=float, default=1.0, show_default=True, help="Refresh period (s).")
 @click.option("--plain", is_flag=True, help="Plain-text frames even on a terminal.")
 def top(
     lookback: str,

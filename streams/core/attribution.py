@@ -60,9 +60,7 @@ def tail_attribution_row(
     eligible = [
         r
         for r in records
-        if r.get("status") == "complete"
-        and r.get("ttft_ms") is not None
-        and r.get("first_token_at") is not None
+        if r.get("status") == "complete" and r.get("ttft_ms") is not None and r.get("first_token_at") is not None
     ]
     row: dict[str, Any] = {
         "window_start": window_start,
@@ -119,14 +117,11 @@ def _weighted_shares(rows: Sequence[Mapping[str, Any]], shares: str, weight: str
     if total == 0:
         return {}
     return {
-        stage: sum(float(r[shares].get(stage, 0.0)) * int(r[weight]) for r in rows) / total
-        for stage in SHARE_STAGES
+        stage: sum(float(r[shares].get(stage, 0.0)) * int(r[weight]) for r in rows) / total for stage in SHARE_STAGES
     }
 
 
-def advice(
-    stage_p95: Mapping[str, float | None], attributions: Sequence[Mapping[str, Any]]
-) -> tuple[str, str]:
+def advice(stage_p95: Mapping[str, float | None], attributions: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     """The parent stage to cut first over a span, and why.
 
     ``stage_p95`` holds the span's stage P95s (from merged bins); ``attributions`` the span's
@@ -163,9 +158,7 @@ def advice(
         if lead in p95:
             reason += f" and has P95 {p95[lead]:.0f} ms"
             if biggest and biggest != lead:
-                reason += (
-                    f" ({biggest} has the larger P95, {p95[biggest]:.0f} ms, but weighs less in the tail)"
-                )
+                reason += f" ({biggest} has the larger P95, {p95[biggest]:.0f} ms, but weighs less in the tail)"
     if tail.get(OTHER, 0.0) > tail[choice]:
         reason += f"; the unattributed gap is {tail[OTHER]:.0%} of slow requests: instrument it"
     return choice, reason

@@ -25,9 +25,7 @@ from streams.settings import Settings
 #: Caller-supplied counts keyed by ``(tenant, version)``, or by tenant alone (booked on version ``unknown``).
 _N = TypeVar("_N", int, float)
 
-SeriesCounts: TypeAlias = (
-    Mapping[tuple[str, str], int] | Mapping[str, int] | Mapping[tuple[str, str] | str, int]
-)
+SeriesCounts: TypeAlias = Mapping[tuple[str, str], int] | Mapping[str, int] | Mapping[tuple[str, str] | str, int]
 
 
 def series_key(key: tuple[str, str] | str) -> Series:

@@ -171,9 +171,7 @@ class RequestJoin:
 
     # --- events ---------------------------------------------------------------------------------
 
-    def add(
-        self, event: StageEvent, partition: int, now_wall_ms: float, offset: int | None = None
-    ) -> list[JoinOutput]:
+    def add(self, event: StageEvent, partition: int, now_wall_ms: float, offset: int | None = None) -> list[JoinOutput]:
         """Fold one event; returns records due now (late re-emissions, amendments, evictions) and
         tenant mismatches. ``offset`` (the source offset, optional) lets a replay after a crash be told
         from a genuine duplicate: replayed events change nothing."""
@@ -215,9 +213,7 @@ class RequestJoin:
             self._push_age(pending)
         return []
 
-    def _add_new(
-        self, event: StageEvent, part: _Partition, partition: int, offset: int | None
-    ) -> list[JoinOutput]:
+    def _add_new(self, event: StageEvent, part: _Partition, partition: int, offset: int | None) -> list[JoinOutput]:
         end = event.ts_ms + (event.duration_ms or 0.0)
         wm = part.watermark
         if wm > 0.0 and end < wm - self.config.forget_after_ms:

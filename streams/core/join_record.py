@@ -143,9 +143,7 @@ def _has_stage(record: Mapping[str, Any], stage: str) -> bool:
     return stage in record["custom_stages"]
 
 
-def _merged_recall_mode(
-    stored: Mapping[str, Any], amendment: Mapping[str, Any], merged: Mapping[str, Any]
-) -> Any:
+def _merged_recall_mode(stored: Mapping[str, Any], amendment: Mapping[str, Any], merged: Mapping[str, Any]) -> Any:
     both = ("vector_recall_ms", "bm25_recall_ms")
     if all(merged[c] is not None for c in both):
         for source in (stored, amendment):

@@ -71,8 +71,7 @@ def event_key(event: StageEvent) -> int:
 
 
 _ATTR_RANKS: Final[dict[str, tuple[dict[str, int], int]]] = {
-    name: ({stage: rank for rank, stage in enumerate(owners)}, len(owners))
-    for name, owners in _ATTR_OWNERS.items()
+    name: ({stage: rank for rank, stage in enumerate(owners)}, len(owners)) for name, owners in _ATTR_OWNERS.items()
 }
 
 
@@ -261,9 +260,7 @@ class PendingRequest:
     def _fold_attrs(self, event: StageEvent, index: int, rank: EventRank) -> None:
         attrs = event.attrs
         assert attrs is not None
-        merged: list[Any] = (
-            list(self.attrs) if self.attrs is not None else [None] * _N_ATTRS + [-1] * _N_ATTRS
-        )
+        merged: list[Any] = list(self.attrs) if self.attrs is not None else [None] * _N_ATTRS + [-1] * _N_ATTRS
         changed = False
         for name in attrs.model_fields_set:  # the few attrs the event carries (each attr is independent)
             value = getattr(attrs, name)
@@ -320,9 +317,7 @@ class PendingRequest:
             fields = orjson.loads(data)
             if not isinstance(fields, list) or not fields or fields[0] != STATE_FORMAT:
                 raise ValueError("unknown format")
-            (_, partition, tenant, version, rollout, route, ident, fallback, duplicates, late, first_wm) = (
-                fields[:11]
-            )
+            (_, partition, tenant, version, rollout, route, ident, fallback, duplicates, late, first_wm) = fields[:11]
             (emitted, deadline, offset, customs, events, attrs) = fields[11:]
             pending = cls(request_id, tenant, _int(partition), _float(first_wm))
             pending.version = sys.intern(version)
@@ -338,9 +333,7 @@ class PendingRequest:
             pending.customs = tuple(sys.intern(c) for c in customs) if customs else None
             pending.attrs = tuple(attrs) if attrs else None
             pending.events = base64.b64decode(events, validate=True)
-            if len(pending.events) % EVENT_RECORD.size or (
-                pending.attrs and len(pending.attrs) != 2 * _N_ATTRS
-            ):
+            if len(pending.events) % EVENT_RECORD.size or (pending.attrs and len(pending.attrs) != 2 * _N_ATTRS):
                 raise ValueError("bad event or attr records")
             count = pending.event_count
             sources = pending.attrs[_N_ATTRS:] if pending.attrs else ()

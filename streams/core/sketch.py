@@ -91,9 +91,7 @@ class LatencySketch:
         self._log_gamma = math.log(gamma_for(self.relative_accuracy))
 
     @classmethod
-    def of(
-        cls, values: Iterable[float], relative_accuracy: float = DEFAULT_RELATIVE_ACCURACY
-    ) -> LatencySketch:
+    def of(cls, values: Iterable[float], relative_accuracy: float = DEFAULT_RELATIVE_ACCURACY) -> LatencySketch:
         sketch = cls(relative_accuracy)
         for v in values:
             sketch.add(v)

@@ -49,9 +49,7 @@ def stage_samples(records: Sequence[Record]) -> dict[str, list[tuple[int, float]
     """
     samples: dict[str, list[tuple[int, float]]] = {}
     for column in STAGE_COLUMNS:
-        samples[column[:-3]] = [
-            (i, float(v)) for i, r in enumerate(records) if (v := r.get(column)) is not None
-        ]
+        samples[column[:-3]] = [(i, float(v)) for i, r in enumerate(records) if (v := r.get(column)) is not None]
     samples[OTHER] = [(i, float(v)) for i, r in enumerate(records) if (v := r.get("other_ms")) is not None]
     customs = [(i, c) for i, r in enumerate(records) if (c := r.get("custom_stages"))]
     for name in sorted({n for _, c in customs for n in c} - RESERVED_STAGE_NAMES):

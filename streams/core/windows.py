@@ -204,9 +204,7 @@ def _bin_counts(keys: list[int | None]) -> tuple[dict[int, int], int]:
     return {k: counts[k] for k in sorted(k for k in counts if k is not None)}, zero_count
 
 
-def aggregate_windows(
-    records: Iterable[Record], settings: Settings, **kwargs: Any
-) -> dict[int, WindowAggregates]:
+def aggregate_windows(records: Iterable[Record], settings: Settings, **kwargs: Any) -> dict[int, WindowAggregates]:
     """Convenience for replays and tests: group records by ``window_start`` and aggregate each window."""
     by_window: dict[int, list[Record]] = defaultdict(list)
     for record in records:

@@ -422,9 +422,7 @@ class LocalBroker:
         assert proc is not None
         while True:
             if proc.poll() is not None:
-                raise BrokerError(
-                    f"kafka exited with code {proc.returncode} during start-up\n{self._log_tail()}"
-                )
+                raise BrokerError(f"kafka exited with code {proc.returncode} during start-up\n{self._log_tail()}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise BrokerError(f"kafka did not serve metadata within {timeout_s:.0f}s\n{self._log_tail()}")

@@ -92,9 +92,7 @@ def evaluate_canary(
             base, reason="telemetry degraded", explanation="window below the completeness floor: no verdict"
         ), False
     if not stable_versions:
-        return replace(
-            base, reason="no stable arm", explanation="no stable version has traffic for this tenant"
-        ), False
+        return replace(base, reason="no stable arm", explanation="no stable version has traffic for this tenant"), False
     naive_cmp = compare_naive(stable, canary)
     naive = judge(naive_cmp, rule, floor_ms, slo_ms)
     comparison, judgement = naive_cmp, naive
@@ -132,17 +130,10 @@ def evaluate_canary(
     return verdict, judgement.critical
 
 
-def _explain(
-    stage: str, version: str, tenant: str, j: Judgement, naive: Judgement, cmp: ArmComparison
-) -> str:
+def _explain(stage: str, version: str, tenant: str, j: Judgement, naive: Judgement, cmp: ArmComparison) -> str:
     if j.verdict == "inconclusive":
-        return (
-            f"{stage}: too few samples ({cmp.n_canary} canary, {cmp.n_stable} stable): inconclusive, "
-            f"not a pass"
-        )
-    assert (
-        j.p95_canary is not None and j.p95_stable is not None and j.ratio is not None and j.tail is not None
-    )
+        return f"{stage}: too few samples ({cmp.n_canary} canary, {cmp.n_stable} stable): inconclusive, not a pass"
+    assert j.p95_canary is not None and j.p95_stable is not None and j.ratio is not None and j.tail is not None
     head = "fails" if j.verdict == "fail" else "passes"
     tail = j.tail
     text = (

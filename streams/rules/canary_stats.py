@@ -74,9 +74,7 @@ def scaled(sketch: LatencySketch, factor: float) -> LatencySketch:
     )
 
 
-def tail_test(
-    stable: LatencySketch, canary: LatencySketch, n_stable: int, n_canary: int, q: float
-) -> TailTest:
+def tail_test(stable: LatencySketch, canary: LatencySketch, n_stable: int, n_canary: int, q: float) -> TailTest:
     """One-sided 2-proportion z-test of ``share(canary > pooled q)`` against the stable arm's share.
 
     The sketches may be scaled (reweighted); shares come from them, sample sizes from the real counts.
@@ -115,9 +113,7 @@ def compare_mix_adjusted(
     common = sorted(
         s
         for s, sk in canary_strata.items()
-        if sk.count >= rule.min_stratum_samples
-        and stable_strata.get(s) is not None
-        and stable_strata[s].count
+        if sk.count >= rule.min_stratum_samples and stable_strata.get(s) is not None and stable_strata[s].count
     )
     if not common or stable_total == 0:
         return None
@@ -181,9 +177,7 @@ def judge(
         return Judgement("inconclusive", "samples")
     ratio = p_c / p_s if p_s > 0.0 else (math.inf if p_c > 0.0 else 1.0)
     delta = p_c - p_s
-    tail = tail_test(
-        comparison.stable, comparison.canary, comparison.n_stable, comparison.n_canary, rule.tail_quantile
-    )
+    tail = tail_test(comparison.stable, comparison.canary, comparison.n_stable, comparison.n_canary, rule.tail_quantile)
 
     def outcome(verdict: VerdictValue, reason: str, critical: bool = False) -> Judgement:
         return Judgement(verdict, reason, critical, p_c, p_s, ratio, delta, tail)

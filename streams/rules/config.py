@@ -50,9 +50,7 @@ class StageRegressionRule(_Rule):
     min_recent_samples: int = Field(400, gt=0, description="Samples needed in the short span.")
     min_baseline_samples: int = Field(2_000, gt=0)
     ratio: float = Field(1.25, gt=1.0)
-    page_ratio: float = Field(
-        1.5, gt=1.0, description="Short-span ratio at pending time that makes it a page."
-    )
+    page_ratio: float = Field(1.5, gt=1.0, description="Short-span ratio at pending time that makes it a page.")
     recovery_ratio: float = Field(1.10, gt=0.0)
     for_windows: int = Field(2, gt=0)
     resolve_windows: int = Field(1, gt=0)
@@ -66,9 +64,7 @@ class StageRegressionRule(_Rule):
         if self.short_windows > self.long_windows:
             raise ValueError("short_windows must not exceed long_windows")
         if self.exclude_recent_windows < self.long_windows:
-            raise ValueError(
-                "exclude_recent_windows must cover long_windows, or the baseline absorbs the change"
-            )
+            raise ValueError("exclude_recent_windows must cover long_windows, or the baseline absorbs the change")
         return self
 
 
@@ -184,9 +180,7 @@ class RulesConfig(BaseModel):
         default_factory=lambda: dict(DEFAULT_STAGE_FLOOR_MS),
         description="Per stage; a tenant's tenants.<id>.stage_floor_ms overrides it.",
     )
-    stale_windows: int = Field(
-        10, gt=0, description="An alert whose series has had no data this long resolves."
-    )
+    stale_windows: int = Field(10, gt=0, description="An alert whose series has had no data this long resolves.")
     stage_regression: StageRegressionRule = StageRegressionRule()
     canary: CanaryRule = CanaryRule()
     draft_acceptance: DraftAcceptanceRule = DraftAcceptanceRule()

@@ -48,15 +48,11 @@ class RuleEngine:
         reg = config.stage_regression
         self._tracked_stages = set(reg.stages) | {sub for s in reg.stages for sub in SUB_STAGES_OF.get(s, ())}
         self.alerts = AlertBook(config.runbook_base_url)
-        self._stages: StageHistory = WindowHistory(
-            self.window_ms, reg.baseline_windows + reg.exclude_recent_windows
-        )
+        self._stages: StageHistory = WindowHistory(self.window_ms, reg.baseline_windows + reg.exclude_recent_windows)
         self._baselines = Baselines(self._stages, reg, self.window_ms, self._accuracy)
         self._arms: ArmHistory = WindowHistory(self.window_ms, config.canary.span_windows)
         self._strata: StrataHistory = WindowHistory(self.window_ms, config.canary.span_windows)
-        self._burn: BurnHistory = WindowHistory(
-            self.window_ms, max(p.long_windows for p in config.slo_burn.pairs)
-        )
+        self._burn: BurnHistory = WindowHistory(self.window_ms, max(p.long_windows for p in config.slo_burn.pairs))
         self._series_seen: dict[AlertKey, float] = {}
         self._tenant_seen: dict[str, float] = {}
         self._last_window: float | None = None
@@ -72,9 +68,7 @@ class RuleEngine:
             if key is None:
                 continue
             restored += 1
-            self._series_seen[key] = max(
-                self._series_seen.get(key, transition.window_start), transition.window_start
-            )
+            self._series_seen[key] = max(self._series_seen.get(key, transition.window_start), transition.window_start)
             if key[0] == "TTFTTenantSilent" and key[1] not in self._tenant_seen:
                 silent_for = self.config.tenant_silence.silent_windows * self.window_ms
                 self._tenant_seen[key[1]] = (transition.fired_at or transition.active_at) - silent_for
@@ -176,9 +170,7 @@ class RuleEngine:
             )
         return degraded
 
-    def _regression(
-        self, now: float, snap: WindowSnapshot, degraded: set[str], out: WindowEvaluation
-    ) -> None:
+    def _regression(self, now: float, snap: WindowSnapshot, degraded: set[str], out: WindowEvaluation) -> None:
         rule = self.config.stage_regression
         if not rule.enabled:
             return
@@ -342,9 +334,7 @@ class RuleEngine:
                 del self._tenant_seen[tenant]
                 if self.alerts.get(key) is not None:
                     out.transitions.append(
-                        self.alerts.resolve(
-                            key, now, f"tenant {tenant} silent for {silent} windows: forgotten"
-                        )
+                        self.alerts.resolve(key, now, f"tenant {tenant} silent for {silent} windows: forgotten")
                     )
                 continue
             signal: Signal = "clear" if silent == 0 else "breach" if silent >= rule.silent_windows else "hold"
@@ -377,9 +367,7 @@ class RuleEngine:
                 continue
             if self._series_seen.get(key, now) <= horizon:
                 out.transitions.append(
-                    self.alerts.resolve(
-                        key, now, f"no data for {self.config.stale_windows} windows: resolved"
-                    )
+                    self.alerts.resolve(key, now, f"no data for {self.config.stale_windows} windows: resolved")
                 )
         for key in [k for k, seen in self._series_seen.items() if seen <= horizon]:
             del self._series_seen[key]

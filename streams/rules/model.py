@@ -264,9 +264,7 @@ def ingest_halted_transition(
         alertname="TTFTIngestHalted",
         labels={"alertname": "TTFTIngestHalted", "severity": "page"},
         annotations={
-            "summary": "Ingestion halted by the dead-letter guard"
-            if state == "firing"
-            else "Ingestion resumed",
+            "summary": "Ingestion halted by the dead-letter guard" if state == "firing" else "Ingestion resumed",
             "description": detail or "the share of dead-lettered events exceeded caps.halt_dead_letter_share",
             "runbook_url": f"{runbook_base_url.rstrip('#')}#ttftingesthalted",
         },

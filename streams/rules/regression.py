@@ -62,9 +62,7 @@ class RegressionCheck:
     numbers: dict[str, float] | None = None
 
 
-def _span(
-    history: StageHistory, key: tuple[str, str], first: float, last: float, accuracy: float
-) -> LatencySketch:
+def _span(history: StageHistory, key: tuple[str, str], first: float, last: float, accuracy: float) -> LatencySketch:
     return merge_sketches((sk for sk, degraded in history.span(key, first, last) if not degraded), accuracy)
 
 

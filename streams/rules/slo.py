@@ -74,9 +74,7 @@ def check_burn(
     if judged == 0:
         return BurnCheck("insufficient_history", "hold", description="too little history to judge burn rates")
     if not burning:
-        return BurnCheck(
-            "ok", "clear", numbers=numbers, description=f"tenant {tenant} within its error budget"
-        )
+        return BurnCheck("ok", "clear", numbers=numbers, description=f"tenant {tenant} within its error budget")
     severity = "page" if "page" in severities else "ticket"
     description = (
         f"tenant {tenant} burns its TTFT SLO ({slo_target:.2%} of requests within {slo_ms:.0f} ms; timed-out "

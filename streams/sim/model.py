@@ -138,9 +138,7 @@ def _draft_accept_rate(rng: random.Random, profile: RequestProfile) -> float:
     return round(rng.betavariate(profile.draft_accept_mean * c, (1.0 - profile.draft_accept_mean) * c), 3)
 
 
-def _llm_attempt_ms(
-    rng: random.Random, profile: RequestProfile, uncached_tokens: int, factor: float
-) -> float:
+def _llm_attempt_ms(rng: random.Random, profile: RequestProfile, uncached_tokens: int, factor: float) -> float:
     prefill = profile.llm_base_ms + profile.llm_per_1k_uncached_ms * uncached_tokens / 1000.0
     return _round(prefill * math.exp(profile.llm_sigma * rng.gauss(0.0, 1.0)) * factor)
 
@@ -165,9 +163,7 @@ class _Request:
         self.labels["route"] = "fast" if fast else "main"
         self.labels["fallback_level"] = 2 if u < level2 else 1 if u < level1 + level2 else 0
 
-    def emit(
-        self, stage: str, ts: float, duration: float | None, attrs: dict[str, Any], attempt: int = 1
-    ) -> None:
+    def emit(self, stage: str, ts: float, duration: float | None, attrs: dict[str, Any], attempt: int = 1) -> None:
         # One dict literal per event: this is the simulator's hottest function.
         rid = self.request_id
         tenant = self.profile.tenant_id
@@ -196,14 +192,9 @@ class _Request:
         attrs: dict[str, Any] = {"retrieval_cache_hit": False}
         if rng.random() < profile.retrieval_cache_hit_rate:
             attrs["retrieval_cache_hit"] = True
-            end = (
-                start
-                + profile.retrieval_cache_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * self.shared
-            )
+            end = start + profile.retrieval_cache_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * self.shared
         else:
-            vector = _round(
-                profile.vector_recall_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * slow
-            )
+            vector = _round(profile.vector_recall_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * slow)
             bm25 = _round(profile.bm25_recall_ms * math.exp(profile.recall_sigma * gauss(0.0, 1.0)) * slow)
             v_start = start + 0.2
             b_start = start + 0.3 if profile.recall_mode == "parallel" else v_start + vector + _gap(rng, 0.3)
@@ -226,9 +217,7 @@ class _Request:
     def prompt_assemble(self, start: float) -> tuple[float, dict[str, Any]]:
         """Assembly; a prefix-cache hit makes it (and the LLM prefill) cheaper. Returns end and attrs."""
         profile, rng = self.profile, self.rng
-        tokens = int(
-            profile.prompt_tokens_median * math.exp(profile.prompt_tokens_sigma * rng.gauss(0.0, 1.0))
-        )
+        tokens = int(profile.prompt_tokens_median * math.exp(profile.prompt_tokens_sigma * rng.gauss(0.0, 1.0)))
         tokens = min(max(tokens, 120), 64_000)
         cache_hit = rng.random() < prompt_cache_hit_probability(profile, tokens)
         cached = (int(tokens * (0.75 if profile.stable_prefix else 0.4)) // 128) * 128 if cache_hit else 0

@@ -142,13 +142,9 @@ class ProfileBook:
             for t_index, tenant in enumerate(self.tenants):
                 self._book[(p_index, t_index, False)] = self._label(phase, phase.base, tenant, t_index, False)
                 if phase.canary is not None:
-                    self._book[(p_index, t_index, True)] = self._label(
-                        phase, phase.canary, tenant, t_index, True
-                    )
+                    self._book[(p_index, t_index, True)] = self._label(phase, phase.canary, tenant, t_index, True)
 
-    def _label(
-        self, phase: Phase, profile: RequestProfile, tenant: str, t_index: int, canary: bool
-    ) -> RequestProfile:
+    def _label(self, phase: Phase, profile: RequestProfile, tenant: str, t_index: int, canary: bool) -> RequestProfile:
         gray = phase.canary is not None
         version = CANARY_VERSION if canary else tenant_version(self.tenants, t_index)
         slowdown = phase.incident_slowdown if t_index == 0 else 1.0

@@ -32,8 +32,7 @@ def table_columns(client: Client, database: str, table: str) -> list[str]:
     cols = _columns_cache.get(key)
     if cols is None:
         result = client.query(
-            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} "
-            "ORDER BY position",
+            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",
             parameters={"db": database, "t": table},
         )
         cols = [str(r[0]) for r in result.result_rows]
@@ -59,9 +58,7 @@ def insert_rows(client: Client, database: str, table: str, rows: Sequence[Mappin
     client.insert(table, data, column_names=columns, database=db, settings=SYNC_INSERT)
 
 
-def insert_window_aggregates(
-    client: Client, database: str, tables: Mapping[str, Sequence[Mapping[str, Any]]]
-) -> None:
+def insert_window_aggregates(client: Client, database: str, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
     """Insert every table's rows of one or more windows."""
     for table in AGGREGATE_TABLES:
         insert_rows(client, database, table, tables.get(table, ()))

@@ -68,9 +68,7 @@ def make_client(settings: Settings, *, shared: bool = True) -> Client:
         return _chdb_client(url, shared=shared)
     if scheme in _DEFAULT_PORTS:
         return _http_client(settings, url)
-    raise StoreConfigError(
-        f"unsupported ClickHouse URL {redact_url(url)!r}: use chdb:///DIR or http(s)://HOST"
-    )
+    raise StoreConfigError(f"unsupported ClickHouse URL {redact_url(url)!r}: use chdb:///DIR or http(s)://HOST")
 
 
 def chdb_path(url: str) -> str:
@@ -110,9 +108,7 @@ def _http_client(settings: Settings, url: str) -> Client:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if parts.path not in ("", "/"):
-        raise StoreConfigError(
-            f"{redact_url(url)}: put the database in TTFT_CLICKHOUSE_DATABASE, not in the URL path"
-        )
+        raise StoreConfigError(f"{redact_url(url)}: put the database in TTFT_CLICKHOUSE_DATABASE, not in the URL path")
     if not parts.hostname:
         raise StoreConfigError(f"{redact_url(url)}: no host")
     username = settings.clickhouse_user or (unquote(parts.username) if parts.username else "default")

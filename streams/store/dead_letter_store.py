@@ -88,8 +88,7 @@ def fetch_dead_letters(client: Client, database: str) -> list[dict[str, Any]]:
         for c in DEAD_LETTER_COLUMNS
     )
     result = client.query(
-        f"SELECT {select} FROM {db}.dead_letters FINAL"
-        " ORDER BY source_topic, source_partition, source_offset",
+        f"SELECT {select} FROM {db}.dead_letters FINAL ORDER BY source_topic, source_partition, source_offset",
         column_formats={"original": "bytes"},
     )
     return [dict(zip(DEAD_LETTER_COLUMNS, row, strict=True)) for row in result.result_rows]

@@ -98,9 +98,7 @@ def applied_versions(client: Client, database: str) -> dict[str, str]:
     """Version -> checksum of the migrations already applied to ``database`` (empty if none)."""
     db = check_identifier(database)
     _ensure_ledger(client, db)
-    result = client.query(
-        f"SELECT version, argMax(checksum, applied_at) FROM {db}.schema_migrations GROUP BY version"
-    )
+    result = client.query(f"SELECT version, argMax(checksum, applied_at) FROM {db}.schema_migrations GROUP BY version")
     return {str(version): str(checksum) for version, checksum in result.result_rows}
 
 

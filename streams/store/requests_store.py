@@ -158,9 +158,7 @@ def final_read_settings(client: Client) -> dict[str, Any]:
     return {"use_skip_indexes_if_final": 0}
 
 
-def _query_records(
-    client: Client, sql: str, parameters: dict[str, Any]
-) -> list[tuple[dict[str, Any], list[str]]]:
+def _query_records(client: Client, sql: str, parameters: dict[str, Any]) -> list[tuple[dict[str, Any], list[str]]]:
     result = client.query(sql, parameters=parameters, settings=final_read_settings(client))
     return [_record(row) for row in result.result_rows]
 
@@ -189,9 +187,7 @@ def fetch_request(client: Client, database: str, request_id: str) -> dict[str, A
     return fetch_requests(client, database, [request_id]).get(request_id)
 
 
-def fetch_records_between(
-    client: Client, database: str, start_ms: float, end_ms: float
-) -> list[dict[str, Any]]:
+def fetch_records_between(client: Client, database: str, start_ms: float, end_ms: float) -> list[dict[str, Any]]:
     """Records (all tenants) whose ``window_start`` lies in ``[start_ms, end_ms)``, ordered by request id."""
     db = check_identifier(database)
     sql = (
@@ -204,9 +200,7 @@ def fetch_records_between(
     return [record for record, _ in _query_records(client, sql, params)]
 
 
-def fetch_window_records(
-    client: Client, database: str, window_start_ms: float, window_ms: int
-) -> list[dict[str, Any]]:
+def fetch_window_records(client: Client, database: str, window_start_ms: float, window_ms: int) -> list[dict[str, Any]]:
     """Records (all tenants) of the window starting at ``window_start_ms`` and lasting ``window_ms``."""
     return fetch_records_between(client, database, window_start_ms, window_start_ms + window_ms)
 

@@ -57,10 +57,7 @@ def quantile_sql(
     key = "toInt64(ks_[arrayFirstIndex(c_ -> z_ + c_ > r_, arrayCumSum(arrayMap(x_ -> m_[x_], ks_)))])"
     value = f"2 * {_power('g_', 'k_')} / (g_ + 1)"
     pick = f"arrayMap(k_ -> {value}, [{key}])[1]"
-    ranked = (
-        "arrayMap(r_ -> if(r_ < z_, toFloat64(0), " + pick + "), "
-        "[toInt64(floor(q_ * (toFloat64(n_) - 1)))])[1]"
-    )
+    ranked = "arrayMap(r_ -> if(r_ < z_, toFloat64(0), " + pick + "), [toInt64(floor(q_ * (toFloat64(n_) - 1)))])[1]"
     per_sketch = (
         f"arrayMap((ks_, n_, g_) -> if(n_ = 0, NULL, {ranked}), "
         "[arraySort(mapKeys(m_))], [z_ + arraySum(mapValues(m_))], [(1 + a_) / (1 - a_)])[1]"
@@ -94,8 +91,7 @@ def rollup_sql(database: str, *, use_udf: bool = False) -> str:
     """
     quantile = quantile_udf_sql if use_udf else quantile_sql
     levels = ",\n       ".join(
-        f"{quantile('sumMap(bins)', 'sum(zero_count)', q, 'any(relative_accuracy)')} AS {name}"
-        for name, q in LEVELS
+        f"{quantile('sumMap(bins)', 'sum(zero_count)', q, 'any(relative_accuracy)')} AS {name}" for name, q in LEVELS
     )
     return (
         "SELECT tenant_id, version_id, stage, sum(count) AS requests,\n"

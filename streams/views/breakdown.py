@@ -254,11 +254,7 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
     slo = bd.slo_bad_share
     console.print(
         f"TTFT P95 [bold]{fmt_ms(bd.ttft_p95)}[/] vs SLO {fmt_ms(bd.slo_ms)}"
-        + (
-            f": {fmt_share(slo)} of requests SLO-bad (timed-out and orphan ones included)"
-            if slo is not None
-            else ""
-        ),
+        + (f": {fmt_share(slo)} of requests SLO-bad (timed-out and orphan ones included)" if slo is not None else ""),
         highlight=False,
     )
     console.print(sum_vs_true(bd), highlight=False)
@@ -285,9 +281,7 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
         highlight=False,
     )
     sig = bd.signals
-    draft = ", ".join(
-        f"{v} P50 {p50:.2f}" for v, (p50, _p10, _ws) in sig.draft_accept.items() if p50 is not None
-    )
+    draft = ", ".join(f"{v} P50 {p50:.2f}" for v, (p50, _p10, _ws) in sig.draft_accept.items() if p50 is not None)
     console.print(
         f"LLM signals: prompt-cache hit rate {fmt_share(sig.prompt_cache_hit_rate)}, "
         "prompts below the cacheable "
@@ -298,9 +292,7 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
         console.print(f"[dim]note: {note}[/]")
     if bd.cut_first:
         console.print(
-            Text.assemble(
-                ("→ cut ", "bold green"), (bd.cut_first, "bold green"), (" first: ", "bold green"), bd.reason
-            )
+            Text.assemble(("→ cut ", "bold green"), (bd.cut_first, "bold green"), (" first: ", "bold green"), bd.reason)
         )
     else:
         console.print(f"→ no advice: {bd.reason}")

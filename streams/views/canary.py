@@ -70,9 +70,7 @@ class CanaryComparison:
         return {
             "tenant": self.tenant,
             "arms": self.arms,
-            "stages": {
-                arm: {s: st.to_json() for s, st in stats.items()} for arm, stats in self.stages.items()
-            },
+            "stages": {arm: {s: st.to_json() for s, st in stats.items()} for arm, stats in self.stages.items()},
             "ratios": {s: self.ratio(s) for s in self.stages.get("canary", {})},
             "verdicts": self.verdicts,
         }
@@ -86,9 +84,7 @@ def compare_arms(
 ) -> CanaryComparison:
     """Merge a tenant's per-version ``stage_windows`` rows into arms; keep the newest verdict per key."""
     stages = {
-        arm: stage_stats(
-            r for r in stage_rows if r["tenant_id"] == tenant and arms.get(str(r["version_id"])) == arm
-        )
+        arm: stage_stats(r for r in stage_rows if r["tenant_id"] == tenant and arms.get(str(r["version_id"])) == arm)
         for arm in ("stable", "canary")
     }
     latest: dict[tuple[str, str], dict[str, Any]] = {}

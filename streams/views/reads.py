@@ -43,8 +43,7 @@ def _bucket(bucket_ms: int | None) -> str:
     if bucket_ms is None:
         return "{start:Int64}"
     return (
-        "{start:Int64} + intDiv(toUnixTimestamp64Milli(window_start) - {start:Int64}, {bucket:Int64}) "
-        "* {bucket:Int64}"
+        "{start:Int64} + intDiv(toUnixTimestamp64Milli(window_start) - {start:Int64}, {bucket:Int64}) * {bucket:Int64}"
     )
 
 
@@ -72,10 +71,7 @@ def newest_window_start(client: Client, database: str, tenant: str | None = None
 
 def tenants_in_span(client: Client, database: str, span: Span) -> list[str]:
     """Tenants with ``stage_windows`` rows in the span, sorted."""
-    sql = (
-        f"SELECT DISTINCT tenant_id FROM {check_identifier(database)}.stage_windows "
-        f"WHERE {_SPAN} ORDER BY tenant_id"
-    )
+    sql = f"SELECT DISTINCT tenant_id FROM {check_identifier(database)}.stage_windows WHERE {_SPAN} ORDER BY tenant_id"
     return [str(r["tenant_id"]) for r in _named(client, sql, _params(span, None))]
 
 
@@ -181,9 +177,7 @@ def signal_rows(
     return _named(client, sql, _params(span, tenant, version))
 
 
-def version_rollouts(
-    client: Client, database: str, span: Span, tenant: str | None = None
-) -> list[dict[str, Any]]:
+def version_rollouts(client: Client, database: str, span: Span, tenant: str | None = None) -> list[dict[str, Any]]:
     """Per tenant x version in ``requests``: how many records were served as ``canary`` / ``stable``."""
     sql = (
         "SELECT tenant_id, version_id, countIf(rollout = 'canary') AS canary, "
@@ -194,9 +188,7 @@ def version_rollouts(
     return _named(client, sql, _params(span, tenant), settings=final_read_settings(client))
 
 
-def canary_verdict_rows(
-    client: Client, database: str, span: Span, tenant: str | None = None
-) -> list[dict[str, Any]]:
+def canary_verdict_rows(client: Client, database: str, span: Span, tenant: str | None = None) -> list[dict[str, Any]]:
     """``canary_verdicts`` of the span, oldest first (empty when the table does not exist)."""
     if not table_exists(client, database, "canary_verdicts"):
         return []

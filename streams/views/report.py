@@ -77,9 +77,7 @@ def alert_spans(rows: Sequence[dict[str, Any]], span: Span) -> list[AlertSpan]:
             muted=bool(last.get("muted")),
             summary=str(dict(last.get("annotations") or {}).get("summary", "")),
         )
-        if episode.active_at < span.end_ms and (
-            episode.resolved_at is None or episode.resolved_at >= span.start_ms
-        ):
+        if episode.active_at < span.end_ms and (episode.resolved_at is None or episode.resolved_at >= span.start_ms):
             out.append(episode)
     return sorted(out, key=lambda a: (a.active_at, a.label))
 

@@ -102,9 +102,7 @@ def chart_p95_over_time(
                     marker="o" if len(points) < 30 else None,
                     ms=3,
                 )
-        ax.axhline(
-            slo_ms[tenant], color=SLO_COLOR, ls="--", lw=1.2, label=f"TTFT SLO {slo_ms[tenant]:,.0f} ms"
-        )
+        ax.axhline(slo_ms[tenant], color=SLO_COLOR, ls="--", lw=1.2, label=f"TTFT SLO {slo_ms[tenant]:,.0f} ms")
         ax.set_title(f"{tenant}: P95 per {bucket_ms // 1000} s bucket (merged sketches)", loc="left")
         ax.yaxis.set_major_formatter(_MS)
         ax.set_ylim(bottom=0)
@@ -126,9 +124,7 @@ def chart_breakdown(path: Path, breakdowns: Sequence[Breakdown]) -> None:
         n = len(bd.stages)
         rows = list(range(n + 2))  # y positions, top to bottom after invert_yaxis
         values = [s.p95 or 0.0 for s in bd.stages]
-        bars = ax.barh(
-            rows[:n], values, color=[COLORS.get(s.stage, "#bcbd22") for s in bd.stages], height=0.65
-        )
+        bars = ax.barh(rows[:n], values, color=[COLORS.get(s.stage, "#bcbd22") for s in bd.stages], height=0.65)
         ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=8)
         left = 0.0
         for s in bd.stages:
@@ -176,9 +172,7 @@ def chart_tail(path: Path, breakdowns: Sequence[Breakdown]) -> None:
         x = range(len(stages))
         band = [bd.tail.band_share.get(s, 0.0) for s in stages]
         tail = [bd.tail.tail_share.get(s, 0.0) for s in stages]
-        b1 = ax.bar(
-            [i - 0.2 for i in x], band, width=0.4, color="#9ecae1", label="typical requests (P40-P60)"
-        )
+        b1 = ax.bar([i - 0.2 for i in x], band, width=0.4, color="#9ecae1", label="typical requests (P40-P60)")
         b2 = ax.bar([i + 0.2 for i in x], tail, width=0.4, color="#08519c", label="slowest 5 %")
         ax.bar_label(b1, labels=[f"{v:.0%}" for v in band], fontsize=8, padding=2)
         ax.bar_label(b2, labels=[f"{v:.0%}" for v in tail], fontsize=8, padding=2)
@@ -187,8 +181,7 @@ def chart_tail(path: Path, breakdowns: Sequence[Breakdown]) -> None:
         ax.set_ylim(0, max([*band, *tail, 0.1]) * 1.2)
         ax.set_ylabel("share of TTFT")
         ax.set_title(
-            f"{bd.tenant}: biggest P95 {bd.tail.biggest_p95_stage}, tail-dominant "
-            f"{bd.tail.tail_dominant_stage}",
+            f"{bd.tenant}: biggest P95 {bd.tail.biggest_p95_stage}, tail-dominant {bd.tail.tail_dominant_stage}",
             loc="left",
         )
         ax.legend(fontsize=8, loc="upper left")
@@ -225,9 +218,7 @@ def chart_canary(path: Path, comparisons: Sequence[CanaryComparison], slo_ms: di
             label=f"canary ({', '.join(comp.versions('canary'))})",
         )
         ratios = [comp.ratio(s) for s in stages]
-        ax.bar_label(
-            bars, labels=["" if r is None else f"{r - 1:+.0%}" for r in ratios], fontsize=8, padding=2
-        )
+        ax.bar_label(bars, labels=["" if r is None else f"{r - 1:+.0%}" for r in ratios], fontsize=8, padding=2)
         ax.axhline(
             slo_ms[comp.tenant],
             color=SLO_COLOR,
@@ -268,9 +259,7 @@ def chart_alerts(path: Path, alerts: Sequence[Any], start_ms: float, end_ms: flo
             hatch=hatch,
         )
         if a.fired_at is not None and a.fired_at < end:
-            ax.barh(
-                i, num(end) - num(a.fired_at), left=num(a.fired_at), color="#d62728", height=0.6, hatch=hatch
-            )
+            ax.barh(i, num(end) - num(a.fired_at), left=num(a.fired_at), color="#d62728", height=0.6, hatch=hatch)
     ax.set_yticks(range(len(shown)), [a.label for a in shown], fontsize=8)
     ax.invert_yaxis()
     ax.grid(True, axis="x", alpha=0.3)

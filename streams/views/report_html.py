@@ -65,17 +65,13 @@ def _stage_table(bd: Breakdown) -> str:
             f"<td>{fmt_ms(s.p99)}</td><td>{s.count:,}</td></tr>"
         )
     return (
-        "<table><tr><th>stage</th><th>P50</th><th>P95</th><th>P99</th><th>count</th></tr>"
-        + "".join(rows)
-        + "</table>"
+        "<table><tr><th>stage</th><th>P50</th><th>P95</th><th>P99</th><th>count</th></tr>" + "".join(rows) + "</table>"
     )
 
 
 def _tenant_section(bd: Breakdown) -> str:
     c, t = bd.completeness, bd.tail
-    exemplars = ", ".join(
-        escape(rid) + (f" ({fmt_ms(ms)})" if ms is not None else "") for rid, ms in t.exemplars
-    )
+    exemplars = ", ".join(escape(rid) + (f" ({fmt_ms(ms)})" if ms is not None else "") for rid, ms in t.exemplars)
     return (
         f"<h3>{escape(str(bd.tenant))}</h3>{_stage_table(bd)}"
         f"<p>{escape(sum_vs_true(bd))}</p>"
@@ -146,8 +142,7 @@ def render_html(data: ReportData) -> str:
     def figure(name: str) -> str:
         title, caption = charts[name]
         return (
-            f'<h2>{escape(title)}</h2><p class="note">{escape(caption)}</p>'
-            f'<img src="{name}" alt="{escape(title)}">'
+            f'<h2>{escape(title)}</h2><p class="note">{escape(caption)}</p><img src="{name}" alt="{escape(title)}">'
             if name in data.charts
             else ""
         )

@@ -67,9 +67,7 @@ class ActiveAlert:
 
     def describe(self) -> str:
         labels = " ".join(f"{k}={v}" for k, v in self.labels.items() if k not in ("alertname", "tenant"))
-        return f"{self.state.upper()} {self.alertname} {labels}".strip() + (
-            f": {self.summary}" if self.summary else ""
-        )
+        return f"{self.state.upper()} {self.alertname} {labels}".strip() + (f": {self.summary}" if self.summary else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +213,7 @@ class TopModel:
             | {k[0] for k in self.health}
             | {a.labels["tenant"] for a in alerts if "tenant" in a.labels}
         )
-        panels = [
-            self._panel(t, slo_ms(t), [a for a in alerts if a.labels.get("tenant") == t]) for t in tenants
-        ]
+        panels = [self._panel(t, slo_ms(t), [a for a in alerts if a.labels.get("tenant") == t]) for t in tenants]
         first = self._first_window()
         return TopFrame(
             span_start_ms=first,
@@ -298,9 +294,7 @@ def render_panel(panel: TenantPanel, ascii_only: bool = False) -> RenderableType
             f"n={panel.ttft.count:,}",
         )
     c = panel.completeness
-    draft = ", ".join(
-        f"{v} {p50:.2f}" for v, (p50, _p10, _ws) in panel.draft_accept.items() if p50 is not None
-    )
+    draft = ", ".join(f"{v} {p50:.2f}" for v, (p50, _p10, _ws) in panel.draft_accept.items() if p50 is not None)
     facts = Text(
         f"biggest P95: {panel.biggest_p95_stage or '-'}   tail-dominant: {panel.tail_dominant_stage or '-'}\n"
         f"cache hit rate {fmt_share(panel.cache_hit_rate)}   draft acceptance P50 {draft or '-'}\n"
@@ -308,21 +302,16 @@ def render_panel(panel: TenantPanel, ascii_only: bool = False) -> RenderableType
         f"{fmt_share(c.share('timed_out'))}, orphan {fmt_share(c.share('orphan'))}, missing stage "
         f"{fmt_share(c.share('missing_stage'))}, dead letters {c.dead_letters:,})"
     )
-    alert_lines = [
-        Text(a.describe(), style="bold red" if a.state == "firing" else "yellow") for a in panel.alerts
-    ]
+    alert_lines = [Text(a.describe(), style="bold red" if a.state == "firing" else "yellow") for a in panel.alerts]
     body = Group(head, bars, facts, *(alert_lines or [Text("no active alerts", style="dim")]))
-    return Panel(
-        body, title=f"[bold]{panel.tenant}[/]", title_align="left", border_style="red" if over else "blue"
-    )
+    return Panel(body, title=f"[bold]{panel.tenant}[/]", title_align="left", border_style="red" if over else "blue")
 
 
 def render_frame(frame: TopFrame, ascii_only: bool = False) -> RenderableType:
     """The whole frame as one rich renderable."""
     header = Text(
         f"ttft top · event time {_clock(frame.span_start_ms)} → {_clock(frame.span_end_ms)} UTC · "
-        f"{frame.messages:,} messages"
-        + (f" ({frame.bad_messages} undecodable)" if frame.bad_messages else ""),
+        f"{frame.messages:,} messages" + (f" ({frame.bad_messages} undecodable)" if frame.bad_messages else ""),
         style="bold",
     )
     parts: list[RenderableType] = [header]
@@ -335,8 +324,6 @@ def render_frame(frame: TopFrame, ascii_only: bool = False) -> RenderableType:
 
 def frame_text(frame: TopFrame, width: int = 110) -> str:
     """The frame as plain text (no colours, ASCII bars): for pipes, CI logs and tests."""
-    console = Console(
-        file=io.StringIO(), width=width, color_system=None, force_terminal=False, highlight=False
-    )
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False, highlight=False)
     console.print(render_frame(frame, ascii_only=True))
     return console.file.getvalue()  # type: ignore[attr-defined,no-any-return]

@@ -58,9 +58,7 @@ class TopicFeed:
     async def start(self) -> None:
         """Connect, assign all partitions and seek to the start; raises if a topic does not exist."""
         self._tps = await _partitions(self.settings, list(self._kinds))
-        consumer = AIOKafkaConsumer(
-            group_id=None, enable_auto_commit=False, **kafka_client_kwargs(self.settings)
-        )
+        consumer = AIOKafkaConsumer(group_id=None, enable_auto_commit=False, **kafka_client_kwargs(self.settings))
         await consumer.start()
         self._consumer = consumer
         consumer.assign(self._tps)

@@ -91,9 +91,7 @@ class Pipeline:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not worker.alive():
-                raise AssertionError(
-                    f"{worker.role} exited rc={worker.proc.returncode}:\n{worker.log()[-4000:]}"
-                )
+                raise AssertionError(f"{worker.role} exited rc={worker.proc.returncode}:\n{worker.log()[-4000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/healthz", timeout=1) as resp:
                     body = json.loads(resp.read())
@@ -164,9 +162,7 @@ def pipeline_env(settings: Any, home: Path, **extra: str) -> dict[str, str]:
 
 
 async def produce(bootstrap: str, topic: str, messages: Iterable[tuple[bytes | None, bytes]]) -> int:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024, acks="all"
-    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024, acks="all")
     await producer.start()
     n = 0
     try:
@@ -199,9 +195,7 @@ async def _group_lag(bootstrap: str, group: str, topics: Sequence[str]) -> int:
     try:
         committed = await admin.list_consumer_group_offsets(group)
         described = await admin.describe_topics(list(topics))
-        tps = [
-            TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]
-        ]
+        tps = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
         if len(tps) < len(topics):
             raise OSError(f"topic metadata incomplete for {topics}")
         ends = await consumer.end_offsets(tps)

@@ -98,9 +98,7 @@ def build_traffic(
             "status": status,
             "missing_stages": missing,
             "retrieval_ms": present["retrieval"]["duration_ms"] if "retrieval" in present else None,
-            "prompt_assemble_ms": present["prompt_assemble"]["duration_ms"]
-            if "prompt_assemble" in present
-            else None,
+            "prompt_assemble_ms": present["prompt_assemble"]["duration_ms"] if "prompt_assemble" in present else None,
             "llm_ttft_ms": present["llm_ttft"]["duration_ms"] if "llm_ttft" in present else None,
             "vector_recall_ms": vector,
             "bm25_recall_ms": bm25,

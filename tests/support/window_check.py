@@ -37,8 +37,7 @@ def main() -> None:
     db = settings.clickhouse_database
     cols = ", ".join(COLUMNS.values())
     rows = client.query(
-        f"SELECT toUnixTimestamp64Milli(window_start), tenant_id, version_id, status, {cols} "
-        f"FROM {db}.requests FINAL"
+        f"SELECT toUnixTimestamp64Milli(window_start), tenant_id, version_id, status, {cols} FROM {db}.requests FINAL"
     ).result_rows
     values: dict[tuple[int, str, str, str], list[float]] = defaultdict(list)
     hourly: dict[tuple[int, str, str, str], list[float]] = defaultdict(list)

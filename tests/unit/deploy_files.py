@@ -64,9 +64,7 @@ def service_env(service: dict[str, Any]) -> dict[str, str]:
 def bind_mounts(service: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(source, target) of every bind mount; named volumes are skipped."""
     for volume in service.get("volumes", []):
-        source, target = (
-            (volume["source"], volume["target"]) if isinstance(volume, dict) else volume.split(":")[:2]
-        )
+        source, target = (volume["source"], volume["target"]) if isinstance(volume, dict) else volume.split(":")[:2]
         if source.startswith((".", "/")):
             yield source, target
 

@@ -73,9 +73,7 @@ def test_tail_is_above_the_exact_p95_and_band_is_40_to_60() -> None:
     assert row["ttft_p95"] == p95
     assert row["tail_count"] == int((ttfts > p95).sum())
     assert row["band_count"] == int(((ttfts >= low) & (ttfts <= high)).sum())
-    assert row["stage_p95"]["llm_ttft"] == float(
-        np.quantile([r["llm_ttft_ms"] for r in records], 0.95, method="lower")
-    )
+    assert row["stage_p95"]["llm_ttft"] == float(np.quantile([r["llm_ttft_ms"] for r in records], 0.95, method="lower"))
 
 
 def test_exemplars_are_the_five_slowest() -> None:

@@ -168,9 +168,7 @@ def test_dead_letter_json_round_trips_with_standard_base64() -> None:
     _schema_validator("dead_letter.json").validate(data)
 
 
-@pytest.mark.parametrize(
-    "path", sorted((EXAMPLES / "dead-letter" / "valid").glob("*.json")), ids=lambda p: p.stem
-)
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "dead-letter" / "valid").glob("*.json")), ids=lambda p: p.stem)
 def test_dead_letter_examples_validate(path: Path) -> None:
     data: dict[str, Any] = json.loads(path.read_bytes())
     letter = DeadLetter.model_validate(data)
@@ -178,9 +176,7 @@ def test_dead_letter_examples_validate(path: Path) -> None:
     _schema_validator("dead_letter.json").validate(data)
 
 
-@pytest.mark.parametrize(
-    "path", sorted((EXAMPLES / "requests" / "valid").glob("*.json")), ids=lambda p: p.stem
-)
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "requests" / "valid").glob("*.json")), ids=lambda p: p.stem)
 def test_request_record_examples_validate(path: Path) -> None:
     data: dict[str, Any] = json.loads(path.read_bytes())
     record = RequestRecord.model_validate(data)

@@ -14,9 +14,7 @@ from schemas.events import INSTANT_STAGES, KNOWN_STAGES, MAX_TS_MS, MIN_TS_MS, R
 from streams.settings import CapsConfig
 
 CAPS = CapsConfig()
-FUZZ = settings(
-    max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+FUZZ = settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 WELL_KNOWN_ATTRS = {
     "prompt_tokens",
     "cached_tokens",
@@ -68,9 +66,7 @@ json_scalars = (
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=30,
 )
 
@@ -131,9 +127,7 @@ def test_random_json_is_dead_lettered_as_schema_or_too_deep(value: Any) -> None:
 def _wrong_types(field: str) -> st.SearchStrategy[Any]:
     strings = st.text(max_size=10)
     numbers = st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False)
-    containers = st.lists(st.integers(), max_size=2) | st.dictionaries(
-        st.text(max_size=3), st.integers(), max_size=2
-    )
+    containers = st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
     if field in ("ts_ms", "duration_ms"):
         # "12" is not a number, true is not 1
         return strings | st.booleans() | containers | strings.map(lambda s: str(len(s)))
@@ -197,11 +191,7 @@ def test_oversize_is_too_large_before_anything_else(size: int, valid_json: bool)
 @given(st.integers(CAPS.max_json_depth - 1, 1_100), st.booleans())
 def test_deep_nesting_is_invalid_json_and_never_overflows_the_stack(levels: int, use_lists: bool) -> None:
     inner = b"[" * levels + b"1" + b"]" * levels if use_lists else b'{"a":' * levels + b"1" + b"}" * levels
-    raw = (
-        b'{"request_id":"req-1","tenant_id":"acme","stage":"x","ts_ms":1761300000000,"attrs":{"n":'
-        + inner
-        + b"}}"
-    )
+    raw = b'{"request_id":"req-1","tenant_id":"acme","stage":"x","ts_ms":1761300000000,"attrs":{"n":' + inner + b"}}"
     result = decode(raw)
     total_depth = 2 + levels
     if len(raw) > CAPS.max_event_bytes:
@@ -296,9 +286,7 @@ def test_valid_odd_events_round_trip_exactly(event: dict[str, Any], encoding: st
     if encoding == "orjson":
         raw = orjson.dumps(event)
     else:
-        raw = json.dumps(
-            event, ensure_ascii=encoding == "ascii", indent=1 if encoding == "spaced" else None
-        ).encode()
+        raw = json.dumps(event, ensure_ascii=encoding == "ascii", indent=1 if encoding == "spaced" else None).encode()
     result = decode(raw, event["request_id"].encode("utf-8"), kafka_ts=int(event["ts_ms"]))
     assert isinstance(result, StageEvent), getattr(result, "detail", "")
     dumped = result.model_dump(exclude_unset=True)
@@ -313,7 +301,5 @@ def test_valid_odd_events_round_trip_exactly(event: dict[str, Any], encoding: st
             value = getattr(result, name)
             assert math.isfinite(value) and value == event[name]
     # and what the pipeline re-serialises decodes to the same event again
-    again = decode(
-        orjson.dumps(result.model_dump(mode="json", exclude_unset=True)), event["request_id"].encode()
-    )
+    again = decode(orjson.dumps(result.model_dump(mode="json", exclude_unset=True)), event["request_id"].encode())
     assert again == result

@@ -75,10 +75,7 @@ def test_compose_named_volumes_are_declared() -> None:
 def test_compose_worker_env_vars_are_settings_fields() -> None:
     assert set(ttft_services()) >= {"migrate", "writer", "join"}
     unknown = [
-        f"{name}: {var}"
-        for name, s in ttft_services().items()
-        for var in service_env(s)
-        if not is_settings_env(var)
+        f"{name}: {var}" for name, s in ttft_services().items() for var in service_env(s) if not is_settings_env(var)
     ]
     assert unknown == []
 
@@ -97,9 +94,7 @@ def test_compose_start_order_waits_for_health_and_migrations() -> None:
             assert dependency in services(), f"{name} depends on unknown {dependency}"
             if rule["condition"] == "service_healthy":
                 target = services()[dependency]
-                assert "healthcheck" in target or dependency in ttft_services(), (
-                    f"{dependency}: no healthcheck"
-                )
+                assert "healthcheck" in target or dependency in ttft_services(), f"{dependency}: no healthcheck"
     for name in ("writer", "join"):
         assert services()[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert services()["migrate"]["command"] == ["db", "migrate"]
@@ -154,9 +149,7 @@ def test_compose_sets_every_variable_the_grafana_provisioning_reads() -> None:
 
 def test_compose_mounts_the_sample_alertmanager_config() -> None:
     alertmanager = services()["alertmanager"]
-    assert ("./alertmanager/alertmanager.yml", "/etc/alertmanager/alertmanager.yml") in bind_mounts(
-        alertmanager
-    )
+    assert ("./alertmanager/alertmanager.yml", "/etc/alertmanager/alertmanager.yml") in bind_mounts(alertmanager)
     assert "--config.file=/etc/alertmanager/alertmanager.yml" in alertmanager["command"]
 
 
@@ -172,9 +165,7 @@ def test_dockerfile_builds_a_non_root_ttft_image_with_a_healthz_check() -> None:
     user = by_name["USER"][-1].split(":")[0]
     assert user not in ("root", "0")
     assert json.loads(by_name["ENTRYPOINT"][-1]) == ["ttft"]
-    env = dict(
-        shlex.split(pair)[0].split("=", 1) for pair in re.findall(r"\w+=\S+", " ".join(by_name["ENV"]))
-    )
+    env = dict(shlex.split(pair)[0].split("=", 1) for pair in re.findall(r"\w+=\S+", " ".join(by_name["ENV"])))
     ttft_env = {k: v for k, v in env.items() if k.startswith("TTFT_")}
     assert [k for k in ttft_env if not is_settings_env(k)] == []
     assert healthz_port(by_name["HEALTHCHECK"][-1].replace("{port}", ttft_env["TTFT_METRICS_PORT"])) == int(
@@ -232,10 +223,7 @@ def test_row_policies_cover_every_table_with_a_tenant() -> None:
         on = f"ON ttft.{table} FOR SELECT USING"
         assert f"GRANT SELECT ON ttft.{table} TO ttft_tenant_viewer" in statements, table
         assert any("ttft_tenant_scope " + on in s and s.endswith("TO ttft_tenant_viewer") for s in statements)
-        assert any(
-            "ttft_full_access " + on in s and s.endswith("TO ALL EXCEPT ttft_tenant_viewer")
-            for s in statements
-        )
+        assert any("ttft_full_access " + on in s and s.endswith("TO ALL EXCEPT ttft_tenant_viewer") for s in statements)
     granted = {m for s in statements for m in re.findall(r"^GRANT SELECT ON ttft\.(\w+)", s)}
     assert granted == tenant_tables(), "tenant readers get exactly the tables with a tenant"
 

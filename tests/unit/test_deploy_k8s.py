@@ -59,9 +59,7 @@ def test_k8s_env_vars_are_settings_fields_or_used_in_args() -> None:
 
 def test_k8s_config_and_secret_references_resolve() -> None:
     config_maps = {n: set(c.get("data", {})) for n, c in k8s_objects("ConfigMap").items()}
-    secrets = {
-        n: set(s.get("stringData", {})) | set(s.get("data", {})) for n, s in k8s_objects("Secret").items()
-    }
+    secrets = {n: set(s.get("stringData", {})) | set(s.get("data", {})) for n, s in k8s_objects("Secret").items()}
     secret_refs = set()
     for name, pod in pod_specs():
         for volume in pod.get("volumes", []):
@@ -127,9 +125,6 @@ def test_k8s_selectors_match_and_join_replicas_fit_the_partitions() -> None:
     assert pdb["spec"]["selector"]["matchLabels"] == join["spec"]["selector"]["matchLabels"]
     (service,) = k8s_objects("Service").values()
     for deployment in deployments.values():
-        assert (
-            service["spec"]["selector"].items()
-            <= deployment["spec"]["template"]["metadata"]["labels"].items()
-        )
+        assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     writer_pod = deployments["ttft-writer"]["spec"]["template"]["spec"]
     assert writer_pod["initContainers"][0]["args"] == ["db", "migrate"]

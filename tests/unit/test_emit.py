@@ -157,9 +157,7 @@ def test_spans_use_the_monotonic_clock_and_instants_share_it(closed_port: int) -
         assert first.ts_ms == pytest.approx(WALL0 * 1000 + 1662.5)
         assert llm.duration_ms == 880.5
         assert {e.tenant_id for e in events} == {'租户 "q"'}
-        assert {(e.version_id, e.route, e.rollout, e.fallback_level) for e in events} == {
-            ("v1", "main", "canary", 1)
-        }
+        assert {(e.version_id, e.route, e.rollout, e.fallback_level) for e in events} == {("v1", "main", "canary", 1)}
         assert len({e.event_id for e in events}) == 4
         assert all(key == b"r-1" for key, _ in emitter.buffered())
         await emitter.stop()
@@ -168,9 +166,7 @@ def test_spans_use_the_monotonic_clock_and_instants_share_it(closed_port: int) -
 
 
 def test_event_json_is_the_contract() -> None:
-    raw = event_json(
-        'r"1', "t", "retrieval", 1_761_300_000_000.5, 12.0, route="fast", attrs={"trace_id": "x"}
-    )
+    raw = event_json('r"1', "t", "retrieval", 1_761_300_000_000.5, 12.0, route="fast", attrs={"trace_id": "x"})
     assert orjson.loads(raw) == {
         "request_id": 'r"1',
         "tenant_id": "t",

@@ -73,9 +73,7 @@ def test_llm_signals() -> None:
 
 def test_cacheable_minimum_is_a_setting() -> None:
     records = [_record(prompt_tokens=1_500)]
-    row = llm_signals_row(
-        0, ("acme", "v1"), records, Settings(windows=WindowConfig(cacheable_min_tokens=2_048))
-    )
+    row = llm_signals_row(0, ("acme", "v1"), records, Settings(windows=WindowConfig(cacheable_min_tokens=2_048)))
     assert row["below_cacheable_share"] == 1.0
 
 

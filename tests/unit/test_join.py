@@ -133,9 +133,7 @@ def test_tenant_mismatch_dead_letter_keeps_the_source() -> None:
         timestamp: float | None
 
     mismatch = TenantMismatch(ev("retrieval", 0, 1.0, tenant_id="globex"), "tenant differs")
-    dl = mismatch.to_dead_letter(
-        Msg(b'{"x": 1}', "ttft.stage-events", 3, 42, 1_700_000_000.5), 5.0, CapsConfig()
-    )
+    dl = mismatch.to_dead_letter(Msg(b'{"x": 1}', "ttft.stage-events", 3, 42, 1_700_000_000.5), 5.0, CapsConfig())
     assert (dl.reason_code, dl.request_id, dl.tenant_id, dl.original) == (
         "tenant_mismatch",
         "r1",

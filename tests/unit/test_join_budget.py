@@ -100,9 +100,7 @@ def test_memory_per_open_request_is_within_budget() -> None:
     per_request = (used - base) / N
     packed = [p for _, p in join.dirty().values() if p is not None]
     avg_packed = sum(map(len, packed)) / len(packed)
-    print(
-        f"\n{N} open requests: {per_request:.0f} B/request (tracemalloc); changelog value {avg_packed:.0f} B"
-    )
+    print(f"\n{N} open requests: {per_request:.0f} B/request (tracemalloc); changelog value {avg_packed:.0f} B")
     assert join.open_requests == N
     assert per_request <= BUDGET_BYTES
     assert avg_packed <= 600

@@ -44,9 +44,7 @@ def joined(events: list[StageEvent]) -> dict[str, Any]:
 def amendment(event: StageEvent) -> dict[str, Any]:
     """The amend=True record the join emits for an event of a forgotten request."""
     j = RequestJoin(CFG, W)
-    j.add(
-        StageEvent(request_id="clock", tenant_id="acme", stage="x", ts_ms=T0 + 10**7, duration_ms=0.0), 0, 0.0
-    )
+    j.add(StageEvent(request_id="clock", tenant_id="acme", stage="x", ts_ms=T0 + 10**7, duration_ms=0.0), 0, 0.0)
     (record,) = j.add(event, 0, 0.0)
     assert isinstance(record, dict) and record["amend"] is True
     return record

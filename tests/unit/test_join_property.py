@@ -59,9 +59,7 @@ def random_request(rng: random.Random, rid: str) -> list[StageEvent]:
                 tenant_id="acme",
                 stage=stage,
                 ts_ms=ts,
-                duration_ms=None
-                if stage in INSTANTS
-                else float(rng.choice([0, 50, 120, rng.randint(1, 900)])),
+                duration_ms=None if stage in INSTANTS else float(rng.choice([0, 50, 120, rng.randint(1, 900)])),
                 event_id=rng.choice([None, f"{stage}-{attempt}", "shared"]),  # "shared": a conflicting copy
                 version_id=rng.choice(["v1", "v2"]),
                 route=rng.choice([None, "main", "fast"]),

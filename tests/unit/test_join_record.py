@@ -83,9 +83,7 @@ def test_complete_request_has_every_value() -> None:
         (("request_start", "retrieval"), "orphan", ["request_start", "retrieval"]),
     ],
 )
-def test_status_precedence_and_missing_stages(
-    dropped: tuple[str, ...], status: str, missing: list[str]
-) -> None:
+def test_status_precedence_and_missing_stages(dropped: tuple[str, ...], status: str, missing: list[str]) -> None:
     events = without(full(), *dropped)
     r = join(list(reversed(events)))
     assert r["status"] == status
@@ -117,9 +115,7 @@ ROUTES = JoinConfig(
         ("deep", (), "missing_stage", ["rerank", "safety_check"]),
     ],
 )
-def test_required_stages_per_route(
-    route: str, dropped: tuple[str, ...], status: str, missing: list[str]
-) -> None:
+def test_required_stages_per_route(route: str, dropped: tuple[str, ...], status: str, missing: list[str]) -> None:
     events = [e.model_copy(update={"route": route}) for e in without(full(), *dropped)]
     r = join(events, ROUTES)
     assert (r["status"], r["missing_stages"]) == (status, missing)

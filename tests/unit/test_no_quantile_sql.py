@@ -26,9 +26,7 @@ AVERAGED_PERCENTILE = re.compile(r"(?i)(?<![\w.])(?:avg|sum|median|mean)\w*\s*\(
 
 
 def violations(text: str) -> list[str]:
-    return [
-        m.group(0) for pattern in (FORBIDDEN_FUNCTION, AVERAGED_PERCENTILE) for m in pattern.finditer(text)
-    ]
+    return [m.group(0) for pattern in (FORBIDDEN_FUNCTION, AVERAGED_PERCENTILE) for m in pattern.finditer(text)]
 
 
 def _python_sql_strings(path: Path) -> Iterator[str]:

@@ -29,9 +29,7 @@ def test_repo_default_config_holds_the_code_defaults() -> None:
             "rules.stage_regression: Value error, recovery_ratio must be below ratio",
             id="no-hysteresis",
         ),
-        pytest.param(
-            "rules:\n  canary:\n    min_sampels: 5\n", "rules.canary.min_sampels: Extra inputs", id="typo"
-        ),
+        pytest.param("rules:\n  canary:\n    min_sampels: 5\n", "rules.canary.min_sampels: Extra inputs", id="typo"),
         pytest.param(
             "rules:\n  slo_burn:\n    pairs:\n      - {long_windows: 5, short_windows: 60, burn_rate: 9}\n",
             "rules.slo_burn.pairs.0: Value error, short_windows must be below long_windows",
@@ -42,12 +40,8 @@ def test_repo_default_config_holds_the_code_defaults() -> None:
             "rules.canary.span_windows: Input should be",
             id="span",
         ),
-        pytest.param(
-            "windows:\n  grace_s: -5\n", "windows.grace_s: Input should be greater", id="settings-field"
-        ),
-        pytest.param(
-            "tenants:\n  acme:\n    slo_target: 2\n", "tenants.acme.slo_target", id="tenant-override"
-        ),
+        pytest.param("windows:\n  grace_s: -5\n", "windows.grace_s: Input should be greater", id="settings-field"),
+        pytest.param("tenants:\n  acme:\n    slo_target: 2\n", "tenants.acme.slo_target", id="tenant-override"),
         pytest.param("rulez: {}\n", "rulez: unknown setting", id="unknown-top-level"),
         pytest.param("- a\n- b\n", "must hold a mapping", id="not-a-mapping"),
     ],

@@ -34,9 +34,7 @@ def test_for_count_then_firing_then_hysteresis_hold_then_resolved() -> None:
 
 def test_pending_that_clears_is_dropped_with_no_fired_at() -> None:
     book = AlertBook("https://x/runbook.md")
-    transitions = book.step(
-        KEY, "breach", 0.0, severity="page", summary="", description="", numbers={}, for_windows=3
-    )
+    transitions = book.step(KEY, "breach", 0.0, severity="page", summary="", description="", numbers={}, for_windows=3)
     transitions += book.step(KEY, "clear", 1.0, severity="page", summary="", description="", numbers={})
     assert [(t.state, t.fired_at) for t in transitions] == [("pending", None), ("resolved", None)]
     assert book.get(KEY) is None
@@ -50,21 +48,15 @@ def test_resolve_windows_needs_consecutive_clears() -> None:
 
 def test_identity_is_the_labels_and_times_are_event_time() -> None:
     book = AlertBook("https://x/runbook.md")
-    fired = book.step(
-        KEY, "breach", 60_000.0, severity="page", summary="s", description="d", numbers={"r": 2.0}
-    )[0]
-    resolved = book.step(KEY, "clear", 180_000.0, severity="page", summary="s", description="d", numbers={})[
-        0
-    ]
+    fired = book.step(KEY, "breach", 60_000.0, severity="page", summary="s", description="d", numbers={"r": 2.0})[0]
+    resolved = book.step(KEY, "clear", 180_000.0, severity="page", summary="s", description="d", numbers={})[0]
     assert fired.labels == {
         "alertname": "TTFTStageRegression",
         "tenant": "t1",
         "stage": "retrieval",
         "severity": "page",
     }
-    assert (
-        fired.fingerprint == resolved.fingerprint == fingerprint(dict(reversed(list(fired.labels.items()))))
-    )
+    assert fired.fingerprint == resolved.fingerprint == fingerprint(dict(reversed(list(fired.labels.items()))))
     assert (fired.active_at, fired.fired_at, resolved.resolved_at) == (60_000.0, 60_000.0, 180_000.0)
     assert resolved.fired_at == 60_000.0
     assert fired.annotations["runbook_url"] == "https://x/runbook.md#ttftstageregression"
@@ -75,11 +67,7 @@ def test_message_round_trip_and_table_row() -> None:
     assert AlertTransition.from_message(t.to_message()) == t
     row = t.to_row()
     assert tuple(row) == ALERT_COLUMNS
-    assert (
-        row["state"] == "firing"
-        and row["fingerprint"] == t.fingerprint
-        and row["event_at"] == row["fired_at"]
-    )
+    assert row["state"] == "firing" and row["fingerprint"] == t.fingerprint and row["event_at"] == row["fired_at"]
     resolved = ingest_halted_transition("resolved", 240_000.0, fired_at_ms=120_000.0)
     assert resolved.fingerprint == t.fingerprint and resolved.resolved_at == 240_000.0
     with pytest.raises(ValueError):

@@ -27,9 +27,7 @@ def stable_run() -> tuple[RuleEngine, list[WindowEvaluation]]:
     arms = {(t, v): a for t in TENANTS for v, a in (("v1", "stable"), ("v2", "canary"))}
     scenario = Scenario(seed=11, arms=arms)  # type: ignore[arg-type]
     engine = make_engine()
-    evaluations = run(
-        engine, scenario, range(40), lambda i: {t: {"v1": Traffic(), "v2": Traffic()} for t in TENANTS}
-    )
+    evaluations = run(engine, scenario, range(40), lambda i: {t: {"v1": Traffic(), "v2": Traffic()} for t in TENANTS})
     return engine, evaluations
 
 
@@ -75,9 +73,7 @@ def test_retrieval_regression_fires_once_for_that_tenant_and_resolves_after_reco
     assert "Sub-stages:" in alert.annotations["description"]
     assert set(alert.labels) == {"alertname", "tenant", "stage", "severity"}  # numbers only in annotations
     assert alert.numbers["ratio_short"] > 1.3
-    resolved = [
-        (i, t) for i, t in transitions if t.state == "resolved" and t.fingerprint == alert.fingerprint
-    ]
+    resolved = [(i, t) for i, t in transitions if t.state == "resolved" and t.fingerprint == alert.fingerprint]
     assert len(resolved) == 1 and stop <= resolved[0][0] < stop + 3
     assert resolved[0][1].fired_at == alert.fired_at
     assert {t.alertname for _, t in transitions} == {"TTFTStageRegression"}

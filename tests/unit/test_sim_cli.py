@@ -151,9 +151,7 @@ def test_produce_partitions_like_the_java_client_and_keeps_order_per_partition()
     partitions = sorted(producer.sent)
     for part, records in producer.sent.items():
         expected = [
-            (k, v, int(ts))
-            for k, v, ts in messages
-            if DefaultPartitioner()(k, list(range(8)), list(range(8))) == part
+            (k, v, int(ts)) for k, v, ts in messages if DefaultPartitioner()(k, list(range(8)), list(range(8))) == part
         ]
         assert records == expected
     assert sum(len(r) for r in producer.sent.values()) == len(messages) and len(partitions) > 1

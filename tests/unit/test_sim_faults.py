@@ -34,9 +34,7 @@ def _read(
             duplicates.append(index)
             continue
         seen.add(identity)
-        request = requests.setdefault(
-            event.request_id, {"stages": {}, "instants": {}, "tenant": event.tenant_id}
-        )
+        request = requests.setdefault(event.request_id, {"stages": {}, "instants": {}, "tenant": event.tenant_id})
         if event.duration_ms is None:
             request["instants"][event.stage] = event.ts_ms
         else:
@@ -45,9 +43,7 @@ def _read(
 
 
 def test_ground_truth_agrees_with_an_independent_reading_of_the_messages() -> None:
-    messages, truth = generate_with_truth(
-        "steady", rate_rps=40, duration_s=60, seed=3, start_ms=START, errors=RATES
-    )
+    messages, truth = generate_with_truth("steady", rate_rps=40, duration_s=60, seed=3, start_ms=START, errors=RATES)
     malformed, duplicates, requests = _read(messages)
     assert malformed == truth.malformed
     assert duplicates == truth.duplicates
@@ -71,9 +67,7 @@ def test_ground_truth_agrees_with_an_independent_reading_of_the_messages() -> No
 
 
 def test_fault_rates_are_roughly_the_configured_ones() -> None:
-    messages, truth = generate_with_truth(
-        "steady", rate_rps=80, duration_s=60, seed=4, start_ms=START, errors=RATES
-    )
+    messages, truth = generate_with_truth("steady", rate_rps=80, duration_s=60, seed=4, start_ms=START, errors=RATES)
     statuses = [r["status"] for r in truth.requests.values()]
     n = len(statuses)
     assert statuses.count("orphan") / n == pytest.approx(0.05, abs=0.015)
@@ -126,9 +120,7 @@ def test_clean_truth_is_all_complete_with_small_non_negative_other_ms() -> None:
 
 
 def test_error_rates_parse() -> None:
-    assert ErrorRates.parse("dup=0.01, missing=0.02,orphan=0.03,malformed=0.004") == ErrorRates(
-        0.01, 0.02, 0.03, 0.004
-    )
+    assert ErrorRates.parse("dup=0.01, missing=0.02,orphan=0.03,malformed=0.004") == ErrorRates(0.01, 0.02, 0.03, 0.004)
     assert ErrorRates.parse("missing_stage=0.5") == ErrorRates(missing_stage=0.5)
     assert not ErrorRates.parse("").any
     with pytest.raises(ValueError, match="unknown error kind"):

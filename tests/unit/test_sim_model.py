@@ -152,9 +152,7 @@ def test_recall_modes_overlap_only_when_parallel() -> None:
         for events in _requests(profile, 300):
             v = next(e for e in events if e["stage"] == "vector_recall")
             b = next(e for e in events if e["stage"] == "bm25_recall")
-            overlap = (
-                v["ts_ms"] < b["ts_ms"] + b["duration_ms"] and b["ts_ms"] < v["ts_ms"] + v["duration_ms"]
-            )
+            overlap = v["ts_ms"] < b["ts_ms"] + b["duration_ms"] and b["ts_ms"] < v["ts_ms"] + v["duration_ms"]
             assert overlap == (mode == "parallel")
 
 

@@ -71,9 +71,7 @@ def test_seed_story_phases_change_one_thing_each_through_generate() -> None:
         routes = Counter(r["labels"]["route"] for r in inside)
         assert ("fast" in routes) == (name == "routing-speculative")
         assert all(r["labels"].get("rollout") is None for r in inside)
-    ttft_before = [
-        r["first_token"] - r["request_start"] for r in records.values() if r["request_start"] < bounds[0][2]
-    ]
+    ttft_before = [r["first_token"] - r["request_start"] for r in records.values() if r["request_start"] < bounds[0][2]]
     assert _p95(ttft_before) == pytest.approx(3_200, rel=0.10)
 
 
@@ -92,9 +90,7 @@ def test_canary_regression_splits_traffic_and_slows_the_canary_llm() -> None:
     ratio = _p95([r["llm_ttft"] for r in canary]) / _p95([r["llm_ttft"] for r in stable])
     assert ratio == pytest.approx(CANARY_LLM_RATIO, abs=0.12)
     assert np.mean([r["accept"] for r in canary]) == pytest.approx(0.5, abs=0.03)
-    assert np.mean([r["accept"] for r in stable]) == pytest.approx(
-        ROUTING_SPECULATIVE.draft_accept_mean, abs=0.03
-    )
+    assert np.mean([r["accept"] for r in stable]) == pytest.approx(ROUTING_SPECULATIVE.draft_accept_mean, abs=0.03)
 
 
 def test_incident_slows_retrieval_of_one_tenant_in_the_middle() -> None:
@@ -141,9 +137,7 @@ def test_generate_is_deterministic_ordered_and_valid() -> None:
 
 
 def test_custom_tenants_and_unknown_scenario() -> None:
-    messages = list(
-        generate("steady", rate_rps=20, duration_s=10, tenants=["a", "ß-ü"], seed=1, start_ms=START)
-    )
+    messages = list(generate("steady", rate_rps=20, duration_s=10, tenants=["a", "ß-ü"], seed=1, start_ms=START))
     assert {orjson.loads(v)["tenant_id"] for _, v, _ in messages} == {"a", "ß-ü"}
     with pytest.raises(ValueError, match="unknown scenario"):
         list(generate("nope", rate_rps=1, duration_s=1, start_ms=START))

@@ -187,11 +187,7 @@ def test_strata_split_by_route_cache_and_prompt_length() -> None:
         _record("d", route=None, prompt_cache_hit=None, prompt_tokens=None),
     ]
     strata = aggregate_window(records, 0, Settings()).stage_strata
-    ttft = {
-        (r["route"], r["prompt_cache"], r["prompt_bucket"]): r["count"]
-        for r in strata
-        if r["stage"] == "ttft"
-    }
+    ttft = {(r["route"], r["prompt_cache"], r["prompt_bucket"]): r["count"] for r in strata if r["stage"] == "ttft"}
     assert ttft == {
         ("fast", "hit", "<1k"): 2,
         ("main", "miss", "4k-16k"): 1,
@@ -217,9 +213,7 @@ def test_series_overflow_goes_to_other_with_a_counter() -> None:
 
 def test_dead_letter_only_tenant_gets_a_health_row() -> None:
     dead: dict[tuple[str, str] | str, int] = {"ghost": 4, ("acme", "v1"): 1}
-    agg = aggregate_window(
-        [_record("a")], 0, Settings(), dead_letters=dead, late_amendments={("acme", "v1"): 2}
-    )
+    agg = aggregate_window([_record("a")], 0, Settings(), dead_letters=dead, late_amendments={("acme", "v1"): 2})
     health = {(r["tenant_id"], r["version_id"]): r for r in agg.window_health}
     assert health[("ghost", "unknown")]["dead_letters"] == 4
     assert health[("ghost", "unknown")]["total"] == 0
