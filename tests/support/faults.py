@@ -85,6 +85,8 @@ class PacedProducer(threading.Thread):
         self.chunk, self.pause_s = chunk, pause_s
         self.acked = 0
         self.error: BaseException | None = None
+        #: while it returns True the producer waits (keeps it from running far ahead of a slow join)
+        self.hold: Any = None
 
     def run(self) -> None:
         try:
@@ -107,6 +109,8 @@ class PacedProducer(threading.Thread):
         await producer.start()
         try:
             for i in range(0, len(self.messages), self.chunk):
+                while self.hold is not None and self.hold(self.acked):
+                    await asyncio.sleep(0.2)
                 part = self.messages[i : i + self.chunk]
                 await asyncio.gather(*[await producer.send(self.topic, value=v, key=k) for k, v in part])
                 self.acked += len(part)
@@ -314,9 +318,11 @@ class Fault:
     """One fault: where it runs, when it fires, how it is injected and recovered. The base is no fault."""
 
     name = "none"
-    #: producer pacing: messages per chunk, pause between chunks
+    #: producer pacing: messages per chunk, pause between chunks, and (if set) at most this many messages
+    #: ahead of what the join consumed, so the producer is still producing when the fault fires
     chunk = 4_000
     pause_s = 0.25
+    max_ahead: int | None = None
     #: ``windows.idle_close_s`` of the run: the product default (join timeout + grace). A fault whose stall
     #: may last longer (a restart on a busy host) raises it, so windows still close on the join's heartbeats
     #: and not on the wall clock; at the end of the stream it only decides how soon the last windows close.
@@ -432,8 +438,17 @@ def _start(settings: Any, pipe: Pipeline, traffic: FaultTraffic, fault: Fault) -
     pipe.wait_healthy(join, timeout=180)
     topic = settings.topic("stage-events")
     producer = PacedProducer(settings.kafka_bootstrap, topic, traffic.messages, fault.chunk, fault.pause_s)
+    ctx = RunContext(settings, pipe, join, writer, producer, traffic)
+    if fault.max_ahead is not None:
+        limit = fault.max_ahead
+
+        def hold(acked: int) -> bool:
+            consumed = ctx.metrics(ctx.join).get("ttft_events_consumed_total")
+            return consumed is not None and acked - consumed > limit
+
+        producer.hold = hold
     producer.start()
-    return RunContext(settings, pipe, join, writer, producer, traffic)
+    return ctx
 
 
 def _trigger(ctx: RunContext, fault: Fault, timeout: float = 600.0) -> None:
