@@ -28,6 +28,9 @@ from aiokafka.structs import OffsetAndMetadata
 from streams.kafka.topics import kafka_client_kwargs
 from streams.settings import Settings
 
+#: Client settings of the replay in progress (set by plan_replay; one replay per process).
+_admin_kwargs: dict[str, object] = {}
+
 
 @dataclass(frozen=True)
 class ReplayPlan:
@@ -48,6 +51,8 @@ async def plan_replay(
     """Resolve the start offsets and commit them (and the writer's start) for the replay's groups."""
     topic = settings.topic("stage-events")
     kwargs = kafka_client_kwargs(settings)
+    _admin_kwargs.clear()
+    _admin_kwargs.update(kwargs)
     consumer = AIOKafkaConsumer(enable_auto_commit=False, **kwargs)
     await consumer.start()
     try:
@@ -77,11 +82,22 @@ async def plan_replay(
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
-    await consumer.topics()
-    parts = consumer.partitions_for_topic(topic)
+    """Partition numbers of ``topic`` (a group-less consumer has no metadata for unsubscribed topics)."""
+    del consumer
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(**_admin_kwargs)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    parts = sorted(
+        p["partition"] for d in described if d["topic"] == topic and not d["error_code"] for p in d["partitions"]
+    )
     if not parts:
         raise RuntimeError(f"topic {topic} does not exist")
-    return sorted(parts)
+    return parts
 
 
 async def _commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
@@ -189,6 +205,8 @@ def run_replay(
 
 def _writer_caught_up(settings: Settings, app_id: str) -> bool:
     async def check() -> bool:
+        _admin_kwargs.clear()
+        _admin_kwargs.update(kafka_client_kwargs(settings))
         consumer = AIOKafkaConsumer(enable_auto_commit=False, **kafka_client_kwargs(settings))
         await consumer.start()
         try:
