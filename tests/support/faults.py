@@ -10,6 +10,8 @@ stops the workers and reads the store in a subprocess (chDB holds one data direc
 A snapshot keeps what must not depend on faults: every ``requests`` column except insert, late-arrival
 and amendment bookkeeping; every ``stage_windows`` column except ``computed_version``; the alerts'
 identities and event-time transitions (no delivery times); the dead letters' sources.
+
+:class:`FaultLab` runs the reference and several faults concurrently (most of a fault run is waiting).
 """
 
 from __future__ import annotations
