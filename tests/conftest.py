@@ -1,5 +1,9 @@
 """Shared pytest set-up. Fixtures for real components live in tests/fixtures/ and are opt-in by marker."""
 
+import os
+
+import pytest
+
 pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.clickhouse",
@@ -7,9 +11,6 @@ pytest_plugins = [
     "tests.fixtures.pipeline_run",
 ]
 
-import os
-
-import pytest
 
 #: Test modules still being brought up: they run only when asked (TTFT_RUN_UNPROVEN=1), so an unfinished
 #: scenario cannot hang CI. Remove a module from here once it has passed on a clean machine.
