@@ -125,6 +125,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         frozen=True,
         extra="ignore",
+        hide_input_in_errors=True,  # validation errors must never echo a password
     )
 
     home: Path = Field(Path(".ttft"), description="Local state: broker data, chDB store, worker data.")

@@ -68,12 +68,6 @@ def test_secrets_from_the_environment_are_secret_str(monkeypatch: pytest.MonkeyP
     _assert_clean(repr(s) + s.model_dump_json())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="streams/settings.py: a model-level validation error prints input_value=<the raw input dict>, "
-    "secrets included (pydantic truncates the repr, so the last entries show); fix: "
-    "hide_input_in_errors=True in Settings.model_config",
-)
 def test_validation_errors_do_not_echo_secret_input() -> None:
     with pytest.raises(ValueError) as info:
         # Missing mechanism: the cross-field check fails and pydantic reports the whole input.
