@@ -472,7 +472,8 @@ def _watch_premature_close(ctx: RunContext) -> None:
     """Record when the writer's watermark first passes the end of the traffic (every window closes), and
     whether the join still had events to process then: windows closed before their records were in."""
     s = ctx.settings
-    closes_at = ctx.traffic.end_ms + (s.windows.window_s + s.windows.grace_s) * 1000
+    window_ms = s.windows.window_s * 1000
+    closes_at = (ctx.traffic.end_ms - 1) // window_ms * window_ms + window_ms + s.windows.grace_s * 1000
     while True:
         done = "drained_s" in ctx.observed
         mark = ctx.metrics(ctx.writer).get("ttft_writer_watermark_ms", 0.0)
@@ -495,8 +496,14 @@ def _watch_premature_close(ctx: RunContext) -> None:
         time.sleep(0.5)
 
 
+#: Windows after the traffic's end the rules must have judged before a run stops: silence fires after 5
+#: empty windows and stale alerts resolve after 10, so every run ends with the same transitions.
+TRAILING_WINDOWS = 15
+
+
 def _wait_drained(ctx: RunContext, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
+    horizon = ctx.traffic.end_ms + TRAILING_WINDOWS * ctx.settings.windows.window_s * 1000
     status: dict[str, float] = {}
     while time.monotonic() < deadline:
         join, writer = ctx.metrics(ctx.join), ctx.metrics(ctx.writer)
@@ -504,8 +511,14 @@ def _wait_drained(ctx: RunContext, timeout: float = 600.0) -> None:
             "open_requests": join.get("ttft_open_requests", -1.0),
             "open_windows": writer.get("ttft_open_windows", -1.0),
             "windows_closed": writer.get("ttft_windows_closed_total", 0.0),
+            "watermark_ms": writer.get("ttft_writer_watermark_ms", 0.0),
         }
-        if status["open_requests"] == 0 and status["open_windows"] == 0 and status["windows_closed"] > 0:
+        if (
+            status["open_requests"] == 0
+            and status["open_windows"] == 0
+            and status["windows_closed"] > 0
+            and status["watermark_ms"] >= horizon
+        ):
             status["join_lag"] = ctx.join_lag()
             status["writer_lag"] = ctx.writer_lag()
             if status["join_lag"] == 0 and status["writer_lag"] == 0:
