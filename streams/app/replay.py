@@ -25,11 +25,9 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
+from streams.alerting.outbox import topic_partitions
 from streams.kafka.topics import kafka_client_kwargs
 from streams.settings import Settings
-
-#: Client settings of the replay in progress (set by plan_replay; one replay per process).
-_admin_kwargs: dict[str, object] = {}
 
 
 @dataclass(frozen=True)
@@ -51,12 +49,10 @@ async def plan_replay(
     """Resolve the start offsets and commit them (and the writer's start) for the replay's groups."""
     topic = settings.topic("stage-events")
     kwargs = kafka_client_kwargs(settings)
-    _admin_kwargs.clear()
-    _admin_kwargs.update(kwargs)
     consumer = AIOKafkaConsumer(enable_auto_commit=False, **kwargs)
     await consumer.start()
     try:
-        parts = await _partitions(consumer, topic)
+        parts = await topic_partitions(settings, topic)
         tps = [TopicPartition(topic, p) for p in parts]
         end = await consumer.end_offsets(tps)
         begin = await consumer.beginning_offsets(tps)
@@ -73,31 +69,12 @@ async def plan_replay(
         writer_tps: dict[TopicPartition, int] = {}
         for name in ("requests", "dead-letter"):
             wt = settings.topic(name)
-            wtps = [TopicPartition(wt, p) for p in await _partitions(consumer, wt)]
+            wtps = [TopicPartition(wt, p) for p in await topic_partitions(settings, wt)]
             writer_tps.update(await consumer.end_offsets(wtps))
         await _commit(settings, f"{app_id}-writer", writer_tps)
         return ReplayPlan(app_id, start, {tp.partition: end[tp] for tp in tps})
     finally:
         await consumer.stop()
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
-    """Partition numbers of ``topic`` (a group-less consumer has no metadata for unsubscribed topics)."""
-    del consumer
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(**_admin_kwargs)
-    await admin.start()
-    try:
-        described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    parts = sorted(
-        p["partition"] for d in described if d["topic"] == topic and not d["error_code"] for p in d["partitions"]
-    )
-    if not parts:
-        raise RuntimeError(f"topic {topic} does not exist")
-    return parts
 
 
 async def _commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
@@ -205,15 +182,13 @@ def run_replay(
 
 def _writer_caught_up(settings: Settings, app_id: str) -> bool:
     async def check() -> bool:
-        _admin_kwargs.clear()
-        _admin_kwargs.update(kafka_client_kwargs(settings))
         consumer = AIOKafkaConsumer(enable_auto_commit=False, **kafka_client_kwargs(settings))
         await consumer.start()
         try:
             tps = []
             for name in ("requests", "dead-letter"):
                 topic = settings.topic(name)
-                tps += [TopicPartition(topic, p) for p in await _partitions(consumer, topic)]
+                tps += [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
             ends = await consumer.end_offsets(tps)
         finally:
             await consumer.stop()
