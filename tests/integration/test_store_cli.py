@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.recent import RECENT_DAY_MS
+
 pytestmark = pytest.mark.clickhouse
 
 TTFT = str(Path(sys.executable).with_name("ttft"))
@@ -21,16 +23,17 @@ _INSERT = textwrap.dedent(
     from streams.store.requests_store import insert_requests
 
     settings = load_settings()
+    DAY = @DAY@
     record = RequestRecord(
         request_id="req 'ü' 1", tenant_id="租户", status="missing_stage", missing_stages=["llm_ttft"],
-        started_at=1767225601234.0, first_token_at=1767225602734.0, window_start=1767225600000.0,
+        started_at=DAY + 1234.0, first_token_at=DAY + 2734.0, window_start=float(DAY),
         ttft_ms=1500.0, retrieval_ms=420.5, prompt_assemble_ms=80.0, custom_stages={"guardrail": 12.0},
         stage_repeats={"retrieval": 1}, prompt_tokens=2048, prompt_cache_hit=False, event_count=4,
         record_version=record_version(4, "missing_stage"),
     )
     insert_requests(make_client(settings), settings.clickhouse_database, [record.model_dump()])
     """
-)
+).replace("@DAY@", str(RECENT_DAY_MS))
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -67,7 +70,7 @@ def test_db_migrate_and_request_commands(tmp_path: Path) -> None:
     record = json.loads(as_json.stdout)
     assert record["tenant_id"] == "租户"
     assert record["llm_ttft_ms"] is None
-    assert record["started_at"] == 1767225601234.0
+    assert record["started_at"] == RECENT_DAY_MS + 1234.0
 
     missing = _run([TTFT, "request", "no-such-request"], tmp_path)
     assert missing.returncode == 1

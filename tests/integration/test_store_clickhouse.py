@@ -27,11 +27,12 @@ from streams.store.requests_store import (
     insert_requests,
 )
 from streams.store.stats_store import insert_stats, stat_sample
+from tests.support.recent import RECENT_DAY_MS
 
 pytestmark = pytest.mark.clickhouse
 
 W = 60_000
-T0 = 1_767_225_600_000.0  # 2026-01-01T00:00:00Z, a window boundary
+T0 = float(RECENT_DAY_MS)  # a window boundary inside the retention TTLs
 
 
 def make_record(request_id: str, **fields: Any) -> dict[str, Any]:
@@ -213,7 +214,7 @@ def test_dead_letters_are_idempotent_on_topic_partition_offset(ch_client: Client
             topic="ttft.stage-events",
             partition=p,
             offset=o,
-            kafka_timestamp_ms=1_767_225_600_123 if p else None,
+            kafka_timestamp_ms=RECENT_DAY_MS + 123 if p else None,
             max_original_bytes=64,
             received_at_ms=T0 + o,
             request_id="r'1" if o == 7 else None,
@@ -234,7 +235,7 @@ def test_dead_letters_are_idempotent_on_topic_partition_offset(ch_client: Client
     assert first["sha256"] == hashlib.sha256(raw).hexdigest()
     assert (first["request_id"], first["tenant_id"], first["kafka_timestamp"]) == ("r'1", "租户", None)
     assert [(r["source_partition"], r["source_offset"]) for r in rows] == [(0, 7), (0, 8), (1, 7)]
-    assert rows[2]["kafka_timestamp"] == 1_767_225_600_123
+    assert rows[2]["kafka_timestamp"] == RECENT_DAY_MS + 123
     assert first["received_at"] == T0 + 7
     assert base64.b64encode(first["original"]).decode() == letters[0].model_dump(mode="json")["original"]
 

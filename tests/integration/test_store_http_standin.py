@@ -36,6 +36,7 @@ from streams.store.dead_letter_store import count_dead_letters, insert_dead_lett
 from streams.store.migrate import apply_migrations
 from streams.store.requests_store import count_requests, fetch_request, insert_requests
 from tests.integration.test_store_clickhouse import full_record, make_record
+from tests.support.recent import RECENT_DAY_MS
 
 pytestmark = pytest.mark.clickhouse
 
@@ -158,7 +159,7 @@ def test_store_works_over_http_with_synchronous_inserts(stand_in: _StandIn, ch_c
             "source_topic": "ttft.stage-events",
             "source_partition": 3,
             "source_offset": 17,
-            "received_at": 1_767_225_600_000.0,
+            "received_at": float(RECENT_DAY_MS),
         }
         insert_dead_letters(client, database, [letter, letter])
         assert count_dead_letters(client, database) == 1

@@ -19,6 +19,7 @@ from streams.views.breakdown import compute_breakdown
 from streams.views.reads import store_span
 from streams.views.report import build_report
 from streams.views.span import Span, SpanError, resolve_span
+from tests.support.recent import iso_utc
 from tests.support.window_records import HOUR_START_MS, WINDOW_MS, synthetic_records
 
 TENANTS = ("acme", "globex")
@@ -264,9 +265,9 @@ def test_span_resolution() -> None:
     assert resolve_span("1h", None, newest_end_ms=newest, now_ms=9e12, anchor="now").end_ms == int(9e12)
     assert resolve_span("2h", "1h", newest_end_ms=newest, now_ms=0).duration_ms == 3_600_000
     assert resolve_span("1h30m", None, newest_end_ms=None, now_ms=1e13).anchor == "now"
-    iso = resolve_span("2026-01-01T00:00:00Z", "2026-01-01T00:05:00", newest_end_ms=newest, now_ms=0)
+    iso = resolve_span(iso_utc(HOUR_START_MS), iso_utc(HOUR_START_MS + 300_000)[:-1], newest_end_ms=newest, now_ms=0)
     assert iso == Span(HOUR_START_MS, HOUR_START_MS + 300_000, "absolute")
     with pytest.raises(SpanError):
         resolve_span("yesterday", None, newest_end_ms=newest, now_ms=0)
     with pytest.raises(SpanError):
-        resolve_span("2026-01-01T00:05:00Z", "2026-01-01T00:00:00Z", newest_end_ms=newest, now_ms=0)
+        resolve_span(iso_utc(HOUR_START_MS + 300_000), iso_utc(HOUR_START_MS), newest_end_ms=newest, now_ms=0)

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from schemas.records import record_version
+from tests.support.recent import RECENT_DAY_MS
 
-HOUR_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a window and hour boundary
+HOUR_START_MS = RECENT_DAY_MS  # a window and hour boundary inside the retention TTLs
 WINDOW_MS = 60_000
 TENANTS = ("acme", "globex", "bücher-ü")
 VERSIONS = ("v1", "v2")
