@@ -9,6 +9,11 @@ What is durable when (the invariant the crash tests check):
    **awaited until the broker acknowledged them**.
 4. Only then are the events acknowledged, so Faust may commit their offsets.
 
+Faust's consumer can skip records around a rebalance and commit past them (``streams/core/cursors.py``).
+The adapter keeps its own cursor per partition: a skipped range is read back directly from the partition
+and folded before the event that revealed it; a re-delivered event is skipped; a partition stuck below
+its log end is sought back to its cursor.
+
 A crash anywhere before 4 replays the batch: the restored state recognises the replayed events as
 duplicates, and a record emitted twice is absorbed by the store (``ReplacingMergeTree`` by request id).
 """
@@ -31,6 +36,8 @@ from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
 from streams.alerting.outbox import alert_message
 from streams.app.metrics import WorkerMetrics
+from streams.app.partition_reader import PartitionReader, RawRecord
+from streams.core.cursors import OffsetCursors
 from streams.core.guard import DeadLetterGuard
 from streams.core.join import RequestJoin, TenantMismatch
 from streams.core.watermarks import WATERMARK_KEY
@@ -44,6 +51,10 @@ JOIN_STATE_TABLE = "join-state"
 HEARTBEAT_INTERVAL_MS = 500.0
 #: Exit status of a join worker halted by the dead-letter guard (distinct from crashes, which exit 1).
 EXIT_INGEST_HALTED = 3
+#: Exit status after an unexpected error in a batch: nothing of it was acked, a restart replays it.
+EXIT_BATCH_FAILED = 1
+#: A partition below its log end whose cursor has not moved for this long is sought back to the cursor.
+STALL_REPAIR_S = 15.0
 
 
 def create_join_app(settings: Settings, metrics: WorkerMetrics, worker_dir: str) -> faust.App:
@@ -104,11 +115,13 @@ class JoinAdapter:
         self.changelog_topic = self.state.changelog_topic.get_topic_name()
         self._lock = asyncio.Lock()
         self._last_heartbeat_ms = 0.0
-        self._next_offset: dict[int, int] = {}  # per partition: the offset after the last one processed
+        self.cursors = OffsetCursors()
+        self.reader = PartitionReader(settings, self.events_topic.get_topic_name(), app.conf.id)
         self.guard = DeadLetterGuard(settings.caps.halt_window_messages, settings.caps.halt_dead_letter_share)
         self._recovered = False
         app.agent(self.events_topic, name="join", concurrency=1)(self._agent)
         app.timer(settings.join.idle_tick_ms / 1000.0)(self._tick)
+        app.on_before_shutdown.connect(self._on_shutdown)
         metrics.health["status"] = "starting"
 
     # --- recovery ---------------------------------------------------------------------------
@@ -136,11 +149,16 @@ class JoinAdapter:
                 self.core.revoke(stale_partitions)
             for key in stale:
                 self.state.data.pop(key, None)
+            self.cursors.forget(set(self.cursors.partitions()) - assigned)
+            await self._start_cursors(sorted(assigned))
             self._recovered = True
             self.metrics.open_requests.set(self.core.open_requests)
             self.metrics.health["status"] = "ok"
             self.metrics.health["partitions"] = sorted(assigned)
             log.info("join state recovered: %d requests on partitions %s", restored, sorted(assigned))
+
+    async def _on_shutdown(self, sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
+        await self.reader.stop()
 
     # --- the agent ----------------------------------------------------------------------------
 
@@ -155,37 +173,92 @@ class JoinAdapter:
         m = self.metrics
         m.unacked_events.set(len(events))
         m.events_consumed.inc(len(events))
-        async with self._lock:
-            outputs: list[tuple[str, bytes | None, bytes]] = []  # (topic, key, value)
-            now = time.time() * 1000.0
-            caps = self.settings.caps
-            touched: set[int] = set()
-            for event in events:
-                msg = event.message
-                self._next_offset[msg.partition] = msg.offset + 1
-                decoded = decode_stage_event(
-                    msg.value, msg.key, msg.topic, msg.partition, msg.offset, _ts_ms(msg), caps, now
-                )
-                if self.guard.observe(isinstance(decoded, DeadLetter)):
-                    await self._halt(decoded, msg)  # never returns: nothing of this batch is acked
-                if isinstance(decoded, DeadLetter):
-                    outputs.append(self._dead_letter_output(decoded))
-                    continue
-                touched.add(msg.partition)
-                for out in self.core.add(decoded, msg.partition, now, offset=msg.offset):
-                    if isinstance(out, TenantMismatch):
-                        outputs.append(self._dead_letter_output(out.to_dead_letter(msg, now, caps)))
-                    else:
-                        outputs.append(self._record_output(out))
-            for partition in touched:
-                for record in self.core.advance(partition, now):
-                    outputs.append(self._record_output(record))
-            await self._flush(outputs)
+        try:
+            async with self._lock:
+                outputs: list[tuple[str, bytes | None, bytes]] = []  # (topic, key, value)
+                now = time.time() * 1000.0
+                touched: set[int] = set()
+                for event in events:
+                    msg = event.message
+                    if not self.cursors.known(msg.partition):
+                        await self._start_cursors([msg.partition])
+                    position = self.cursors.classify(msg.partition, msg.offset)
+                    if position == "replay":
+                        m.replayed_events.inc()
+                        continue
+                    if position == "gap":
+                        await self._repair_gap(msg.partition, msg.offset, now, outputs, touched)
+                    await self._fold(msg, now, outputs, touched)
+                for partition in touched:
+                    for record in self.core.advance(partition, now):
+                        outputs.append(self._record_output(record))
+                await self._flush(outputs)
+        except Exception:
+            # Faust would ack and commit past a failing batch (faust.md 0.1); exit instead, nothing acked.
+            log.critical("join batch failed; exiting so a restart replays it", exc_info=True)
+            sys.stderr.flush()
+            os._exit(EXIT_BATCH_FAILED)
         for event in events:
             await stream.ack(event)
         m.events_acked.inc(len(events))
         m.unacked_events.set(0)
         m.batches.inc()
+
+    async def _fold(
+        self,
+        msg: Any,
+        now: float,
+        outputs: list[tuple[str, bytes | None, bytes]],
+        touched: set[int],
+    ) -> None:
+        """Decode one message and fold it into the join (or dead-letter it); move its partition's cursor."""
+        caps = self.settings.caps
+        decoded = decode_stage_event(msg.value, msg.key, msg.topic, msg.partition, msg.offset, _ts_ms(msg), caps, now)
+        if self.guard.observe(isinstance(decoded, DeadLetter)):
+            await self._halt(decoded, msg)  # never returns: nothing of this batch is acked
+        self.cursors.advance(msg.partition, msg.offset)
+        if isinstance(decoded, DeadLetter):
+            outputs.append(self._dead_letter_output(decoded))
+            return
+        touched.add(msg.partition)
+        for out in self.core.add(decoded, msg.partition, now, offset=msg.offset):
+            if isinstance(out, TenantMismatch):
+                outputs.append(self._dead_letter_output(out.to_dead_letter(msg, now, caps)))
+            else:
+                outputs.append(self._record_output(out))
+
+    async def _repair_gap(
+        self,
+        partition: int,
+        offset: int,
+        now: float,
+        outputs: list[tuple[str, bytes | None, bytes]],
+        touched: set[int],
+    ) -> None:
+        """Fold the records Faust skipped below ``offset`` (none if the hole is compaction or markers)."""
+        start = self.cursors.next_offset(partition)
+        assert start is not None
+        missing: list[RawRecord] = await self.reader.read(partition, start, offset)
+        log.warning(
+            "partition %d: the consumer skipped offsets %d..%d; read back %d records",
+            partition,
+            start,
+            offset - 1,
+            len(missing),
+        )
+        for record in missing:
+            if self.cursors.classify(partition, record.offset) == "replay":
+                continue
+            await self._fold(record, now, outputs, touched)
+        self.metrics.repaired_events.inc(len(missing))
+
+    async def _start_cursors(self, partitions: list[int]) -> None:
+        """Start the cursors of newly owned partitions at the group's committed offsets."""
+        if not partitions:
+            return
+        committed = await self.reader.committed(partitions)
+        for partition in partitions:
+            self.cursors.start(partition, committed[partition])
 
     async def _tick(self) -> None:
         """Idle tick: advance every owned partition's watermark on the wall clock and emit what is due."""
@@ -199,6 +272,35 @@ class JoinAdapter:
                 outputs += [self._record_output(r) for r in self.core.advance(partition, now)]
             if outputs or self.core.has_dirty() or self._heartbeat_due(now):
                 await self._flush(outputs)
+            await self._seek_stalled()
+
+    async def _seek_stalled(self) -> None:
+        """Seek a partition stuck below its log end back to its cursor, so its records come through again."""
+        topic = self.events_topic.get_topic_name()
+        consumer = self.app.consumer
+        for tp in self.app.assignor.assigned_actives():
+            if tp.topic != topic:
+                continue
+            try:
+                highwater = consumer.highwater(tp)
+            except Exception:  # not fetched yet
+                continue
+            if not self.cursors.stalled(tp.partition, highwater, STALL_REPAIR_S):
+                continue
+            cursor = self.cursors.next_offset(tp.partition)
+            assert cursor is not None
+            log.warning(
+                "partition %d: no progress for %.0f s with records up to offset %d waiting; seeking back to %d",
+                tp.partition,
+                STALL_REPAIR_S,
+                highwater,
+                cursor,
+            )
+            self.cursors.touch(tp.partition)
+            try:
+                await consumer.seek(tp, cursor)
+            except Exception:  # a rebalance took the partition meanwhile: the next recovery restarts it
+                log.warning("could not seek partition %d", tp.partition, exc_info=True)
 
     async def _halt(self, decoded: Any, msg: Any) -> None:
         """The dead-letter guard tripped: page, then exit before anything of this batch is acknowledged."""
@@ -242,7 +344,7 @@ class JoinAdapter:
                 highwater = consumer.highwater(tp)
             except Exception:  # not fetched yet: nothing known to be pending
                 highwater = None
-            done = self._next_offset.get(tp.partition) or committed.get(tp) or 0
+            done = self.cursors.next_offset(tp.partition) or committed.get(tp) or 0
             if highwater is not None and highwater > done:
                 continue
             idle.append(tp.partition)
