@@ -29,6 +29,12 @@ class WorkerMetrics:
         self.evictions = Counter("ttft_evictions", "Open requests evicted by max_open_requests", registry=r)
         self.duplicates = Counter("ttft_duplicate_events", "Duplicate events counted once", registry=r)
         self.late_events = Counter("ttft_late_events", "Events for already emitted requests", registry=r)
+        self.replayed_events = Counter(
+            "ttft_replayed_events_skipped", "Re-delivered events already folded (skipped)", registry=r
+        )
+        self.repaired_events = Counter(
+            "ttft_gap_events_repaired", "Events the consumer skipped, read back and folded", registry=r
+        )
         self.records_emitted = Counter("ttft_records_emitted", "Request records produced", ["status"], registry=r)
         self.dead_letters = Counter("ttft_dead_letters", "Messages dead-lettered", ["reason"], registry=r)
         self.consumer_lag = Gauge(
