@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -144,7 +144,9 @@ class Settings(BaseSettings):
     topic_prefix: str = "ttft"
     partitions: int = Field(8, gt=0, le=1024)
     replication_factor: int = Field(1, gt=0)
-    alertmanager_url: str | None = None
+    alertmanager_url: SecretStr | None = Field(
+        None, description="Alertmanager base URL, e.g. http://host:9093; may hold credentials."
+    )
     config: Path | None = Field(None, description="YAML file with the sections below; env overrides it.")
     app_id: str = "ttft"
     metrics_port: int = Field(0, ge=0, le=65535, description="/metrics and /healthz; 0 picks a free port.")
@@ -261,17 +263,58 @@ def load_settings(**overrides: Any) -> Settings:
     return Settings(**overrides)
 
 
+def _split_credentials(url: str) -> tuple[str, str, str] | None:
+    """``(scheme://, userinfo, @host...)`` of a URL with credentials, else ``None``; never raises.
+
+    Works on the text, not on a parse, so an unescaped ``/``, ``?``, ``#`` or ``@`` in a password, or a
+    non-numeric port, cannot make the password look like a host or a path. The userinfo is everything
+    between ``://`` and the last ``@`` of the authority (which ends at the first ``/``, ``?`` or ``#``).
+    With no ``@`` there, an ``@`` further on still ends a userinfo if the authority looks like
+    ``user:password`` rather than ``host:port`` (a password holding a ``/``, ``?`` or ``#``); then the
+    userinfo runs to the last ``@`` of the URL.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or not rest or rest[0] in "/?#":  # no authority, e.g. chdb:///abs/dir
+        return None
+    end = next((i for i, ch in enumerate(rest) if ch in "/?#"), len(rest))
+    authority = rest[:end]
+    if "@" in authority:
+        at = authority.rfind("@")
+    elif "@" in rest and _looks_like_userinfo(authority):
+        at = rest.rfind("@")
+    else:
+        return None
+    return scheme + sep, rest[:at], rest[at:]
+
+
+def _looks_like_userinfo(authority: str) -> bool:
+    if authority.startswith("["):  # an IPv6 host: its colons are not a user:password separator
+        return False
+    _, colon, port = authority.rpartition(":")
+    return bool(colon) and not port.isdigit() and port != ""
+
+
 def redact_url(url: str) -> str:
-    """Replace a password in a URL with ``***`` so it can be logged."""
-    parts = urlsplit(url)
-    if parts.password is None and "@" not in parts.netloc:
+    """Replace a password in a URL with ``***`` so it can be logged (the user name stays)."""
+    split = _split_credentials(url)
+    if split is None:
         return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    netloc = f"{user}:***@{host}" if user else f"***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    prefix, userinfo, host = split
+    user = userinfo.partition(":")[0]
+    return f"{prefix}{user}:***{host}" if user else f"{prefix}***{host}"
+
+
+def redact_password(text: str, url: str) -> str:
+    """``text`` (say, an error message about ``url``) with the password of ``url`` replaced by ``***``."""
+    split = _split_credentials(url)
+    if split is None:
+        return text
+    _, colon, password = split[1].partition(":")
+    if not colon or not password:
+        return text
+    for secret in sorted({password, unquote(password)}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def settings_summary(settings: Settings) -> Mapping[str, str]:
@@ -283,5 +326,5 @@ def settings_summary(settings: Settings) -> Mapping[str, str]:
         "database": settings.clickhouse_database,
         "topic_prefix": settings.topic_prefix,
         "partitions": str(settings.partitions),
-        "alertmanager": redact_url(settings.alertmanager_url or "-"),
+        "alertmanager": redact_url(settings.alertmanager_url.get_secret_value() if settings.alertmanager_url else "-"),
     }

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from streams.rules.model import AlertTransition
+from streams.settings import redact_password, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class AlertmanagerClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.endpoint = url.rstrip("/") + "/api/v2/alerts"
+        #: What logs show: the endpoint without a password (the URL may hold credentials).
+        self.shown_endpoint = redact_url(self.endpoint)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._attempts = max(1, attempts)
         self._backoff_s = backoff_s
@@ -131,8 +134,10 @@ class AlertmanagerClient:
                 if 200 <= response.status < 300:
                     return True
                 text = (await response.text())[:500]
-                log.warning("alertmanager %s answered %s: %s", self.endpoint, response.status, text)
+                log.warning("alertmanager %s answered %s: %s", self.shown_endpoint, response.status, text)
                 return None if response.status in RETRYABLE_STATUS else False
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            log.warning("alertmanager %s unreachable: %s", self.endpoint, exc)
+            # aiohttp's errors may repeat the URL (an invalid URL is its whole message): scrub the password.
+            reason = redact_password(str(exc), self.endpoint)
+            log.warning("alertmanager %s unreachable: %s", self.shown_endpoint, reason)
             return None

@@ -56,7 +56,7 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
     alerting.attach(closer)
     if settings.alertmanager_url:
         stop = asyncio.Event()
-        client = AlertmanagerClient(settings.alertmanager_url)
+        client = AlertmanagerClient(settings.alertmanager_url.get_secret_value())
         options = DeliveryOptions(paging_muted=settings.paging_muted)
         task = asyncio.create_task(run_delivery_loop(settings, client, stop, options=options))
 

@@ -76,7 +76,7 @@ def chdb_path(url: str) -> str:
     parts = urlsplit(url)
     # chdb://relative/dir would silently put the netloc into the path: insist on an absolute path.
     if parts.netloc or not parts.path.startswith("/"):
-        raise StoreConfigError(f"chDB URL must be chdb:///absolute/dir, got {url!r}")
+        raise StoreConfigError(f"chDB URL must be chdb:///absolute/dir, got {redact_url(url)!r}")
     # Resolved like chDB resolves it, so two spellings of one directory count as one store.
     return os.path.realpath(unquote(parts.path))
 

@@ -240,11 +240,6 @@ def test_clickhouse_connection_error_hides_password(caplog: pytest.LogCaptureFix
             assert _leaked(text, [url_secret, ch_secret]) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="streams/alerting/alertmanager.py:134/137 log self.endpoint, i.e. the configured URL with its "
-    "credentials; log a redacted endpoint (redact_url) instead",
-)
 def test_alertmanager_delivery_errors_hide_url_credentials(caplog: pytest.LogCaptureFixture) -> None:
     secret = _marker("am")
     caplog.set_level(logging.DEBUG)

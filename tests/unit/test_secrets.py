@@ -5,6 +5,8 @@ Each secret is a distinctive marker string, so "not in" cannot pass by accident 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import urllib.parse
 from typing import Any
 
@@ -14,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from streams.alerting.alertmanager import AlertmanagerClient
 from streams.settings import Settings, load_settings, redact_url, settings_summary
 from streams.store.client import StoreConfigError, StoreUnavailable, make_client
 
@@ -79,14 +82,35 @@ def test_validation_errors_do_not_echo_secret_input() -> None:
     _assert_clean(str(info.value))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="streams/settings.py: alertmanager_url is a plain str, so credentials in it show in repr(settings) "
-    "(and streams/alerting/alertmanager.py logs the endpoint with them)",
-)
 def test_alertmanager_url_credentials_do_not_show_in_settings_repr() -> None:
     s = load_settings(alertmanager_url=f"http://am:{URL_SECRET}@alerts.example:9093")
     _assert_clean(repr(s))
+    _assert_clean(s.model_dump_json())
+    assert s.alertmanager_url is not None
+    assert s.alertmanager_url.get_secret_value() == f"http://am:{URL_SECRET}@alerts.example:9093"
+
+
+def test_an_empty_alertmanager_url_still_means_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TTFT_ALERTMANAGER_URL", "")  # what replay sets: no delivery loop
+    s = load_settings()
+    assert not s.alertmanager_url
+    assert settings_summary(s)["alertmanager"] == "-"
+    assert settings_summary(load_settings())["alertmanager"] == "-"
+
+
+def test_alertmanager_invalid_url_errors_hide_credentials(caplog: pytest.LogCaptureFixture) -> None:
+    # aiohttp's error for an unparsable URL is the URL itself; no connection is tried.
+    caplog.set_level(logging.DEBUG)
+
+    async def post(url: str) -> bool:
+        async with AlertmanagerClient(url, attempts=1) as client:
+            return await client.post([{"labels": {"alertname": "Watchdog"}}])
+
+    for url in (f"http://am:{URL_SECRET}@127.0.0.1:80x", f"http://am:{URL_SECRET}/x@127.0.0.1:9"):
+        caplog.clear()
+        assert asyncio.run(post(url)) is False
+        assert "unreachable" in caplog.text
+        _assert_clean(caplog.text)
 
 
 # --- redact_url and the summary -----------------------------------------------------------------
@@ -100,8 +124,17 @@ def test_alertmanager_url_credentials_do_not_show_in_settings_repr() -> None:
         (f"https://:{URL_SECRET}@db.example:8443", "https://***@db.example:8443"),
         (f"http://writer:{URL_SECRET}@with@db.example:8123", "http://writer:***@db.example:8123"),
         (f"http://writer:{urllib.parse.quote(URL_SECRET + '/@:', safe='')}@db.example", "http://writer:***@db.example"),
+        (f"http://writer:{URL_SECRET}/x@db.example:8123", "http://writer:***@db.example:8123"),
+        (f"http://writer:{URL_SECRET}?x#y@db.example:8123/", "http://writer:***@db.example:8123/"),
+        (f"http://writer:{URL_SECRET}@db.example:80x", "http://writer:***@db.example:80x"),
+        (f"http://writer:{URL_SECRET}@[::1]:8123", "http://writer:***@[::1]:8123"),
+        (f"chdb://writer:{URL_SECRET}@/var/lib/ttft", "chdb://writer:***@/var/lib/ttft"),
         ("http://db.example:8123", "http://db.example:8123"),
+        ("https://db.example:8443/?ca_cert=/etc/certs/a@b.pem", "https://db.example:8443/?ca_cert=/etc/certs/a@b.pem"),
+        ("http://[::1]/?x=a@b", "http://[::1]/?x=a@b"),
         ("chdb:///var/lib/ttft/chdb", "chdb:///var/lib/ttft/chdb"),
+        ("chdb:///var/lib/a:b@c", "chdb:///var/lib/a:b@c"),
+        ("-", "-"),
     ],
 )
 def test_redact_url(url: str, redacted: str) -> None:
@@ -118,22 +151,14 @@ def test_redact_url_never_returns_the_password(password: str, user: str) -> None
     assert out.endswith("db.example:8443/?secure=true")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="streams/settings.py redact_url reads parts.port, which raises ValueError on a non-numeric port; "
-    "so streams/store/client.py's 'bad port' StoreConfigError never gets raised (a ValueError is)",
-)
 def test_redact_url_survives_a_bad_port() -> None:
     out = redact_url(f"http://writer:{URL_SECRET}@db.example:80x")
     _assert_clean(out)
+    with pytest.raises(StoreConfigError, match="bad port") as info:
+        make_client(load_settings(clickhouse_url=SecretStr(f"http://writer:{URL_SECRET}@db.example:80x")))
+    _assert_clean(str(info.value))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="streams/settings.py redact_url: with an unescaped '/' in the password the URL parses with no "
-    "'@' in the netloc, so it is returned whole; store errors then print it (client.py path check). "
-    "Redact everything between '://' and the last '@' instead",
-)
 def test_store_errors_hide_a_password_with_an_unescaped_slash() -> None:
     with pytest.raises(StoreConfigError) as info:
         make_client(load_settings(clickhouse_url=SecretStr(f"http://writer:{URL_SECRET}/x@db.example:8123")))
@@ -188,11 +213,6 @@ def test_store_config_errors_redact_http_urls() -> None:
         _assert_clean(str(info.value))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="streams/store/client.py chdb_path: the 'must be chdb:///absolute/dir' error repeats the URL "
-    "unredacted ({url!r}); use redact_url(url)",
-)
 def test_chdb_url_error_redacts_credentials() -> None:
     with pytest.raises(StoreConfigError) as info:
         make_client(load_settings(clickhouse_url=SecretStr(f"chdb://writer:{URL_SECRET}@/var/lib/ttft")))
