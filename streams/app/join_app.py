@@ -30,7 +30,7 @@ from typing import Any
 
 import faust
 import orjson
-from faust.types import EventT
+from faust.types import TP, EventT
 
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
@@ -251,6 +251,20 @@ class JoinAdapter:
                 continue
             await self._fold(record, now, outputs, touched)
         self.metrics.repaired_events.inc(len(missing))
+        await self._mark_committable(partition, start, offset - 1)
+
+    async def _mark_committable(self, partition: int, first: int, last: int) -> None:
+        """Let Faust commit over ``[first, last]`` once the event after it is acked.
+
+        Faust commits only contiguous acked offsets; it never saw the records of a hole, so without this its
+        committed offset would stay below the hole for good. ``_add_gap`` is how Faust itself files offsets
+        that hold no records (faust/transport/consumer.py); there is no public way.
+        """
+        add_gap = getattr(self.app.consumer, "_add_gap", None)
+        if add_gap is None:
+            log.warning("faust has no Consumer._add_gap: partition %d may not commit past the hole", partition)
+            return
+        await add_gap(TP(self.events_topic.get_topic_name(), partition), first, last)
 
     async def _start_cursors(self, partitions: list[int]) -> None:
         """Start the cursors of newly owned partitions at the group's committed offsets."""
