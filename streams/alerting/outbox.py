@@ -247,13 +247,15 @@ async def run_delivery_loop(
     options: DeliveryOptions | None = None,
     state: DeliveryState | None = None,
     clock: Callable[[], float] = time.time,
+    on_pending: Callable[[int], None] | None = None,
 ) -> DeliveryState:
     """Consume ``ttft.alerts`` and deliver it until ``stop`` is set; returns the final state.
 
     Offsets are committed only after a successful delivery of everything folded so far; on failure the
     loop keeps folding and retries with capped exponential back-off. All partitions are assigned to this
     consumer (no rebalancing): run one loop per deployment; a second one only duplicates posts, which
-    Alertmanager deduplicates by labels.
+    Alertmanager deduplicates by labels. After every delivery attempt ``on_pending`` (e.g. a gauge's
+    ``set``) gets the number of transitions still owed to Alertmanager.
     """
     opts = options or DeliveryOptions()
     state = state if state is not None else DeliveryState()
@@ -287,6 +289,8 @@ async def run_delivery_loop(
                 ends_after_intervals=opts.ends_after_intervals,
                 paging_muted=opts.paging_muted,
             )
+            if on_pending is not None:
+                on_pending(len(state.owed))
             if ok:
                 if uncommitted:
                     await consumer.commit()

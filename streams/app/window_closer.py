@@ -1,9 +1,10 @@
 """Closes event-time windows in the writer and derives their aggregates from the store.
 
-A window closes when the writer's watermark (the latest ``started_at`` it stored, advanced by the wall
-clock while idle) passes ``window_start + W + grace``. Its rows are then computed from ``requests FINAL``
-by the pure :func:`streams.core.windows.aggregate_window`, written to the aggregate tables (idempotent:
-ReplacingMergeTree by window key) and published to ``ttft.stage-windows`` / ``ttft.window-health``.
+A window closes when the writer's watermark (the join's heartbeats, or the wall clock once the writer's
+polls have come back without a record for ``idle_close_s``) passes ``window_start + W + grace``. Its rows
+are then computed from ``requests FINAL`` by the pure :func:`streams.core.windows.aggregate_window`,
+written to the aggregate tables (idempotent: ReplacingMergeTree by window key) and published to
+``ttft.stage-windows`` / ``ttft.window-health``.
 
 A record for an already closed window is a late amendment: the window is computed again from the
 store and the amendment counted. Because every computation reads the store, a crash, a replay or a
@@ -71,7 +72,9 @@ class WindowCloser:
         self._max_started: float | None = None
         self.source_watermarks = SourceWatermarks(settings.partitions)
         self.request_partitions: list[int] = list(range(settings.partitions))
-        self._last_progress_wall = clock()
+        #: Seconds spent polling since the last batch with records: only the polls' own waits count, never
+        #: the time spent in the store (a long insert retry is an outage, not idleness).
+        self._idle_s = 0.0
         join = settings.join
         self.idle_close_s = (
             settings.windows.idle_close_s
@@ -105,8 +108,12 @@ class WindowCloser:
 
     # --- per batch ------------------------------------------------------------------------------
 
-    async def on_records(self, records: list[dict[str, Any]]) -> None:
-        """Book a committed batch of records and close what became due."""
+    async def on_records(self, records: list[dict[str, Any]], *, polled_s: float) -> None:
+        """Book a committed batch of records and close what became due.
+
+        ``polled_s``: how long the poll that brought this batch waited for messages. Without records (an
+        empty poll, or one of dead letters or heartbeats only) it adds to the idle time; records reset it.
+        """
         now = self.clock()
         amended: set[int] = set()
         for record in records:
@@ -118,8 +125,7 @@ class WindowCloser:
                 amended.add(ws)
             else:
                 self.open.add(ws)
-        if records:
-            self._last_progress_wall = now
+        self._idle_s = 0.0 if records else self._idle_s + max(0.0, polled_s)
         self._advance_watermark(now)
         await self._close_due()
         self.metrics.open_windows.set(len(self.open))
@@ -136,9 +142,10 @@ class WindowCloser:
         """The writer's event time: how far every join partition has provably progressed.
 
         From the join's heartbeats (:mod:`streams.core.watermarks`): their minimum, less the join's request
-        timeout and grace (a request may stay open that long before it is emitted). When no record arrived
-        for ``windows.idle_close_s`` (default: that same timeout + grace) the wall clock stands in, so a
-        stopped join or historical traffic still closes its windows.
+        timeout and grace (a request may stay open that long before it is emitted). When the writer's polls
+        waited ``windows.idle_close_s`` (default: that same timeout + grace) in all without bringing a record,
+        the wall clock stands in, so a stopped join or historical traffic still closes its windows. Time spent
+        blocked on the store is not idle time: after an outage the join's backlog is still to come.
         """
         join = self.settings.join
         settle_ms = join.request_timeout_ms + join.grace_ms + 2 * join.idle_tick_ms
@@ -146,7 +153,7 @@ class WindowCloser:
         progress = self.source_watermarks.progress(self.request_partitions)
         if progress is not None:
             candidates.append(progress - settle_ms)
-        if self._max_started is not None and now - self._last_progress_wall >= self.idle_close_s:
+        if self._max_started is not None and self._idle_s >= self.idle_close_s:
             candidates.append(now * 1000.0 - settle_ms)
         if candidates and (self.watermark is None or max(candidates) > self.watermark):
             self.watermark = max(candidates)

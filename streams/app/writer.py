@@ -10,14 +10,18 @@ Invariants:
 - Inserts are idempotent: ``requests`` keeps the most complete version per request id, ``dead_letters``
   one row per (topic, partition, offset). A replay after a crash changes nothing.
 - Amendment records (late events of a forgotten request) are merged into the stored row.
+- Every ``STATS_INTERVAL_S`` the writer samples its own metrics into ``pipeline_stats`` (the health
+  dashboard's lag and insert-latency panels). Best effort: a failed write is logged and dropped, and it
+  never blocks, retries or stops the record path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,14 +39,107 @@ from streams.store.client import StoreUnavailable, make_client
 from streams.store.dead_letter_store import insert_dead_letters
 from streams.store.migrate import apply_migrations
 from streams.store.requests_store import apply_amendments, insert_requests
+from streams.store.stats_store import CONSUMER_LAG, INSERT_LATENCY_MS, SERIES_CAP_HITS, insert_stats, stat_sample
 
 log = logging.getLogger("ttft.writer")
 
 #: Store failures worth waiting out: the server or the network, never a bug in our code.
 RETRIABLE: tuple[type[BaseException], ...] = (ClickHouseError, StoreUnavailable, OSError, TimeoutError)
 
-#: Called after each committed batch with the inserted records (window closing hooks in here).
+#: Called after each poll: with the inserted records once the batch is committed, with ``[]`` after an
+#: empty poll (window closing hooks in here; ``StoreWriter.last_poll_s`` is how long that poll waited).
 BatchHook = Callable[[list[dict[str, Any]]], Any]
+#: ``store_call(fn, *args)`` runs ``fn(client, *args)`` on the store thread.
+StoreCall = Callable[..., Awaitable[Any]]
+
+#: Seconds between two rounds of ``pipeline_stats`` samples (no setting fits; the health dashboard's
+#: shortest interval is 15 s, so every interval gets a sample).
+STATS_INTERVAL_S = 10.0
+
+
+class StatsReporter:
+    """Writes one worker's metrics to ``pipeline_stats`` every ``interval_s``, best effort.
+
+    Samples (names from :mod:`streams.store.stats_store`): ``consumer_lag`` per partition the worker owns
+    now (labels ``topic``, ``partition``), ``insert_latency_ms`` per table (the mean of the inserts since
+    the last written round; a table without inserts since then has no sample) and ``series_cap_hits``
+    (``ttft_series_overflow``: series folded into ``__other__``, summed over the windows closed since the
+    worker started). A round that fails to build or to write is logged and dropped, never retried; no
+    round is tried while ``store_down()`` (the record path is retrying the store then, and a stats write
+    would only queue on the store thread beside it).
+    """
+
+    def __init__(
+        self,
+        metrics: WorkerMetrics,
+        store_call: StoreCall,
+        database: str,
+        *,
+        owned: Callable[[], set[tuple[str, int]]],
+        store_down: Callable[[], bool] = lambda: False,
+        interval_s: float = STATS_INTERVAL_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.metrics = metrics
+        self.store_call = store_call
+        self.database = database
+        self.owned = owned
+        self.store_down = store_down
+        self.interval_s = interval_s
+        self.clock = clock
+        #: insert_seconds (sum, count) per table at the last written round
+        self._latency_seen: dict[str, tuple[float, float]] = {}
+
+    def samples(self, now_ms: float) -> tuple[list[dict[str, Any]], dict[str, tuple[float, float]]]:
+        """One round of samples, and the latency totals to remember once it is written."""
+        m = self.metrics
+
+        def sample(metric: str, value: float, labels: dict[str, str] | None = None) -> dict[str, Any]:
+            return stat_sample(now_ms, m.worker_id, m.role, metric, value, labels)
+
+        owned = self.owned()
+        out = [
+            sample(CONSUMER_LAG, s.value, {"topic": s.labels["topic"], "partition": s.labels["partition"]})
+            for family in m.consumer_lag.collect()
+            for s in family.samples
+            if (s.labels["topic"], int(s.labels["partition"])) in owned
+        ]
+        totals: dict[str, tuple[float, float]] = {}
+        for family in m.insert_seconds.collect():
+            for s in family.samples:
+                total_s, count = totals.get(s.labels["table"], (0.0, 0.0))
+                if s.name.endswith("_sum"):
+                    totals[s.labels["table"]] = (s.value, count)
+                elif s.name.endswith("_count"):
+                    totals[s.labels["table"]] = (total_s, s.value)
+        for table, (total_s, count) in sorted(totals.items()):
+            seen_s, seen_n = self._latency_seen.get(table, (0.0, 0.0))
+            if count > seen_n:
+                out.append(sample(INSERT_LATENCY_MS, 1000.0 * (total_s - seen_s) / (count - seen_n), {"table": table}))
+        overflow = sum(s.value for f in m.series_overflow.collect() for s in f.samples if s.name.endswith("_total"))
+        out.append(sample(SERIES_CAP_HITS, overflow))
+        return out, totals
+
+    async def write_once(self) -> bool:
+        """Write one round now; ``False`` when it was skipped or failed. Never raises (but is cancellable)."""
+        if self.store_down():
+            return False
+        try:
+            samples, totals = self.samples(self.clock() * 1000.0)
+            await self.store_call(insert_stats, self.database, samples)
+        except Exception as exc:  # stats are best effort: whatever went wrong, the record path goes on
+            log.warning("pipeline_stats not written (%s: %s); this round is dropped", type(exc).__name__, exc)
+            return False
+        self._latency_seen = totals
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Write a round every ``interval_s`` until ``stop`` is set."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+            if not stop.is_set():
+                await self.write_once()
 
 
 class StoreWriter:
@@ -56,6 +153,8 @@ class StoreWriter:
         batch_max: int = 10_000,
         batch_timeout_ms: int = 200,
         fault_injector: Callable[[], None] | None = None,
+        stats_interval_s: float | None = STATS_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -69,6 +168,23 @@ class StoreWriter:
         self.heartbeats: list[tuple[int, int, float]] = []
         self._fault = fault_injector
         self._stopping = asyncio.Event()
+        self._clock = clock
+        #: Seconds the latest poll waited for messages: the window closer's idle clock counts only these,
+        #: never the time spent in the store (see WindowCloser.on_records).
+        self.last_poll_s = 0.0
+        #: True while a store call is failing and being retried (cleared by the next success).
+        self.store_failing = False
+        #: ``pipeline_stats`` samples every ``stats_interval_s`` while running (None: none).
+        self.stats: StatsReporter | None = None
+        if stats_interval_s is not None:
+            self.stats = StatsReporter(
+                metrics,
+                self.store_once,
+                settings.clickhouse_database,
+                owned=self.owned_partitions,
+                store_down=lambda: self.store_failing,
+                interval_s=stats_interval_s,
+            )
         self.consumer: AIOKafkaConsumer | None = None
         self.requests_topic = settings.topic("requests")
         self.dead_letter_topic = settings.topic("dead-letter")
@@ -81,6 +197,10 @@ class StoreWriter:
     async def store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(client, *args)`` on the store thread, retried until it succeeds."""
         return await self._retry(getattr(fn, "__name__", "store call"), lambda: fn(self.client, *args))
+
+    async def store_once(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(client, *args)`` on the store thread, tried once: errors go to the caller (for stats)."""
+        return await self._in_store(fn, self.client, *args)
 
     async def start(self) -> None:
         self.client = await self._retry("connect", lambda: make_client(self.settings))
@@ -109,20 +229,33 @@ class StoreWriter:
             return []
         return sorted(tp.partition for tp in self.consumer.assignment() if tp.topic == self.requests_topic)
 
+    def owned_partitions(self) -> set[tuple[str, int]]:
+        """(topic, partition) of everything this writer currently owns."""
+        if self.consumer is None:
+            return set()
+        return {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+
     async def stop(self) -> None:
         """Finish the batch in flight (it is committed or not at all), then leave the group."""
         self._stopping.set()
 
     async def run(self) -> None:
         assert self.consumer is not None
+        stats = asyncio.create_task(self.stats.run(self._stopping)) if self.stats is not None else None
         try:
             while not self._stopping.is_set():
+                started = self._clock()
                 batch = await self.consumer.getmany(timeout_ms=self.batch_timeout_ms, max_records=self.batch_max)
+                self.last_poll_s = max(0.0, self._clock() - started)
                 if batch:
                     await self._process(batch)
                 else:
                     await self._idle()
         finally:
+            if stats is not None:
+                stats.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stats
             for fn in self.on_stop:
                 result = fn()
                 if asyncio.iscoroutine(result):
@@ -211,13 +344,17 @@ class StoreWriter:
         delay = 0.2
         while True:
             try:
-                return await self._in_store(fn)
+                result = await self._in_store(fn)
             except RETRIABLE as exc:  # the batch stays unacknowledged while we wait
+                self.store_failing = True
                 self.metrics.insert_failures.inc()
                 self.metrics.health["last_store_error"] = f"{what}: {type(exc).__name__}"
                 log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
+            else:
+                self.store_failing = False
+                return result
 
 
 def _keep_most_complete(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

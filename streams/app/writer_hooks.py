@@ -58,7 +58,9 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
         stop = asyncio.Event()
         client = AlertmanagerClient(settings.alertmanager_url.get_secret_value())
         options = DeliveryOptions(paging_muted=settings.paging_muted)
-        task = asyncio.create_task(run_delivery_loop(settings, client, stop, options=options))
+        task = asyncio.create_task(
+            run_delivery_loop(settings, client, stop, options=options, on_pending=metrics.alerts_pending_delivery.set)
+        )
 
         async def stop_delivery() -> None:
             stop.set()
@@ -71,7 +73,7 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
             closer.source_watermarks.observe(source, target, watermark_ms)
         writer.heartbeats.clear()
         closer.request_partitions = writer.request_partitions()
-        await closer.on_records(records)
+        await closer.on_records(records, polled_s=writer.last_poll_s)
         await publisher.flush()
 
     writer.hooks.append(on_batch)

@@ -9,7 +9,7 @@ The table is append-only: write each sample once per scrape interval.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from clickhouse_connect.driver.client import Client
 
@@ -17,6 +17,14 @@ from streams.store.client import check_identifier
 from streams.store.requests_store import SYNC_INSERT
 
 STATS_COLUMNS: tuple[str, ...] = ("ts", "worker_id", "role", "metric", "labels", "value")
+
+#: ``metric`` names (the health dashboard, streams/grafana/boards_health.py, reads exactly these).
+CONSUMER_LAG: Final = "consumer_lag"  # labels: topic, partition
+INSERT_LATENCY_MS: Final = "insert_latency_ms"  # labels: table
+OPEN_REQUESTS: Final = "open_requests"
+EVICTIONS: Final = "evictions"
+SERIES_CAP_HITS: Final = "series_cap_hits"
+STATS_METRICS: Final = (CONSUMER_LAG, INSERT_LATENCY_MS, OPEN_REQUESTS, EVICTIONS, SERIES_CAP_HITS)
 
 
 def stat_sample(

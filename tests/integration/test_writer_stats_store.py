@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from clickhouse_connect.driver.client import Client
+from pydantic import SecretStr
+
+from schemas.records import RequestRecord, record_version
+from streams.app.metrics import WorkerMetrics
+from streams.app.writer import StoreWriter
+from streams.grafana.boards_health import pipeline_health
+from streams.grafana.macros import QueryContext, expand_query, panel_interval_ms
+from streams.settings import Settings
+from streams.store.requests_store import insert_requests
+
+pytestmark = pytest.mark.clickhouse
+
+REQUESTS = "ttft.requests"
+
+
+class OwnsPartitionZero:
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(REQUESTS, 0)}
+
+
+def request(request_id: str, started_at: float) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "request_id": request_id,
+        "tenant_id": "acme",
+        "status": "complete",
+        "started_at": started_at,
+        "window_start": float(started_at // 60_000 * 60_000),
+        "event_count": 5,
+        "record_version": record_version(5, "complete"),
+    }
+    return RequestRecord(**fields).model_dump()
+
+
+def run_panel(client: Client, database: str, sql: str, ctx: QueryContext) -> list[tuple[Any, ...]]:
+    """A panel's SQL as Grafana sends it, on ``database`` (panels name tables without one)."""
+    before = client.database
+    client.database = database
+    try:
+        return [tuple(r) for r in client.query(expand_query(sql, ctx)).result_rows]
+    finally:
+        client.database = before
+
+
+def test_writer_stats_land_in_pipeline_stats_and_feed_the_health_panels(
+    ch_client: Client, ch_database: str, ch_session_path: Path
+) -> None:
+    settings = Settings(clickhouse_url=SecretStr(f"chdb://{ch_session_path}"), clickhouse_database=ch_database)
+    metrics = WorkerMetrics("writer", "w-int")
+    writer = StoreWriter(settings, metrics)
+    writer.client = ch_client
+    writer.consumer = OwnsPartitionZero()  # type: ignore[assignment]
+    assert writer.stats is not None
+    now_ms = time.time() * 1000  # wall clock, like the writer: the table's TTL drops old samples
+
+    async def scenario() -> bool:
+        # A real insert through the writer's store thread gives the latency sample.
+        await writer._insert("requests", insert_requests, ch_database, [request("r-1", now_ms - 5_000)])
+        metrics.consumer_lag.labels(REQUESTS, "0").set(12)
+        metrics.series_overflow.inc(3)
+        assert writer.stats is not None
+        return await writer.stats.write_once()
+
+    try:
+        assert asyncio.run(scenario())
+    finally:
+        writer.executor.shutdown(wait=True)
+
+    rows = ch_client.query(
+        f"SELECT metric, worker_id, role, labels, value FROM {ch_database}.pipeline_stats ORDER BY metric"
+    ).result_rows
+    assert [r[:4] for r in rows] == [
+        ("consumer_lag", "w-int", "writer", {"topic": REQUESTS, "partition": "0"}),
+        ("insert_latency_ms", "w-int", "writer", {"table": "requests"}),
+        ("series_cap_hits", "w-int", "writer", {}),
+    ]
+    assert rows[0][4] == 12 and rows[1][4] > 0 and rows[2][4] == 3
+
+    from_ms, to_ms = int(now_ms) - 3_600_000, int(now_ms) + 60_000
+    stats_panels = [p for p in pipeline_health().panels if "pipeline_stats" in p.sql]
+    assert {p.title for p in stats_panels} == {"Open requests and evictions", "Consumer lag", "Insert latency"}
+    got: dict[str, list[tuple[Any, ...]]] = {}
+    for panel in stats_panels:
+        ctx = QueryContext(from_ms, to_ms, panel_interval_ms(from_ms, to_ms, 500, None))
+        got[panel.title] = run_panel(ch_client, ch_database, panel.sql, ctx)
+        assert run_panel(ch_client, ch_database, panel.expect_sql, ctx)[0][0] >= 1, panel.title
+    assert [r[1:] for r in got["Consumer lag"]] == [("consumer_lag", 12.0)]
+    assert [r[1:] for r in got["Open requests and evictions"]] == [("series_cap_hits", 3.0)]
+    [(_, table, latency_ms)] = got["Insert latency"]
+    assert table == "requests" and latency_ms == rows[1][4]
