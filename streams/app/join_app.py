@@ -116,6 +116,7 @@ class JoinAdapter:
         self._lock = asyncio.Lock()
         self._last_heartbeat_ms = 0.0
         self.cursors = OffsetCursors()
+        self._lag: dict[int, int] = {}  # per owned partition: log end minus committed offset
         self.reader = PartitionReader(settings, self.events_topic.get_topic_name(), app.conf.id)
         self.guard = DeadLetterGuard(settings.caps.halt_window_messages, settings.caps.halt_dead_letter_share)
         self._recovered = False
@@ -377,7 +378,8 @@ class JoinAdapter:
                 continue
             if highwater is not None:
                 done = committed.get(tp) or 0
-                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - done))
+                self._lag[tp.partition] = max(0, highwater - done)
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(self._lag[tp.partition])
 
     # --- watermark heartbeats ---------------------------------------------------------------------
 
@@ -399,11 +401,20 @@ class JoinAdapter:
         topic = self.events_topic.get_topic_name()
         owned = sorted(tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic)
         producer = self.app.producer
+        # The join's own gauges ride along, so the writer can put them into pipeline_stats (the join has no
+        # store of its own: chDB allows one writer).
+        stats = {
+            "worker_id": self.metrics.worker_id,
+            "open_requests": self.core.open_requests,
+            "evictions": self.core.counters.evictions,
+        }
         for partition in owned:
             watermark = self.core.watermark(partition)
             if not watermark:
                 continue
-            value = orjson.dumps({"watermark_ms": watermark, "source_partition": partition})
+            value = orjson.dumps(
+                {"watermark_ms": watermark, "source_partition": partition, "lag": self._lag.get(partition), **stats}
+            )
             for target in range(self.settings.partitions):
                 # Not awaited: the producer keeps per-partition order, so each heartbeat still follows the
                 # records it vouches for; a lost heartbeat only delays a window (the next one supersedes it).

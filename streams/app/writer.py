@@ -31,6 +31,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from schemas.dead_letter import DeadLetter
 from streams.app.metrics import WorkerMetrics
+from streams.app.stats import STATS_INTERVAL_S, JoinStats, StatsReporter
 from streams.core.join import merge_records
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.topics import kafka_client_kwargs
@@ -39,7 +40,6 @@ from streams.store.client import StoreUnavailable, make_client
 from streams.store.dead_letter_store import insert_dead_letters
 from streams.store.migrate import apply_migrations
 from streams.store.requests_store import apply_amendments, insert_requests
-from streams.store.stats_store import CONSUMER_LAG, INSERT_LATENCY_MS, SERIES_CAP_HITS, insert_stats, stat_sample
 
 log = logging.getLogger("ttft.writer")
 
@@ -51,95 +51,6 @@ RETRIABLE: tuple[type[BaseException], ...] = (ClickHouseError, StoreUnavailable,
 BatchHook = Callable[[list[dict[str, Any]]], Any]
 #: ``store_call(fn, *args)`` runs ``fn(client, *args)`` on the store thread.
 StoreCall = Callable[..., Awaitable[Any]]
-
-#: Seconds between two rounds of ``pipeline_stats`` samples (no setting fits; the health dashboard's
-#: shortest interval is 15 s, so every interval gets a sample).
-STATS_INTERVAL_S = 10.0
-
-
-class StatsReporter:
-    """Writes one worker's metrics to ``pipeline_stats`` every ``interval_s``, best effort.
-
-    Samples (names from :mod:`streams.store.stats_store`): ``consumer_lag`` per partition the worker owns
-    now (labels ``topic``, ``partition``), ``insert_latency_ms`` per table (the mean of the inserts since
-    the last written round; a table without inserts since then has no sample) and ``series_cap_hits``
-    (``ttft_series_overflow``: series folded into ``__other__``, summed over the windows closed since the
-    worker started). A round that fails to build or to write is logged and dropped, never retried; no
-    round is tried while ``store_down()`` (the record path is retrying the store then, and a stats write
-    would only queue on the store thread beside it).
-    """
-
-    def __init__(
-        self,
-        metrics: WorkerMetrics,
-        store_call: StoreCall,
-        database: str,
-        *,
-        owned: Callable[[], set[tuple[str, int]]],
-        store_down: Callable[[], bool] = lambda: False,
-        interval_s: float = STATS_INTERVAL_S,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.metrics = metrics
-        self.store_call = store_call
-        self.database = database
-        self.owned = owned
-        self.store_down = store_down
-        self.interval_s = interval_s
-        self.clock = clock
-        #: insert_seconds (sum, count) per table at the last written round
-        self._latency_seen: dict[str, tuple[float, float]] = {}
-
-    def samples(self, now_ms: float) -> tuple[list[dict[str, Any]], dict[str, tuple[float, float]]]:
-        """One round of samples, and the latency totals to remember once it is written."""
-        m = self.metrics
-
-        def sample(metric: str, value: float, labels: dict[str, str] | None = None) -> dict[str, Any]:
-            return stat_sample(now_ms, m.worker_id, m.role, metric, value, labels)
-
-        owned = self.owned()
-        out = [
-            sample(CONSUMER_LAG, s.value, {"topic": s.labels["topic"], "partition": s.labels["partition"]})
-            for family in m.consumer_lag.collect()
-            for s in family.samples
-            if (s.labels["topic"], int(s.labels["partition"])) in owned
-        ]
-        totals: dict[str, tuple[float, float]] = {}
-        for family in m.insert_seconds.collect():
-            for s in family.samples:
-                total_s, count = totals.get(s.labels["table"], (0.0, 0.0))
-                if s.name.endswith("_sum"):
-                    totals[s.labels["table"]] = (s.value, count)
-                elif s.name.endswith("_count"):
-                    totals[s.labels["table"]] = (total_s, s.value)
-        for table, (total_s, count) in sorted(totals.items()):
-            seen_s, seen_n = self._latency_seen.get(table, (0.0, 0.0))
-            if count > seen_n:
-                out.append(sample(INSERT_LATENCY_MS, 1000.0 * (total_s - seen_s) / (count - seen_n), {"table": table}))
-        overflow = sum(s.value for f in m.series_overflow.collect() for s in f.samples if s.name.endswith("_total"))
-        out.append(sample(SERIES_CAP_HITS, overflow))
-        return out, totals
-
-    async def write_once(self) -> bool:
-        """Write one round now; ``False`` when it was skipped or failed. Never raises (but is cancellable)."""
-        if self.store_down():
-            return False
-        try:
-            samples, totals = self.samples(self.clock() * 1000.0)
-            await self.store_call(insert_stats, self.database, samples)
-        except Exception as exc:  # stats are best effort: whatever went wrong, the record path goes on
-            log.warning("pipeline_stats not written (%s: %s); this round is dropped", type(exc).__name__, exc)
-            return False
-        self._latency_seen = totals
-        return True
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Write a round every ``interval_s`` until ``stop`` is set."""
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
-            if not stop.is_set():
-                await self.write_once()
 
 
 class StoreWriter:
@@ -174,6 +85,8 @@ class StoreWriter:
         self.last_poll_s = 0.0
         #: True while a store call is failing and being retried (cleared by the next success).
         self.store_failing = False
+        #: The join workers' gauges, as their heartbeats carry them.
+        self.join_stats = JoinStats(self.settings.topic("stage-events"))
         #: ``pipeline_stats`` samples every ``stats_interval_s`` while running (None: none).
         self.stats: StatsReporter | None = None
         if stats_interval_s is not None:
@@ -184,6 +97,7 @@ class StoreWriter:
                 owned=self.owned_partitions,
                 store_down=lambda: self.store_failing,
                 interval_s=stats_interval_s,
+                join_samples=self.join_stats.samples,
             )
         self.consumer: AIOKafkaConsumer | None = None
         self.requests_topic = settings.topic("requests")
@@ -289,6 +203,7 @@ class StoreWriter:
                 if msg.key == WATERMARK_KEY:
                     beat = orjson.loads(msg.value)
                     heartbeats.append((int(beat["source_partition"]), tp.partition, float(beat["watermark_ms"])))
+                    self.join_stats.observe(beat)
                     continue
                 value = orjson.loads(msg.value)
                 if value.get("amend"):

@@ -12,7 +12,8 @@ from aiokafka import TopicPartition
 
 from schemas.records import RequestRecord, record_version
 from streams.app.metrics import WorkerMetrics
-from streams.app.writer import StatsReporter, StoreWriter
+from streams.app.stats import JoinStats, StatsReporter
+from streams.app.writer import StoreWriter
 from streams.grafana import boards_health
 from streams.settings import Settings
 from streams.store import stats_store
@@ -230,3 +231,24 @@ def test_failing_stats_writes_never_stop_or_hold_up_the_records(caplog: pytest.L
     assert metrics.registry.get_sample_value("ttft_insert_failures_total") == 0
     assert not writer.store_failing
     assert metrics.registry.get_sample_value("ttft_records_written_total") == 1
+
+
+def test_join_gauges_from_heartbeats_and_forgetting_a_silent_worker() -> None:
+    now = [1000.0]
+    stats = JoinStats("ttft.stage-events", forget_after_s=30.0, clock=lambda: now[0])
+    stats.observe({"watermark_ms": 1.0, "source_partition": 2})  # an older join: no gauges, ignored
+    assert stats.samples(5.0) == []
+    beat = {"watermark_ms": 1.0, "source_partition": 2, "worker_id": "join-1", "open_requests": 40, "evictions": 3}
+    stats.observe({**beat, "lag": 7})
+    stats.observe({**beat, "source_partition": 5, "lag": None, "open_requests": 41})
+    rows = {
+        (r["worker_id"], r["role"], r["metric"], tuple(sorted(r["labels"].items()))): r["value"]
+        for r in stats.samples(5.0)
+    }
+    assert rows == {
+        ("join-1", "join", "open_requests", ()): 41.0,
+        ("join-1", "join", "evictions", ()): 3.0,
+        ("join-1", "join", "consumer_lag", (("partition", "2"), ("topic", "ttft.stage-events"))): 7.0,
+    }
+    now[0] += 31
+    assert stats.samples(6.0) == []
