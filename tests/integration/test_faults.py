@@ -402,15 +402,6 @@ def test_store_outage_backs_pressure_and_commits_nothing_unwritten(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,  # only when the batch stuck in the outage carries no request record (dead letters only)
-    reason=(
-        "streams/app/window_closer.py _advance_watermark: time the writer spends blocked retrying a store insert "
-        "counts as idle (_last_progress_wall is only set when a batch with records is booked), so a batch without "
-        "records that waited out a >= idle_close_s outage moves the watermark to the wall clock and closes every "
-        "historical window before the join's backlog is in; the rules judge partial windows"
-    ),
-)
 def test_store_outage_keeps_alert_transitions(fault_reference: RunResult, store_outage: RunResult) -> None:
     _same_alerts(fault_reference, store_outage)
 

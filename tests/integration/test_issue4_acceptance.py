@@ -18,7 +18,6 @@ import pytest
 
 from tests.fixtures.alertmanager import AlertmanagerServer, wait_for
 from tests.support.scenarios import (
-    IDLE_HEARTBEAT_BUG,
     PipelinePair,
     RegressionTraffic,
     historical_start_ms,
@@ -101,7 +100,6 @@ def _window_index(traffic: RegressionTraffic, ms: float | None) -> int | None:
     return None if ms is None else int((ms - traffic.start_ms) // traffic.window_ms)
 
 
-@pytest.mark.xfail(strict=False, raises=AssertionError, reason=IDLE_HEARTBEAT_BUG)
 def test_regression_arrives_once_and_resolves_once(
     kafka_settings: Any, alertmanager: AlertmanagerServer, tmp_path: Path, regression: RegressionTraffic
 ) -> None:
@@ -156,7 +154,6 @@ def test_regression_arrives_once_and_resolves_once(
     assert resolved_window >= WINDOWS_BEFORE + WINDOWS_INCIDENT
 
 
-@pytest.mark.xfail(strict=False, raises=AssertionError, reason=IDLE_HEARTBEAT_BUG)
 def test_firing_alert_survives_alertmanager_outage_and_writer_restart(
     kafka_settings: Any,
     alertmanager_server: AlertmanagerServer,

@@ -28,11 +28,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 N_REQUESTS = 10_000
 MOVE_BUDGET_S = 30.0
-KNOWN_STALL = (
-    "after the failover the survivor's committed offset on a partition stops for good while it processes the "
-    "rest (a hole in the acked offsets: fetched records dropped without a seek; faust commits only contiguous "
-    "offsets); see docs/scaling.md"
-)
 
 
 def free_port() -> int:
@@ -170,10 +165,6 @@ def test_killed_join_worker_partitions_move_to_survivor(
             wait_drained(pipe, kafka_settings, survivor, stall_s=120, cap_s=600)
         except DrainStalled as stalled:
             stuck = {p: lag for p, lag in partition_lags(kafka_settings).items() if lag}
-            if 0 < len(stuck) <= 2 and survivor.metric("ttft_open_requests") == 0:
-                # Known bug (KNOWN_STALL): the survivor processed the rest, but the committed offset of one
-                # or two partitions stays put; the events in the hole are never processed.
-                pytest.xfail(f"{KNOWN_STALL}: uncommitted events per partition {stuck}, victim owned {split[0]}")
             raise AssertionError(f"{stalled}\nuncommitted events per partition: {stuck}") from stalled
         drained_s = time.monotonic() - killed_at
         record_property("drained_after_kill_seconds", round(drained_s, 2))

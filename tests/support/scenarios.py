@@ -42,13 +42,11 @@ STAGE_COLUMNS: dict[str, str] = {
 }
 MINUTE_MS = 60_000
 
-#: Open pipeline bug the acceptance tests expose (reported to the lead; the tests are strict xfails until it
-#: is fixed, and fail fast through :meth:`PipelinePair.check_event_time_before_traffic`).
+#: What goes wrong when a worker reports the wall clock as event time before any traffic (fixed: a join
+#: partition without events sends no heartbeat); the check below keeps it fixed.
 IDLE_HEARTBEAT_BUG = (
-    "streams/app/join_app.py:263 reports the wall clock as the watermark of a partition without events, and "
-    "_tick sends such heartbeats before any traffic; streams/core/watermarks.py keeps the maximum, so the "
-    "writer's event time is at now - 34 s before historical traffic arrives: every window closes on its first "
-    "batch and the rule engine never judges the rest (late amendments)"
+    "a watermark heartbeat carried the wall clock before any event arrived, so every historical window "
+    "closes on its first batch and the rule engine never judges the rest"
 )
 
 
