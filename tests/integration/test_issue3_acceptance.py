@@ -215,12 +215,6 @@ def _window_state(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["count"], bins, row["zero_count"], row["slo_bad_count"], row["negative_count"])
 
 
-@pytest.mark.xfail(
-    strict=False,
-    raises=AssertionError,
-    reason="2026-12-02 run: the reference story run stored 256 stage-window keys, below this test's floor of 500 "
-    "(kill point: 2 windows closed, 4 open); the floor or the story's size is wrong, not yet looked into",
-)
 def test_kill_9_during_aggregation_gives_the_clean_runs_windows(
     story_reference: StoryRun, story_crashed: StoryRun
 ) -> None:
@@ -230,7 +224,9 @@ def test_kill_9_during_aggregation_gives_the_clean_runs_windows(
     )
     assert kill["open_windows"] > 0 and kill["closed"] > kill["closed_before"] >= 1
     ref, got = story_reference.stage_windows, story_crashed.stage_windows
-    assert len(ref) > 500
+    # 8 one-minute windows x 3 tenants x the story's versions x ~9 stages: about 250 keys; guard against a vacuous
+    # comparison, not a size target.
+    assert len(ref) > 200
     assert set(got) == set(ref), f"missing {sorted(set(ref) - set(got))[:5]}, extra {sorted(set(got) - set(ref))[:5]}"
     differ = [k for k in ref if _window_state(ref[k]) != _window_state(got[k])]
     assert not differ, f"{len(differ)} of {len(ref)} windows differ, e.g. {differ[:5]}"
