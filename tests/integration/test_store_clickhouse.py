@@ -12,7 +12,7 @@ from clickhouse_connect.driver.client import Client
 from pydantic import SecretStr
 
 from schemas.dead_letter import make_dead_letter
-from schemas.records import RequestRecord, record_version
+from schemas.records import record_version
 from streams.core.join import merge_records
 from streams.settings import Settings
 from streams.store.client import StoreConfigError, make_client
@@ -28,27 +28,12 @@ from streams.store.requests_store import (
 )
 from streams.store.stats_store import insert_stats, stat_sample
 from tests.support.recent import RECENT_DAY_MS
+from tests.support.records import make_record
 
 pytestmark = pytest.mark.clickhouse
 
 W = 60_000
 T0 = float(RECENT_DAY_MS)  # a window boundary inside the retention TTLs
-
-
-def make_record(request_id: str, **fields: Any) -> dict[str, Any]:
-    status = fields.pop("status", "complete")
-    events = fields.pop("event_count", 5)
-    started = fields.pop("started_at", T0 + 1_234)
-    base: dict[str, Any] = {
-        "request_id": request_id,
-        "tenant_id": "acme",
-        "status": status,
-        "started_at": started,
-        "window_start": float(started // W * W),
-        "event_count": events,
-        "record_version": record_version(events, status, fields.get("late_events", 0)),
-    }
-    return RequestRecord(**{**base, **fields}).model_dump()
 
 
 def full_record(request_id: str, tenant_id: str) -> dict[str, Any]:

@@ -10,13 +10,13 @@ from aiokafka import TopicPartition
 from clickhouse_connect.driver.client import Client
 from pydantic import SecretStr
 
-from schemas.records import RequestRecord, record_version
 from streams.app.metrics import WorkerMetrics
 from streams.app.writer import StoreWriter
 from streams.grafana.boards_health import pipeline_health
 from streams.grafana.macros import QueryContext, expand_query, panel_interval_ms
 from streams.settings import Settings
 from streams.store.requests_store import insert_requests
+from tests.support.records import make_record
 
 pytestmark = pytest.mark.clickhouse
 
@@ -29,16 +29,7 @@ class OwnsPartitionZero:
 
 
 def request(request_id: str, started_at: float) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "request_id": request_id,
-        "tenant_id": "acme",
-        "status": "complete",
-        "started_at": started_at,
-        "window_start": float(started_at // 60_000 * 60_000),
-        "event_count": 5,
-        "record_version": record_version(5, "complete"),
-    }
-    return RequestRecord(**fields).model_dump()
+    return make_record(request_id, started_at=started_at)
 
 
 def run_panel(client: Client, database: str, sql: str, ctx: QueryContext) -> list[tuple[Any, ...]]:

@@ -9,13 +9,13 @@ import orjson
 from aiokafka import TopicPartition
 
 from schemas.dead_letter import make_dead_letter
-from schemas.records import RequestRecord, record_version
 from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import WindowCloser
 from streams.app.writer import StoreWriter
 from streams.settings import Settings, WindowConfig
 from streams.store.aggregates_store import dead_letter_counts
 from streams.store.requests_store import fetch_window_records
+from tests.support.records import make_record
 
 IDLE_CLOSE_S = 30.0
 POLL_S = 0.25  # an empty poll waits batch_timeout_ms (a binary fraction: the sums stay exact)
@@ -52,16 +52,7 @@ def closer_at(clock: Clock) -> WindowCloser:
 
 
 def record(request_id: str, started_at: float = HISTORICAL_MS) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "request_id": request_id,
-        "tenant_id": "acme",
-        "status": "complete",
-        "started_at": started_at,
-        "window_start": float(started_at // 60_000 * 60_000),
-        "event_count": 5,
-        "record_version": record_version(5, "complete"),
-    }
-    return RequestRecord(**fields).model_dump()
+    return make_record(request_id, started_at=started_at)
 
 
 def empty_polls(closer: WindowCloser, clock: Clock, seconds: float) -> None:

@@ -10,7 +10,6 @@ import orjson
 import pytest
 from aiokafka import TopicPartition
 
-from schemas.records import RequestRecord, record_version
 from streams.app.metrics import WorkerMetrics
 from streams.app.stats import JoinStats, StatsReporter
 from streams.app.writer import StoreWriter
@@ -18,6 +17,7 @@ from streams.grafana import boards_health
 from streams.settings import Settings
 from streams.store import stats_store
 from streams.store.stats_store import insert_stats
+from tests.support.records import make_record
 
 REQUESTS = "ttft.requests"
 NOW_S = 1_800_000_000.0
@@ -194,16 +194,7 @@ class FakeConsumer:
 
 
 def request(request_id: str, started_at: float) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "request_id": request_id,
-        "tenant_id": "acme",
-        "status": "complete",
-        "started_at": started_at,
-        "window_start": float(started_at // 60_000 * 60_000),
-        "event_count": 5,
-        "record_version": record_version(5, "complete"),
-    }
-    return RequestRecord(**fields).model_dump()
+    return make_record(request_id, started_at=started_at)
 
 
 def message(offset: int, value: dict[str, Any]) -> SimpleNamespace:
