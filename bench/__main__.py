@@ -27,6 +27,7 @@ from rich.console import Console
 from bench.harness import BenchEnv
 from bench.results import RESULTS_DIR, RunReport, git_commit, machine_info, render_markdown, render_tables
 from bench.traffic import EVENTS_PER_REQUEST, Traffic, build_traffic
+from streams.store.shutdown import exit_process
 
 PHASES = ("simspeed", "raw", "pipeline", "lag", "naive", "memory", "scaleout", "quix")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -229,4 +230,4 @@ def _update_doc(markdown: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

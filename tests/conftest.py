@@ -9,6 +9,7 @@ pytest_plugins = [
     "tests.fixtures.clickhouse",
     "tests.fixtures.alertmanager",
     "tests.fixtures.pipeline_run",
+    "tests.fixtures.store_exit",
 ]
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import sys
+import traceback
 from typing import Any
 
 import click
@@ -59,5 +61,39 @@ def main() -> None:
     """ttft-pipeline: stage-level time-to-first-token measurement for LLM/RAG services."""
 
 
+def run() -> None:
+    """The ``ttft`` executable: :func:`main`, then the real exit status, even after using the embedded store.
+
+    A command that opened chDB ends through :func:`streams.store.shutdown.end_process`, so the engine's
+    native teardown (which can crash with SIGSEGV) never replaces the command's own status.
+    """
+    try:
+        main()
+    except SystemExit as exc:
+        _end(exc.code)
+        raise
+    except BaseException:
+        _end_after_crash()
+        raise
+
+
+def _end(code: object) -> None:
+    from streams.store.shutdown import end_process, exit_status, store_opened
+
+    if not store_opened():
+        return
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)  # what sys.exit("message") would have printed
+    end_process(exit_status(code))
+
+
+def _end_after_crash() -> None:
+    from streams.store.shutdown import end_process, store_opened
+
+    if store_opened():
+        traceback.print_exc()
+        end_process(1)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run()

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import threading
+import weakref
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -36,6 +37,8 @@ _DEFAULT_PORTS = {"http": 8123, "https": 8443}
 
 _chdb_lock = threading.Lock()
 _chdb_clients: dict[str, Client] = {}
+#: Unshared chDB clients still alive, so shutdown can close them before the shared one.
+_chdb_unshared: weakref.WeakSet[Client] = weakref.WeakSet()
 _chdb_path_in_use: str | None = None
 
 
@@ -101,7 +104,32 @@ def _chdb_client(url: str, *, shared: bool) -> Client:
         _chdb_path_in_use = path
         if shared:
             _chdb_clients[path] = client
+        else:
+            _chdb_unshared.add(client)
         return client
+
+
+def chdb_path_in_use() -> str | None:
+    """The chDB data directory this process has opened, or None if it has opened none."""
+    return _chdb_path_in_use
+
+
+def close_chdb_clients() -> int:
+    """Close every chDB client of this process, unshared ones first, then the shared one.
+
+    Returns how many were closed. The process keeps its claim on the path (``chdb_path_in_use``): this is
+    for the end of a process (:mod:`streams.store.shutdown`), not for switching stores.
+    """
+    with _chdb_lock:
+        clients = [*_chdb_unshared, *_chdb_clients.values()]
+        _chdb_unshared.clear()
+        _chdb_clients.clear()
+    for client in clients:
+        try:
+            client.close()
+        except Exception:  # closing at exit: report, never raise
+            log.debug("closing a chDB client failed", exc_info=True)
+    return len(clients)
 
 
 def _http_client(settings: Settings, url: str) -> Client:

@@ -132,6 +132,9 @@ def stand_in(ch_client: Client, ch_session_path: Path) -> Iterator[_StandIn]:
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)
+    # Close the engine handle here, in the main thread. Left to the garbage collector, the serving thread
+    # dropped it last and closed it while the interpreter shut down: SIGSEGV at exit (issue 11).
+    server.engine.close()
 
 
 def _url(server: _StandIn, password: str = "s3cr%3Aet%40pw") -> str:

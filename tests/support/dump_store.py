@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from streams.store.shutdown import exit_process
+
 
 def _plain(v: Any) -> Any:
     if isinstance(v, dt.datetime):
@@ -36,3 +38,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

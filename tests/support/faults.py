@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streams.store.shutdown import exit_process
 from tests.support.pipeline import REPO, Pipeline, WorkerProcess, group_lag, pipeline_env
 
 #: How a row got there (insert time, late arrivals, merged amendments; record_version encodes late_events).
@@ -575,3 +576,4 @@ def committed_offsets(bootstrap: str, group: str) -> dict[str, int]:
 
 if __name__ == "__main__" and sys.argv[1:] == ["snapshot"]:
     print(json.dumps(_query_snapshot(), ensure_ascii=False))
+    exit_process(0)

@@ -30,6 +30,7 @@ from streams.store.client import make_client
 from streams.store.dead_letter_store import insert_dead_letters
 from streams.store.migrate import apply_migrations
 from streams.store.requests_store import insert_requests
+from streams.store.shutdown import exit_process
 from streams.store.stats_store import insert_stats, stat_sample
 
 TOPIC = "ttft.stage-events"
@@ -159,3 +160,4 @@ def rules_config(settings: Settings) -> Any:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

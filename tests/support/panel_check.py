@@ -32,6 +32,7 @@ from streams.core.sketch import MIN_VALUE  # noqa: E402
 from streams.grafana.build import dashboard_specs, repo_settings  # noqa: E402
 from streams.grafana.macros import QueryContext, Variable, expand_query, panel_interval_ms  # noqa: E402
 from streams.grafana.model import PercentileCheck, slugify  # noqa: E402
+from streams.store.shutdown import exit_process  # noqa: E402
 
 STAGE_FIELDS = ("retrieval", "vector_recall", "bm25_recall", "rerank", "prompt_assemble", "llm_ttft")
 SKETCHED = ("complete", "missing_stage")
@@ -287,3 +288,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from streams.store.shutdown import exit_process
+
 PARENTS = ("retrieval", "prompt_assemble", "llm_ttft")
 COLUMNS = {
     "retrieval": "retrieval_ms",
@@ -134,3 +136,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)
