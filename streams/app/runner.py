@@ -46,8 +46,14 @@ async def _ensure_topics(settings: Settings) -> None:
     await ensure_topics(settings)
 
 
+#: A stopping worker that has not finished by then abandons its batch in flight (uncommitted, so replayed).
+STOP_DEADLINE_S = 15.0
+
+
 def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning") -> int:
-    """Run a Faust join worker until stopped."""
+    """Run a join worker until stopped: Faust's stream, or our batch consumer (``join.consumer``)."""
+    if settings.join.consumer == "batch":
+        return asyncio.run(_batch_join_main(settings, worker_id, metrics_port))
     import faust
 
     from streams.app.join_app import create_join_app
@@ -78,6 +84,42 @@ def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: st
         run_file = state.get("run_file")
         if isinstance(run_file, Path):
             run_file.unlink(missing_ok=True)
+    return 0
+
+
+async def _batch_join_main(settings: Settings, worker_id: str, metrics_port: int) -> int:
+    from streams.app.batch_join import BatchJoin
+
+    metrics = WorkerMetrics("join", worker_id)
+    await _ensure_topics(settings)
+    runner, port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
+    run_file = _write_run_file(settings, "join", worker_id, port)
+    log.warning(
+        "join worker %s (batch consumer): metrics on http://%s:%d/metrics", worker_id, settings.metrics_host, port
+    )
+    join = BatchJoin(settings, metrics)
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    stopped = asyncio.Event()
+
+    def _on_signal() -> None:
+        join.stop()
+        stopped.set()
+        # Bounded stop: a batch stuck on a dead broker is cancelled (nothing of it is committed).
+        loop.call_later(STOP_DEADLINE_S, lambda: task.cancel() if task is not None else None)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal)
+    try:
+        await join.start()
+        await join.run()
+    except asyncio.CancelledError:
+        if not stopped.is_set():
+            raise
+        log.warning("join worker %s: stop deadline passed; the batch in flight was not committed", worker_id)
+    finally:
+        await runner.cleanup()
+        run_file.unlink(missing_ok=True)
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -135,7 +135,14 @@ async def ensure_topics(
     Each gets ``settings.partitions`` partitions and ``settings.replication_factor`` replicas. A topic that
     already exists is left as it is (its partition count is not checked or changed).
     """
-    topics = [settings.topic(name) for name in names]
+    topics = {settings.topic(name): _topic_configs(settings.topic(name), settings) for name in names}
+    return await ensure_named_topics(settings, topics, timeout_s=timeout_s)
+
+
+async def ensure_named_topics(
+    settings: Settings, topics: Mapping[str, dict[str, str]], *, timeout_s: float = 30.0
+) -> list[str]:
+    """Create topics by their full names with their configs if missing (see :func:`ensure_topics`)."""
     admin = AIOKafkaAdminClient(request_timeout_ms=int(timeout_s * 1000), **kafka_client_kwargs(settings))
     try:
         await admin.start()
@@ -145,10 +152,7 @@ async def ensure_topics(
         if not wanted:
             return created
         response = await admin.create_topics(
-            [
-                NewTopic(t, settings.partitions, settings.replication_factor, topic_configs=_topic_configs(t, settings))
-                for t in wanted
-            ],
+            [NewTopic(t, settings.partitions, settings.replication_factor, topic_configs=topics[t]) for t in wanted],
             timeout_ms=int(timeout_s * 1000),
         )
         errors: list[str] = []

@@ -1,0 +1,387 @@
+"""The join on its own aiokafka group consumer: whole fetches per step (``join.consumer: batch``).
+
+What is durable when (the same order as the Faust adapter, per fetched batch rather than per event):
+
+1. ``getmany`` returns thousands of records; nothing is committed yet (auto-commit is off).
+2. Each record is decoded and folded by :class:`streams.core.join.RequestJoin`; bad ones become dead
+   letters. Partitions without a backlog get the idle tick.
+3. The records the core emitted and the dead letters are produced in one batch per target partition
+   (explicit partition: the source partition, so no per-message partitioner) and **awaited**.
+4. One state write per touched request goes to the compacted changelog, batched and **awaited**.
+5. Only then are the batch's offsets committed.
+
+A crash before 5 replays the batch: the changelog state recognises the events already folded (by source
+offset), and a record emitted twice is absorbed by the store. A batch that raises ends the process with
+nothing committed. On revocation the in-flight batch is finished and committed before the partitions go;
+on assignment their state is restored from the changelog before any of their records is fetched.
+
+The consumer group and the changelog topic are the ones the Faust adapter used
+(``{app_id}-join`` and ``{app_id}-join-join-state-changelog``), so switching resumes from the committed
+offsets with the open requests intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+
+from schemas.dead_letter import DeadLetter
+from schemas.decode import decode_stage_event
+from streams.alerting.outbox import alert_message
+from streams.app.join_changelog import restore_partitions
+from streams.app.metrics import WorkerMetrics
+from streams.core.guard import DeadLetterGuard
+from streams.core.join import RequestJoin, TenantMismatch
+from streams.core.watermarks import WATERMARK_KEY
+from streams.kafka.topics import ensure_named_topics, kafka_client_kwargs
+from streams.rules import ingest_halted_transition
+from streams.settings import Settings
+
+log = logging.getLogger("ttft.join")
+
+JOIN_STATE_TABLE = "join-state"
+HEARTBEAT_INTERVAL_MS = 500.0
+EXIT_INGEST_HALTED = 3
+EXIT_BATCH_FAILED = 1
+_POLL_MS = 200
+
+Key = bytes | None
+#: (topic, partition) -> [(key, value)], in production order.
+Outputs = dict[tuple[str, int], list[tuple[Key, bytes | None]]]
+
+
+def join_group_id(settings: Settings) -> str:
+    """The join's consumer group: the id Faust gave the join app, so offsets carry over."""
+    return f"{settings.app_id}-join"
+
+
+def changelog_topic(settings: Settings) -> str:
+    """The compacted topic of the join state (Faust's name for the ``join-state`` table's changelog)."""
+    return f"{join_group_id(settings)}-{JOIN_STATE_TABLE}-changelog"
+
+
+class BatchJoin:
+    """Consume stage events in whole fetches, fold them, produce and commit (see the module docstring)."""
+
+    def __init__(
+        self, settings: Settings, metrics: WorkerMetrics, *, wall_clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._wall = wall_clock
+        self.core = RequestJoin(settings.join, settings.windows.window_s * 1000)
+        self.topic = settings.topic("stage-events")
+        self.requests_topic = settings.topic("requests")
+        self.dead_letter_topic = settings.topic("dead-letter")
+        self.changelog = changelog_topic(settings)
+        self.guard = DeadLetterGuard(settings.caps.halt_window_messages, settings.caps.halt_dead_letter_share)
+        self.owned: set[int] = set()
+        self._lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._last_heartbeat_ms = 0.0
+        self._partitions: dict[str, int] = {}
+        self._lag: dict[int, int] = {}
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        metrics.health["status"] = "starting"
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the changelog if needed, start the producer, subscribe the group consumer."""
+        s = self.settings
+        await ensure_named_topics(s, {self.changelog: {"cleanup.policy": "compact"}})
+        client = kafka_client_kwargs(s)
+        self.producer = AIOKafkaProducer(
+            acks="all", linger_ms=5, max_batch_size=1_048_576, max_request_size=4_194_304, **client
+        )
+        await self.producer.start()
+        for topic in (self.requests_topic, self.dead_letter_topic):
+            self._partitions[topic] = len(await self.producer.partitions_for(topic))
+        session_ms = int(s.session_timeout_s * 1000)
+        self.consumer = AIOKafkaConsumer(
+            group_id=join_group_id(s),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=s.join.batch_max,
+            fetch_max_bytes=64 * 1_048_576,
+            max_partition_fetch_bytes=8 * 1_048_576,
+            session_timeout_ms=session_ms,
+            heartbeat_interval_ms=1000,
+            rebalance_timeout_ms=max(session_ms, 10_000),
+            **client,
+        )
+        self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+        await self.consumer.start()
+
+    async def run(self) -> None:
+        """Fetch, process and commit until :meth:`stop`; a failing batch ends the process uncommitted."""
+        assert self.consumer is not None
+        try:
+            while not self._stopping.is_set():
+                batch = await self.consumer.getmany(timeout_ms=_POLL_MS, max_records=self.settings.join.batch_max)
+                if self._stopping.is_set():
+                    break  # fetched, not folded, not committed: the next owner reads it again
+                async with self._lock:
+                    try:
+                        await self.process(batch)
+                    except _Halted as halted:
+                        await self._page_and_exit(halted)
+                    except Exception:
+                        log.critical("join batch failed; exiting so a restart replays it", exc_info=True)
+                        sys.stderr.flush()
+                        os._exit(EXIT_BATCH_FAILED)
+        finally:
+            await self._close()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the batch in flight (which is committed when it ends)."""
+        self._stopping.set()
+
+    async def _close(self, timeout_s: float = 10.0) -> None:
+        """Leave the group and flush the producer; bounded, so a stop with the broker gone still ends."""
+        for client in (self.consumer, self.producer):
+            if client is None:
+                continue
+            try:
+                await asyncio.wait_for(client.stop(), timeout_s)
+            except Exception:  # broker gone: nothing uncommitted is lost, the next owner re-reads it
+                log.warning("closing %s did not finish cleanly", type(client).__name__, exc_info=True)
+
+    # --- one step ---------------------------------------------------------------------------------
+
+    async def process(self, batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> None:
+        """Fold one fetch, produce its outputs and state, then commit its offsets."""
+        m = self.metrics
+        now = self._wall() * 1000.0
+        outputs: Outputs = defaultdict(list)
+        commits: dict[TopicPartition, int] = {}
+        count = 0
+        for tp, records in batch.items():
+            if tp.partition not in self.owned or not records:
+                continue
+            for record in records:
+                self._fold(record, now, outputs)
+            commits[tp] = records[-1].offset + 1
+            count += len(records)
+        m.events_consumed.inc(count)
+        m.unacked_events.set(count)
+        for partition in sorted(self.owned):
+            if TopicPartition(self.topic, partition) in commits or await self._idle(partition):
+                for record in self.core.advance(partition, now):
+                    self._add_record(outputs, partition, record)
+        if outputs or self.core.has_dirty() or self._heartbeat_due(now):
+            await self._flush(outputs, now)
+        if commits:
+            assert self.consumer is not None
+            await self.consumer.commit(commits)
+            m.events_acked.inc(count)
+            m.batches.inc()
+        m.unacked_events.set(0)
+        self._update_lag(commits)
+
+    def _fold(self, record: ConsumerRecord[Any, Any], now: float, outputs: Outputs) -> None:
+        caps = self.settings.caps
+        p = record.partition
+        decoded = decode_stage_event(
+            record.value, record.key, record.topic, p, record.offset, record.timestamp, caps, now
+        )
+        dead = isinstance(decoded, DeadLetter)
+        if self.guard.observe(dead):
+            self._halt(decoded, record)
+        if isinstance(decoded, DeadLetter):
+            self._add_dead_letter(outputs, p, decoded)
+            return
+        for out in self.core.add(decoded, p, now, offset=record.offset):
+            if isinstance(out, TenantMismatch):
+                self._add_dead_letter(outputs, p, out.to_dead_letter(_Source(record), now, caps))
+            else:
+                self._add_record(outputs, p, out)
+
+    async def _idle(self, partition: int) -> bool:
+        """Nothing left to fetch on ``partition``: its watermark may move on the wall clock. A partition
+        with a backlog is never idle, or requests would be emitted before their events are read."""
+        assert self.consumer is not None
+        tp = TopicPartition(self.topic, partition)
+        highwater = self.consumer.highwater(tp)
+        if highwater is None:
+            return True
+        try:
+            position = await self.consumer.position(tp)
+        except Exception:  # revoked meanwhile: the next assignment decides
+            return False
+        return bool(position >= highwater)
+
+    # --- outputs ----------------------------------------------------------------------------------
+
+    def _add_record(self, outputs: Outputs, source: int, record: dict[str, Any]) -> None:
+        self.metrics.records_emitted.labels(record["status"]).inc()
+        target = source % self._partitions[self.requests_topic]
+        outputs[(self.requests_topic, target)].append((record["request_id"].encode(), orjson.dumps(record)))
+
+    def _add_dead_letter(self, outputs: Outputs, source: int, dl: DeadLetter) -> None:
+        self.metrics.dead_letters.labels(dl.reason_code).inc()
+        key = f"{dl.source_topic}:{dl.source_partition}:{dl.source_offset}".encode()
+        target = source % self._partitions[self.dead_letter_topic]
+        outputs[(self.dead_letter_topic, target)].append((key, dl.model_dump_json().encode()))
+
+    async def _flush(self, outputs: Outputs, now: float) -> None:
+        """Records and dead letters, awaited; then state, awaited. Heartbeats ride behind the records."""
+        self._add_heartbeats(outputs, now)
+        await self._produce(outputs)
+        state: Outputs = defaultdict(list)
+        for request_id, (partition, packed) in self.core.dirty().items():
+            state[(self.changelog, partition)].append((request_id.encode(), packed))
+        await self._produce(state)
+        c, m = self.core.counters, self.metrics
+        m.open_requests.set(self.core.open_requests)
+        _sync_counter(m.duplicates, c.duplicates)
+        _sync_counter(m.late_events, c.late_events)
+        _sync_counter(m.evictions, c.evictions)
+        _sync_counter(m.replayed_events, c.replayed)
+
+    async def _produce(self, outputs: Outputs) -> None:
+        """One producer batch per (topic, partition), all sent, then all acknowledgements awaited."""
+        producer = self.producer
+        assert producer is not None
+        futures: list[asyncio.Future[Any]] = []
+        for (topic, partition), items in outputs.items():
+            batch = producer.create_batch()
+            for key, value in items:
+                if batch.append(key=key, value=value, timestamp=None) is None:
+                    futures.append(await producer.send_batch(batch, topic, partition=partition))
+                    batch = producer.create_batch()
+                    if batch.append(key=key, value=value, timestamp=None) is None:
+                        raise ValueError(f"a message for {topic}[{partition}] exceeds the producer's batch size")
+            if batch.record_count():
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+        if futures:
+            await asyncio.gather(*futures)
+
+    def _heartbeat_due(self, now_ms: float) -> bool:
+        return now_ms - self._last_heartbeat_ms >= HEARTBEAT_INTERVAL_MS
+
+    def _add_heartbeats(self, outputs: Outputs, now_ms: float) -> None:
+        """Each owned partition's watermark, on every requests partition, after the records it vouches for
+        (the writer closes windows on the minimum; a partition without events sends nothing)."""
+        if not self._heartbeat_due(now_ms):
+            return
+        self._last_heartbeat_ms = now_ms
+        stats = {
+            "worker_id": self.metrics.worker_id,
+            "open_requests": self.core.open_requests,
+            "evictions": self.core.counters.evictions,
+        }
+        for partition in sorted(self.owned):
+            watermark = self.core.watermark(partition)
+            if not watermark:
+                continue
+            value = orjson.dumps(
+                {"watermark_ms": watermark, "source_partition": partition, "lag": self._lag.get(partition), **stats}
+            )
+            for target in range(self._partitions[self.requests_topic]):
+                outputs[(self.requests_topic, target)].append((WATERMARK_KEY, value))
+
+    def _update_lag(self, commits: Mapping[TopicPartition, int]) -> None:
+        assert self.consumer is not None
+        for tp, offset in commits.items():
+            highwater = self.consumer.highwater(tp)
+            if highwater is not None:
+                self._lag[tp.partition] = max(0, highwater - offset)
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(self._lag[tp.partition])
+
+    def _halt(self, decoded: Any, record: ConsumerRecord[Any, Any]) -> None:
+        """The dead-letter guard tripped: page (best effort), then exit with nothing of this batch committed."""
+        caps = self.settings.caps
+        detail = (
+            f"{self.guard.dead_letters} of the last {caps.halt_window_messages} messages on {record.topic} were "
+            f"invalid (limit {caps.halt_dead_letter_share:.0%}); halted at partition {record.partition} offset "
+            f"{record.offset}. Fix the producer, then resume (docs/operations.md)."
+        )
+        log.critical("TTFTIngestHalted: %s", detail)
+        at_ms = float(getattr(decoded, "ts_ms", None) or self._wall() * 1000.0)
+        transition = ingest_halted_transition(
+            "firing",
+            at_ms,
+            detail=detail,
+            numbers={"dead_share": self.guard.dead_share, "partition": record.partition, "offset": record.offset},
+            runbook_base_url=self.settings.rules.runbook_base_url,
+        )
+        key, value = alert_message(transition)
+        raise _Halted(self.settings.topic("alerts"), key, value)
+
+    async def _page_and_exit(self, halted: _Halted) -> None:
+        """Produce TTFTIngestHalted (best effort, 10 s), then exit with nothing of the batch committed."""
+        assert self.producer is not None
+        try:
+            fut = await self.producer.send(halted.topic, halted.value, key=halted.key)
+            await asyncio.wait_for(fut, timeout=10)
+        except Exception:  # the exit matters more than the page
+            log.exception("could not produce TTFTIngestHalted")
+        sys.stderr.flush()
+        os._exit(EXIT_INGEST_HALTED)
+
+    # --- ownership --------------------------------------------------------------------------------
+
+    async def assigned(self, partitions: set[int]) -> None:
+        """Restore the state of newly owned partitions from the changelog before their records are fetched."""
+        new = sorted(partitions - self.owned)
+        restored = await restore_partitions(self.settings, self.changelog, new, self.core)
+        self.owned |= set(new)
+        self.metrics.open_requests.set(self.core.open_requests)
+        self.metrics.health["status"] = "ok"
+        self.metrics.health["partitions"] = sorted(self.owned)
+        log.info("join state restored: %d requests on partitions %s", restored, new)
+
+    async def revoked(self, partitions: set[int]) -> None:
+        """Wait for the batch in flight (committed when it ends), then drop the state of lost partitions."""
+        async with self._lock:
+            gone = partitions & self.owned
+            self.core.revoke(gone)
+            self.owned -= gone
+
+
+class _Halted(Exception):
+    """Raised out of a batch when the dead-letter guard trips; the runner pages and exits."""
+
+    def __init__(self, topic: str, key: bytes, value: bytes) -> None:
+        super().__init__("ingest halted")
+        self.topic, self.key, self.value = topic, key, value
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, join: BatchJoin) -> None:
+        self.join = join
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.join.revoked({tp.partition for tp in revoked if tp.topic == self.join.topic})
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.join.assigned({tp.partition for tp in assigned if tp.topic == self.join.topic})
+
+
+class _Source:
+    """A consumer record seen as :class:`streams.core.join.SourceMessage` (timestamp in seconds)."""
+
+    def __init__(self, record: ConsumerRecord[Any, Any]) -> None:
+        self.value: bytes | None = record.value
+        self.topic: str = record.topic
+        self.partition: int = record.partition
+        self.offset: int = record.offset
+        self.timestamp: float | None = None if record.timestamp is None else record.timestamp / 1000.0
+
+
+def _sync_counter(counter: Any, total: int) -> None:
+    """Move a Prometheus counter up to a running total kept by the core."""
+    current = counter._value.get()
+    if total > current:
+        counter.inc(total - current)
