@@ -61,10 +61,11 @@ class JoinConfig(_Section):
     )
     batch_max: int = Field(10_000, gt=0, description="Events per processing batch (one state write per request).")
     batch_within_s: float = Field(0.2, gt=0)
-    consumer: Literal["faust", "batch"] = Field(
-        "faust",
-        description="faust: Faust's per-message stream; batch: our own aiokafka group consumer, whole fetches "
-        "per step (streams/app/batch_join.py; issue 13, being proven).",
+    consumer: Literal["batch", "faust"] = Field(
+        "batch",
+        description="batch: our own aiokafka group consumer, whole fetches per step (streams/app/batch_join.py); "
+        "faust: the earlier Faust stream adapter (streams/app/join_app.py). Both share the consumer group and "
+        "the changelog, so a worker can switch either way.",
     )
 
     @model_validator(mode="after")
