@@ -53,14 +53,16 @@ def measure_open_requests(env: BenchEnv, traffic: Traffic, count: int, timeout_s
         produce(settings, settings.topic("stage-events"), messages[half:])
         after = hold(count)
         open_now = join.metric("ttft_open_requests")
+        restart_s = _restart(env, pipe, join, settings, messages[-1], count, timeout_s)
     finally:
-        pipe.stop(join)
+        pipe.stop_all()
     delta = after.rss_bytes - before.rss_bytes
     return {
         "figures": {
             "open_requests": open_now,
             "rss_open_requests_mb": after.rss_bytes / MIB,
             "rss_per_open_request_bytes": delta / count,
+            "restart_consume_s": restart_s,
         },
         "details": {
             "rss_before_mb": before.rss_bytes / MIB,
@@ -71,3 +73,19 @@ def measure_open_requests(env: BenchEnv, traffic: Traffic, count: int, timeout_s
             "peak_rss_mb": after.peak_rss_bytes / MIB,
         },
     }
+
+
+def _restart(env: BenchEnv, pipe: Any, join: Any, settings: Any, one_more: Any, count: int, timeout_s: float) -> float:
+    """Seconds from starting a replacement join worker (the old one stopped, ``count`` requests open in
+    the changelog) until it has restored them all and consumed a new event."""
+    pipe.stop(join)
+    started = time.time()
+    fresh = env.start_worker(pipe, "join")
+    produce(settings, settings.topic("stage-events"), [one_more])
+    done = poll_until(
+        lambda: fresh.metric("ttft_open_requests") >= count and fresh.metric("ttft_events_consumed_total") >= 1,
+        timeout_s,
+        "the restarted join to restore and consume",
+        interval_s=0.1,
+    )
+    return done - started

@@ -133,14 +133,15 @@ class PipelineSession:
 #: Inclusive shares worth tracking per worker: (label -> regex over the full frame text).
 PROFILE_GROUPS: dict[str, dict[str, str]] = {
     "join": {
-        "our batch (decode + core + flush)": r"JoinAdapter\._process_batch",
+        "our batch (decode + core + flush)": r"JoinAdapter\._process_batch|BatchJoin\.process",
         "decode_stage_event": r"decode_stage_event",
         "core join (streams/core)": r"streams/core/",
-        "produce + await acks (_flush)": r"JoinAdapter\._flush",
+        "produce + await acks (_flush)": r"JoinAdapter\._flush|BatchJoin\._flush",
         "faust stream / conductor": r"faust/streams\.py|faust/transport/conductor\.py",
         "aiokafka producer": r"aiokafka/producer",
         "aiokafka fetcher": r"aiokafka/consumer/fetcher",
         "idle tick": r"JoinAdapter\._tick",
+        "restore from the changelog": r"restore_partitions",
         "logging": r"logging/__init__",
         "event loop select": r"EpollSelector\.select",
     },

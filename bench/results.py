@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,6 +59,7 @@ ROWS: tuple[Row, ...] = (
     Row("memory", "open requests held", "open_requests", ""),
     Row("memory", "join RSS with them open", "rss_open_requests_mb", "MiB", 1),
     Row("memory", "join RSS per open request", "rss_per_open_request_bytes", "B"),
+    Row("memory", "restarted join consumes again (requests open in the changelog)", "restart_consume_s", "s"),
     Row("memory", "ClickHouse bytes per stored request", "ch_bytes_per_request", "B", 1),
     Row("scale-out", "1 join worker", "scale_1w_events_per_s", "ev/s"),
     Row("scale-out", "2 join workers", "scale_2w_events_per_s", "ev/s"),
@@ -152,7 +153,24 @@ def evaluate_targets(figures: Mapping[str, float | None]) -> list[TargetResult]:
     )
     v = f.get("scale_ratio")
     add("2 join workers >= 1.3x one", v, v is not None and v >= 1.3, f"{v or 0:.2f}x")
+    results += _issue13_targets(f, add)
     return results
+
+
+def _issue13_targets(f: Mapping[str, float | None], add: Callable[[str, float | None, bool, str], None]) -> list[Any]:
+    """The batch hot path's targets (issue 13); ``add`` appends to the caller's list."""
+    v = f.get("pipeline_join_cpu_us_per_event")
+    add("issue 13: join CPU <= 35 us/event", v, v is not None and v <= 35, f"{v or 0:.1f} us")
+    v = f.get("pipeline_writer_cpu_us_per_event")
+    add("issue 13: writer CPU <= 15 us/event", v, v is not None and v <= 15, f"{v or 0:.1f} us")
+    p95, grace = f.get("lag_p95_ms"), f.get("join_grace_ms")
+    limit = (grace or 0) + 1_000
+    add("issue 13: lag P95 <= grace + 1 s", p95, p95 is not None and p95 <= limit, f"{p95 or 0:,.0f} ms")
+    v = f.get("rss_per_open_request_bytes")
+    add("issue 13: <= 1 KiB per open request", v, v is not None and v <= 1024, f"{v or 0:,.0f} B")
+    v = f.get("restart_consume_s")
+    add("issue 13: restarted join consumes within 20 s", v, v is not None and v <= 20, f"{v or 0:.1f} s")
+    return []
 
 
 def format_value(value: float | None, row: Row) -> str:
