@@ -39,6 +39,7 @@ from schemas.decode import decode_stage_event
 from streams.alerting.outbox import alert_message
 from streams.app.join_changelog import restore_partitions
 from streams.app.metrics import WorkerMetrics
+from streams.app.partition_reader import PartitionReader
 from streams.core.guard import DeadLetterGuard
 from streams.core.join import RequestJoin, TenantMismatch
 from streams.core.watermarks import WATERMARK_KEY
@@ -98,6 +99,10 @@ class BatchJoin:
         self._last_heartbeat_ms = 0.0
         self._partitions: dict[str, int] = {}
         self._lag: dict[int, int] = {}
+        #: Per owned partition, the next offset to fold: the group's committed offset at assignment, then
+        #: one past the last record folded. Compared with the high watermark to tell an idle partition.
+        self._next: dict[int, int] = {}
+        self.reader = PartitionReader(settings, self.topic, join_group_id(settings))
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         metrics.health["status"] = "starting"
@@ -157,6 +162,10 @@ class BatchJoin:
 
     async def _close(self, timeout_s: float = 10.0) -> None:
         """Leave the group and flush the producer; bounded, so a stop with the broker gone still ends."""
+        try:
+            await asyncio.wait_for(self.reader.stop(), timeout_s)
+        except Exception:
+            log.warning("closing the offset reader did not finish cleanly", exc_info=True)
         for client in (self.consumer, self.producer):
             if client is None:
                 continue
@@ -175,16 +184,19 @@ class BatchJoin:
         commits: dict[TopicPartition, int] = {}
         count = 0
         for tp, records in batch.items():
-            if tp.partition not in self.owned or not records:
+            if not records:
+                continue
+            if tp.partition not in self.owned:
+                self._refetch_later(tp, records[0].offset)
                 continue
             for record in records:
                 self._fold(record, now, outputs)
-            commits[tp] = records[-1].offset + 1
+            commits[tp] = self._next[tp.partition] = records[-1].offset + 1
             count += len(records)
         m.events_consumed.inc(count)
         m.unacked_events.set(count)
         for partition in sorted(self.owned):
-            if TopicPartition(self.topic, partition) in commits or await self._idle(partition):
+            if TopicPartition(self.topic, partition) in commits or self._idle(partition):
                 for record in self.core.advance(partition, now):
                     self._add_record(outputs, partition, record)
         if outputs or self.core.has_dirty() or self._heartbeat_due(now):
@@ -215,19 +227,22 @@ class BatchJoin:
             else:
                 self._add_record(outputs, p, out)
 
-    async def _idle(self, partition: int) -> bool:
-        """Nothing left to fetch on ``partition``: its watermark may move on the wall clock. A partition
-        with a backlog is never idle, or requests would be emitted before their events are read."""
+    def _refetch_later(self, tp: TopicPartition, offset: int) -> None:
+        """Records of a partition whose state is not restored yet: never fold them, never skip them. The
+        consumer's position already moved past them, so seek it back (the assignment pauses the partition
+        until its state is restored; this covers records fetched before the pause took effect)."""
         assert self.consumer is not None
-        tp = TopicPartition(self.topic, partition)
-        highwater = self.consumer.highwater(tp)
-        if highwater is None:
-            return True
-        try:
-            position = await self.consumer.position(tp)
-        except Exception:  # revoked meanwhile: the next assignment decides
-            return False
-        return bool(position >= highwater)
+        if tp in self.consumer.assignment():
+            self.consumer.seek(tp, offset)
+
+    def _idle(self, partition: int) -> bool:
+        """Nothing left to fetch on ``partition``: its watermark may move on the wall clock. A partition
+        with a backlog is never idle, or requests would be emitted before their events are read. (Never
+        ``await consumer.position()`` here: it waits for the fetcher while this step holds the lock.)"""
+        assert self.consumer is not None
+        highwater = self.consumer.highwater(TopicPartition(self.topic, partition))
+        done = self._next.get(partition)
+        return highwater is None or (done is not None and done >= highwater)
 
     # --- outputs ----------------------------------------------------------------------------------
 
@@ -343,11 +358,17 @@ class BatchJoin:
     async def assigned(self, partitions: set[int]) -> None:
         """Restore the state of newly owned partitions from the changelog before their records are fetched."""
         new = sorted(partitions - self.owned)
+        paused = [TopicPartition(self.topic, p) for p in new]
+        assert self.consumer is not None
+        self.consumer.pause(*paused)  # nothing of a partition is returned before its state is restored
         restored = await restore_partitions(self.settings, self.changelog, new, self.core)
+        if new:
+            self._next.update(await self.reader.committed(new))
         self.owned |= set(new)
         self.metrics.open_requests.set(self.core.open_requests)
         self.metrics.health["status"] = "ok"
         self.metrics.health["partitions"] = sorted(self.owned)
+        self.consumer.resume(*[tp for tp in paused if tp in self.consumer.assignment()])
         log.info("join state restored: %d requests on partitions %s", restored, new)
 
     async def revoked(self, partitions: set[int]) -> None:
@@ -356,6 +377,8 @@ class BatchJoin:
             gone = partitions & self.owned
             self.core.revoke(gone)
             self.owned -= gone
+            for partition in gone:
+                self._next.pop(partition, None)
 
 
 class _Halted(Exception):

@@ -57,8 +57,16 @@ class FakeConsumer:
         self.log = log
         self.commits: list[dict[TopicPartition, int]] = []
 
+        self.seeks: list[tuple[TopicPartition, int]] = []
+
     def highwater(self, tp: TopicPartition) -> int | None:
         return None
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition("u.stage-events", p) for p in range(8)}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         self.commits.append(dict(offsets))
@@ -147,3 +155,13 @@ def test_a_failing_flush_in_the_idle_tick_loses_no_record() -> None:
         assert packed is not None
         again.core.restore(key.decode(), packed, 3)
     assert again.core.open_requests == 1
+
+
+def test_records_of_a_partition_not_yet_restored_are_fetched_again_not_skipped() -> None:
+    producer = FakeProducer()
+    join, consumer = _join(producer, [T0 + 11_000])
+    join.owned = set()  # assigned, state still being restored
+    asyncio.run(join.process(_complete_request()))
+    assert consumer.commits == []
+    assert consumer.seeks == [(TopicPartition("u.stage-events", 3), 10)]
+    assert join.core.open_requests == 0
