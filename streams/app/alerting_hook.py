@@ -84,15 +84,7 @@ class AlertingHook:
         log.info("alerting: engine rebuilt over %d windows", (until - since) // self.window_ms)
 
     def _history_windows(self) -> int:
-        cfg = self.engine.config
-        return (
-            max(
-                cfg.stage_regression.baseline_windows + cfg.stage_regression.exclude_recent_windows,
-                max(p.long_windows for p in cfg.slo_burn.pairs),
-                cfg.canary.span_windows,
-            )
-            + 1
-        )
+        return self.engine.config.history_windows() + 1
 
     # --- live -----------------------------------------------------------------------------------
 

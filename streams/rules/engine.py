@@ -20,6 +20,7 @@ from streams.rules.draft import check_draft
 from streams.rules.history import WindowHistory, merge_sketches, sketch_of_row
 from streams.rules.lifecycle import AlertBook, AlertKey, Signal
 from streams.rules.model import (
+    DECIDED_OUTCOMES,
     AlertTransition,
     Outcome,
     RuleEvaluation,
@@ -29,12 +30,18 @@ from streams.rules.model import (
 from streams.rules.regression import SUB_STAGES_OF, Baselines, StageHistory, check_stage
 from streams.rules.slo import BurnHistory, check_burn
 from streams.rules.snapshot import WindowFacts, stratum_of, window_facts
+from streams.rules.undecidable import UndecidableTracker
 
 if TYPE_CHECKING:  # settings.py will import streams.rules.config: no runtime import back
     from streams.settings import Settings
 
 _NOT_SERIES = frozenset({"Watchdog", "TTFTTenantSilent", "TTFTIngestHalted"})
-_VERDICT_OUTCOME: dict[str, Outcome] = {"pass": "ok", "fail": "breach", "inconclusive": "inconclusive"}
+_VERDICT_OUTCOME: dict[str, Outcome] = {
+    "pass": "ok",
+    "fail": "breach",
+    "inconclusive": "inconclusive",
+    "insufficient_traffic": "insufficient_traffic",
+}
 
 
 class RuleEngine:
@@ -48,10 +55,12 @@ class RuleEngine:
         reg = config.stage_regression
         self._tracked_stages = set(reg.stages) | {sub for s in reg.stages for sub in SUB_STAGES_OF.get(s, ())}
         self.alerts = AlertBook(config.runbook_base_url)
-        self._stages: StageHistory = WindowHistory(self.window_ms, reg.baseline_windows + reg.exclude_recent_windows)
+        self._stages: StageHistory = WindowHistory(self.window_ms, reg.history_windows())
         self._baselines = Baselines(self._stages, reg, self.window_ms, self._accuracy)
-        self._arms: ArmHistory = WindowHistory(self.window_ms, config.canary.span_windows)
-        self._strata: StrataHistory = WindowHistory(self.window_ms, config.canary.span_windows)
+        self._arms: ArmHistory = WindowHistory(self.window_ms, config.canary.max_span_windows)
+        self._strata: StrataHistory = WindowHistory(self.window_ms, config.canary.max_span_windows)
+        self._undecidable = UndecidableTracker(config, self.window_ms)
+        self._last_decided: dict[AlertKey, float] = {}
         self._burn: BurnHistory = WindowHistory(self.window_ms, max(p.long_windows for p in config.slo_burn.pairs))
         self._series_seen: dict[AlertKey, float] = {}
         self._tenant_seen: dict[str, float] = {}
@@ -97,6 +106,7 @@ class RuleEngine:
         self._record(now, windows, facts, degraded)
         self._regression(now, windows, degraded, out)
         self._canary(now, windows, degraded, out)
+        self._undecidable_alerts(now, out)
         self._draft(now, windows, out)
         self._slo(now, out)
         self._silence(now, facts, out)
@@ -195,10 +205,10 @@ class RuleEngine:
                 tenant in degraded,
                 self._accuracy,
             )
-            self._note(out, key, check.outcome)
+            self._note(out, key, check.outcome, check.span_windows, check.samples)
             if check.signal == "hold" and check.numbers is None:
                 continue
-            out.transitions += self.alerts.step(
+            steps = self.alerts.step(
                 key,
                 check.signal,
                 now,
@@ -209,6 +219,15 @@ class RuleEngine:
                 description=check.description,
                 numbers=check.numbers or {},
             )
+            self._keep_incidents_out_of_baseline(tenant, stage, steps)
+            out.transitions += steps
+
+    def _keep_incidents_out_of_baseline(self, tenant: str, stage: str, steps: list[AlertTransition]) -> None:
+        """A resolved regression's windows never enter the baselines of its stage and sub-stages."""
+        for t in steps:
+            if t.state == "resolved" and t.fired_at is not None:
+                for s in (stage, *SUB_STAGES_OF.get(stage, ())):
+                    self._baselines.exclude((tenant, s), t.active_at, t.window_start - self.window_ms)
 
     def _canary(self, now: float, snap: WindowSnapshot, degraded: set[str], out: WindowEvaluation) -> None:
         rule = self.config.canary
@@ -237,6 +256,7 @@ class RuleEngine:
                     canary_version=version,
                     stable_versions=tuple(sorted(stable[tenant])),
                     now=now,
+                    window_ms=self.window_ms,
                     floor_ms=self._floor(tenant, stage),
                     slo_ms=self.settings.slo_ms(tenant) if stage == "ttft" else None,
                     degraded=tenant in degraded,
@@ -249,7 +269,8 @@ class RuleEngine:
                 elif verdict.verdict == "fail" and failing:
                     description += " Failing stages of the same canary: " + ", ".join(failing) + "."
                 key: AlertKey = ("TTFTCanaryFailed", tenant, stage, version)
-                self._note(out, key, _VERDICT_OUTCOME[verdict.verdict])
+                samples = min(verdict.n_canary, verdict.n_stable)
+                self._note(out, key, _VERDICT_OUTCOME[verdict.verdict], verdict.span_windows, samples)
                 tracked = self.alerts.get(key)
                 signal: Signal = "hold"
                 if verdict.verdict == "fail":
@@ -355,9 +376,38 @@ class RuleEngine:
 
     # --- bookkeeping ----------------------------------------------------------------------------
 
-    def _note(self, out: WindowEvaluation, key: AlertKey, outcome: Outcome) -> None:
-        self._series_seen[key] = out.window_start
-        out.evaluations.append(RuleEvaluation(key[0], key[1], key[2], key[3], outcome))
+    def _undecidable_alerts(self, now: float, out: WindowEvaluation) -> None:
+        rule = self.config.undecidable
+        if not rule.enabled:
+            return
+        tenants = self._undecidable.tenants() | {k[1] for k, _ in self.alerts.active() if k[0] == "TTFTRuleUndecidable"}
+        for tenant in sorted(tenants):
+            key: AlertKey = ("TTFTRuleUndecidable", tenant, "", "")
+            overdue = self._undecidable.overdue(tenant, now)
+            self._note(out, key, "breach" if overdue else "ok", rule.after_windows, 0)
+            out.transitions += self.alerts.step(
+                key,
+                "breach" if overdue else "clear",
+                now,
+                severity="ticket",
+                immediate=True,
+                summary=f"Alert rules cannot decide for tenant {tenant}: too little traffic",
+                description=self._undecidable.describe(tenant, now, overdue)
+                if overdue
+                else f"every rule of tenant {tenant} can decide again",
+                numbers={"undecidable_series": float(len(overdue))},
+            )
+
+    def _note(self, out: WindowEvaluation, key: AlertKey, outcome: Outcome, span: int = 1, samples: int = 0) -> None:
+        now = out.window_start
+        self._series_seen[key] = now
+        if outcome in DECIDED_OUTCOMES:
+            self._last_decided[key] = now
+        evaluation = RuleEvaluation(
+            key[0], key[1], key[2], key[3], outcome, now, span, samples, self._last_decided.get(key)
+        )
+        self._undecidable.observe(evaluation)
+        out.evaluations.append(evaluation)
 
     def _sweep_stale(self, now: float, out: WindowEvaluation) -> None:
         """Resolve alerts whose series stopped reporting (rolled-back canary, vanished tenant) and prune."""
@@ -371,9 +421,11 @@ class RuleEngine:
                 )
         for key in [k for k, seen in self._series_seen.items() if seen <= horizon]:
             del self._series_seen[key]
+            self._last_decided.pop(key, None)
         for history in (self._stages, self._arms, self._strata, self._burn):
             history.prune(now)
-        self._baselines.prune()
+        self._baselines.prune(now)
+        self._undecidable.prune(now)
 
     def _floor(self, tenant: str, stage: str) -> float:
         override = self.settings.tenants.get(tenant)
