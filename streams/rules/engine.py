@@ -377,26 +377,9 @@ class RuleEngine:
     # --- bookkeeping ----------------------------------------------------------------------------
 
     def _undecidable_alerts(self, now: float, out: WindowEvaluation) -> None:
-        rule = self.config.undecidable
-        if not rule.enabled:
+        if not self.config.undecidable.enabled:
             return
-        tenants = self._undecidable.tenants() | {k[1] for k, _ in self.alerts.active() if k[0] == "TTFTRuleUndecidable"}
-        for tenant in sorted(tenants):
-            key: AlertKey = ("TTFTRuleUndecidable", tenant, "", "")
-            overdue = self._undecidable.overdue(tenant, now)
-            self._note(out, key, "breach" if overdue else "ok", rule.after_windows, 0)
-            out.transitions += self.alerts.step(
-                key,
-                "breach" if overdue else "clear",
-                now,
-                severity="ticket",
-                immediate=True,
-                summary=f"Alert rules cannot decide for tenant {tenant}: too little traffic",
-                description=self._undecidable.describe(tenant, now, overdue)
-                if overdue
-                else f"every rule of tenant {tenant} can decide again",
-                numbers={"undecidable_series": float(len(overdue))},
-            )
+        out.transitions += self._undecidable.step(self.alerts, now, lambda key, o, span: self._note(out, key, o, span))
 
     def _note(self, out: WindowEvaluation, key: AlertKey, outcome: Outcome, span: int = 1, samples: int = 0) -> None:
         now = out.window_start

@@ -9,10 +9,15 @@ that stops being evaluated (a rolled-back canary, a silent tenant) is forgotten 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from streams.rules.config import RulesConfig
-from streams.rules.model import RuleEvaluation
+from streams.rules.lifecycle import AlertBook, AlertKey
+from streams.rules.model import AlertTransition, Outcome, RuleEvaluation
+
+#: ``note(key, outcome, span_windows)``: how the engine records an evaluation of this rule.
+Note = Callable[[AlertKey, Outcome, int], None]
 
 #: Rules whose silence must be explained: the ones that grow their span to meet a sample gate.
 WATCHED_RULES: frozenset[str] = frozenset({"TTFTStageRegression", "TTFTCanaryFailed"})
@@ -50,20 +55,21 @@ class UndecidableTracker:
         """Tenants with at least one series in an undecidable streak."""
         return {key[0] for key in self._streaks}
 
-    def overdue(self, tenant: str, now: float) -> list[tuple[float, RuleEvaluation]]:
-        """The tenant's series undecidable for ``after_windows`` or more: (since, latest evaluation)."""
+    def overdue(self, tenant: str) -> list[tuple[float, RuleEvaluation]]:
+        """The tenant's series undecidable for ``after_windows`` or more, counted up to their latest
+        evaluation (a series that stopped being evaluated does not age): (since, latest evaluation)."""
         after = self._config.undecidable.after_windows
         return [
             (s.since, s.last)
             for key, s in sorted(self._streaks.items())
-            if key[0] == tenant and round((now - s.since) / self._window_ms) + 1 >= after
+            if key[0] == tenant and round((s.last.window_start - s.since) / self._window_ms) + 1 >= after
         ]
 
-    def describe(self, tenant: str, now: float, overdue: list[tuple[float, RuleEvaluation]]) -> str:
+    def describe(self, tenant: str, overdue: list[tuple[float, RuleEvaluation]]) -> str:
         """Why the tenant's rules cannot decide, series by series, and what would help."""
         parts = []
         for since, e in overdue:
-            windows = round((now - since) / self._window_ms) + 1
+            windows = round((e.window_start - since) / self._window_ms) + 1
             what = f"{e.stage} {e.version}".strip()
             parts.append(
                 f"{e.rule} {what}: {e.samples} samples over {e.span_windows} window(s), {self._need(e.rule)} "
@@ -79,6 +85,27 @@ class UndecidableTracker:
         if rule == "TTFTCanaryFailed":
             return f"{self._config.canary.min_samples} per arm"
         return str(self._config.stage_regression.min_recent_samples)
+
+    def step(self, alerts: AlertBook, now: float, note: Note) -> list[AlertTransition]:
+        """One ticket per tenant with an overdue series (fired at once), resolved when none is left."""
+        after = self._config.undecidable.after_windows
+        active = {k[1] for k, _ in alerts.active() if k[0] == "TTFTRuleUndecidable"}
+        out: list[AlertTransition] = []
+        for tenant in sorted(self.tenants() | active):
+            key: AlertKey = ("TTFTRuleUndecidable", tenant, "", "")
+            overdue = self.overdue(tenant)
+            note(key, "breach" if overdue else "ok", after)
+            out += alerts.step(
+                key,
+                "breach" if overdue else "clear",
+                now,
+                severity="ticket",
+                immediate=True,
+                summary=f"Alert rules cannot decide for tenant {tenant}: too little traffic",
+                description=self.describe(tenant, overdue) if overdue else f"every rule of tenant {tenant} decides",
+                numbers={"undecidable_series": float(len(overdue))},
+            )
+        return out
 
     def prune(self, now: float) -> None:
         """Forget series not evaluated for ``stale_windows`` (they stopped, they did not become decidable)."""
