@@ -300,7 +300,7 @@ class RuleEngine:
             key: AlertKey = ("TTFTDraftAcceptanceLow", tenant, "llm_ttft", version)
             check = check_draft(row, rule)
             self._note(out, key, check.outcome)
-            if check.outcome == "inconclusive":
+            if check.outcome in ("inconclusive", "insufficient_traffic"):
                 continue
             out.transitions += self.alerts.step(
                 key,
