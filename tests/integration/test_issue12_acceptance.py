@@ -58,10 +58,10 @@ def _start(settings: Any, home: Path, am: AlertmanagerServer) -> PipelinePair:
 def test_a_6_rps_tenant_regressing_x1_5_pages_once_and_resolves_once(
     kafka_settings: Any, alertmanager: AlertmanagerServer, tmp_path: Path
 ) -> None:
-    before, incident, after = 10, 15, 5
+    before, incident, after = 10, 15, 3
     traffic = regression_traffic(
         historical_start_ms(hours_ago=3),
-        tenants={TENANT: 6.0, CONTROL: 6.0},
+        tenants={TENANT: 6.0, CONTROL: 3.0},
         incident_tenant=TENANT,
         slowdown=1.5,
         windows_before=before,
@@ -124,7 +124,7 @@ def test_a_replay_of_45_minutes_evaluates_each_window_once_and_pages_nothing(
     windows = 45
     traffic = regression_traffic(
         historical_start_ms(hours_ago=4),
-        tenants={TENANT: 3.0},
+        tenants={TENANT: 1.5},
         incident_tenant=TENANT,
         slowdown=1.5,
         windows_before=20,
