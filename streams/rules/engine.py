@@ -128,6 +128,13 @@ class RuleEngine:
     # --- recording ------------------------------------------------------------------------------
 
     def _record(self, now: float, snap: WindowSnapshot, facts: WindowFacts, degraded: set[str]) -> None:
+        # Arms are compared only over windows where the canary had traffic, so the (long) arm history is
+        # kept only for tenants with canary traffic in this window: memory follows live canaries.
+        canary_tenants = {
+            str(r["tenant_id"])
+            for r in snap.stage_windows
+            if snap.arms.get((r["tenant_id"], r["version_id"])) == "canary"
+        }
         per_stage: dict[tuple[str, str], list[LatencySketch]] = defaultdict(list)
         for row in snap.stage_windows:
             tenant, version, stage = str(row["tenant_id"]), str(row["version_id"]), str(row["stage"])
@@ -135,14 +142,15 @@ class RuleEngine:
             sketch = sketch_of_row(row, self._accuracy)
             if stage in self._tracked_stages and arm != "canary":
                 per_stage[(tenant, stage)].append(sketch)
-            if arm is not None and stage in self.config.canary.stages:
+            if arm is not None and tenant in canary_tenants and stage in self.config.canary.stages:
                 self._arms.add((tenant, version, stage), now, sketch)
         for key, parts in per_stage.items():
             self._stages.add(key, now, (merge_sketches(parts, self._accuracy), key[0] in degraded))
         strata: dict[tuple[str, str, str], dict[str, LatencySketch]] = defaultdict(dict)
+        canary_stages = self.config.canary.stages
         for row in snap.stage_strata:
             tenant, version, stage = str(row["tenant_id"]), str(row["version_id"]), str(row["stage"])
-            if snap.arms.get((tenant, version)) is not None and stage in self.config.canary.stages:
+            if snap.arms.get((tenant, version)) is not None and tenant in canary_tenants and stage in canary_stages:
                 cell = strata[(tenant, version, stage)]
                 sketch = sketch_of_row(row, self._accuracy)
                 name = stratum_of(row)
