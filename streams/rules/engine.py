@@ -61,6 +61,8 @@ class RuleEngine:
         self._strata: StrataHistory = WindowHistory(self.window_ms, config.canary.max_span_windows)
         self._undecidable = UndecidableTracker(config, self.window_ms)
         self._last_decided: dict[AlertKey, float] = {}
+        #: Baseline P95 of each active regression when it went pending: did it recover, or was it absorbed?
+        self._incident_baselines: dict[AlertKey, float] = {}
         self._burn: BurnHistory = WindowHistory(self.window_ms, max(p.long_windows for p in config.slo_burn.pairs))
         self._series_seen: dict[AlertKey, float] = {}
         self._tenant_seen: dict[str, float] = {}
@@ -231,9 +233,21 @@ class RuleEngine:
             out.transitions += steps
 
     def _keep_incidents_out_of_baseline(self, tenant: str, stage: str, steps: list[AlertTransition]) -> None:
-        """A resolved regression's windows never enter the baselines of its stage and sub-stages."""
+        """A regression that resolved on recovery never enters the baselines of its stage and sub-stages.
+
+        Recovery: the resolving short-span P95 is back under ``recovery_ratio`` times the baseline the alert
+        went pending against. Otherwise the baseline caught up with a lasting new level: that is accepted as
+        the new normal and stays in (excluding it would fire the same alert again an hour later).
+        """
+        key: AlertKey = ("TTFTStageRegression", tenant, stage, "")
         for t in steps:
-            if t.state == "resolved" and t.fired_at is not None:
+            if t.state != "resolved":
+                self._incident_baselines.setdefault(key, t.numbers.get("p95_baseline_ms", 0.0))
+                continue
+            before = self._incident_baselines.pop(key, 0.0)
+            now_p95 = t.numbers.get("p95_short_ms", float("inf"))
+            recovered = before > 0.0 and now_p95 < before * self.config.stage_regression.recovery_ratio
+            if t.fired_at is not None and recovered:
                 for s in (stage, *SUB_STAGES_OF.get(stage, ())):
                     self._baselines.exclude((tenant, s), t.active_at, t.window_start - self.window_ms)
 
@@ -410,6 +424,8 @@ class RuleEngine:
                 out.transitions.append(
                     self.alerts.resolve(key, now, f"no data for {self.config.stale_windows} windows: resolved")
                 )
+        for key in [k for k in self._incident_baselines if self.alerts.get(k) is None]:
+            del self._incident_baselines[key]
         for key in [k for k, seen in self._series_seen.items() if seen <= horizon]:
             del self._series_seen[key]
             self._last_decided.pop(key, None)

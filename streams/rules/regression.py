@@ -6,11 +6,13 @@ three come from merged bins. Windows flagged degraded (telemetry below the compl
 verdict and never enter a span. Sub-stage ratios are named in the annotation.
 
 Spans grow to the evidence (:func:`choose_spans`): a tenant at 0.5 requests/s is judged over ~18 windows, one
-at 100 requests/s over one, both with the same sample gate. Incidents and the baseline: the windows of a
-resolved incident (from going pending to resolving) are kept out of the series' baseline, like degraded
-ones (:meth:`Baselines.exclude`), so the baseline never absorbs a resolved regression and a second one soon
-after is judged against the level before the first, not hidden by it. Spans themselves may cover windows
-before a resolution: those windows can only make a new breach more visible, never less.
+at 100 requests/s over one, both with the same sample gate. Incidents and the baseline: the windows of an
+incident that resolved on recovery (from going pending to resolving) are kept out of the series' baseline,
+like degraded ones (:meth:`Baselines.exclude`), so the baseline never absorbs a resolved regression and a
+second one soon after is judged against the level before the first, not hidden by it. An incident that
+resolved because the baseline caught up with it (a lasting new level) stays in: the new level is the new
+normal, and it does not fire again. Spans themselves may cover windows before a resolution: those windows
+can only make a new breach more visible, never less.
 """
 
 from __future__ import annotations

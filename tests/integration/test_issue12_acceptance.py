@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.alertmanager import AlertmanagerServer, wait_for
+from tests.support.pipeline import produce_sync
 from tests.support.scenarios import (
     PipelinePair,
     historical_start_ms,
@@ -124,7 +125,7 @@ def test_a_replay_of_45_minutes_evaluates_each_window_once_and_pages_nothing(
     windows = 45
     traffic = regression_traffic(
         historical_start_ms(hours_ago=4),
-        tenants={TENANT: 1.5},
+        tenants={TENANT: 1.0},
         incident_tenant=TENANT,
         slowdown=1.5,
         windows_before=20,
@@ -135,8 +136,9 @@ def test_a_replay_of_45_minutes_evaluates_each_window_once_and_pages_nothing(
     pair = _start(kafka_settings, tmp_path, alertmanager)
     try:
         pair.check_event_time_before_traffic(traffic.start_ms)
-        pair.produce_in_step(traffic.chunks, timeout_per_chunk=120)
-        pair.wait_drained(240, "the live run to drain")
+        # History arrives as one backlog: 45 windows close (nearly) at once, as in a catch-up.
+        produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), traffic.messages())
+        pair.wait_drained(300, "the live run to drain")
         pair.stop()
     finally:
         pair.pipe.stop_all()

@@ -66,3 +66,16 @@ def test_a_second_regression_soon_after_a_resolved_one_fires_again() -> None:
     resolved = [i for i, state in firing if state == "resolved"]
     assert len(fired) == 2 and 70 <= fired[0] <= 73 and 90 <= fired[1] <= 93, firing
     assert len(resolved) == 2 and 82 <= resolved[0] <= 85 and resolved[1] >= 105, firing
+
+
+def test_a_lasting_new_level_is_absorbed_once_and_does_not_fire_again() -> None:
+    scenario = Scenario(seed=6, arms={("t1", "v1"): "stable"})
+    engine = make_engine(RulesConfig())
+    steps = []
+    for i in range(230):
+        ws, snap = scenario.window(i, {"t1": {"v1": Traffic(n=400, retrieval_factor=1.5 if i >= 70 else 1.0)}})
+        out = engine.evaluate_window(ws, snap)
+        steps += [(i, t.state) for t in out.transitions if t.alertname == "TTFTStageRegression"]
+    states = [state for _, state in steps]
+    assert states == ["pending", "firing", "resolved"], steps  # fired, then the baseline took the new level
+    assert 70 <= steps[1][0] <= 73 and steps[2][0] > 90
