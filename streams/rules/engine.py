@@ -27,7 +27,8 @@ from streams.rules.model import (
     WindowEvaluation,
     WindowSnapshot,
 )
-from streams.rules.regression import SUB_STAGES_OF, Baselines, StageHistory, check_stage
+from streams.rules.regression import SUB_STAGES_OF, Baselines, IncidentMemory, StageHistory, check_stage
+from streams.rules.silence import silence_steps
 from streams.rules.slo import BurnHistory, check_burn
 from streams.rules.snapshot import WindowFacts, stratum_of, window_facts
 from streams.rules.undecidable import UndecidableTracker
@@ -61,8 +62,7 @@ class RuleEngine:
         self._strata: StrataHistory = WindowHistory(self.window_ms, config.canary.max_span_windows)
         self._undecidable = UndecidableTracker(config, self.window_ms)
         self._last_decided: dict[AlertKey, float] = {}
-        #: Baseline P95 of each active regression when it went pending: did it recover, or was it absorbed?
-        self._incident_baselines: dict[AlertKey, float] = {}
+        self._incidents = IncidentMemory(self._baselines, reg, self.window_ms)
         self._burn: BurnHistory = WindowHistory(self.window_ms, max(p.long_windows for p in config.slo_burn.pairs))
         self._series_seen: dict[AlertKey, float] = {}
         self._tenant_seen: dict[str, float] = {}
@@ -229,43 +229,14 @@ class RuleEngine:
                 description=check.description,
                 numbers=check.numbers or {},
             )
-            self._keep_incidents_out_of_baseline(tenant, stage, steps)
+            self._incidents.observe(tenant, stage, steps)
             out.transitions += steps
-
-    def _keep_incidents_out_of_baseline(self, tenant: str, stage: str, steps: list[AlertTransition]) -> None:
-        """A regression that resolved on recovery never enters the baselines of its stage and sub-stages.
-
-        Recovery: the resolving short-span P95 is back under ``recovery_ratio`` times the baseline the alert
-        went pending against. Otherwise the baseline caught up with a lasting new level: that is accepted as
-        the new normal and stays in (excluding it would fire the same alert again an hour later).
-        """
-        key: AlertKey = ("TTFTStageRegression", tenant, stage, "")
-        for t in steps:
-            if t.state != "resolved":
-                self._incident_baselines.setdefault(key, t.numbers.get("p95_baseline_ms", 0.0))
-                continue
-            before = self._incident_baselines.pop(key, 0.0)
-            now_p95 = t.numbers.get("p95_short_ms", float("inf"))
-            recovered = before > 0.0 and now_p95 < before * self.config.stage_regression.recovery_ratio
-            if t.fired_at is not None and recovered:
-                for s in (stage, *SUB_STAGES_OF.get(stage, ())):
-                    self._baselines.exclude((tenant, s), t.active_at, t.window_start - self.window_ms)
 
     def _canary(self, now: float, snap: WindowSnapshot, degraded: set[str], out: WindowEvaluation) -> None:
         rule = self.config.canary
         if not rule.enabled:
             return
-        stable: dict[str, set[str]] = defaultdict(set)
-        for (tenant, version), arm in snap.arms.items():
-            if arm == "stable":
-                stable[tenant].add(version)
-        canaries = sorted(
-            {
-                (str(r["tenant_id"]), str(r["version_id"]))
-                for r in snap.stage_windows
-                if snap.arms.get((r["tenant_id"], r["version_id"])) == "canary"
-            }
-        )
+        stable, canaries = _arm_versions(snap)
         for tenant, version in canaries:
             failing: list[str] = []
             for stage in rule.stages:
@@ -293,12 +264,7 @@ class RuleEngine:
                 key: AlertKey = ("TTFTCanaryFailed", tenant, stage, version)
                 samples = min(verdict.n_canary, verdict.n_stable)
                 self._note(out, key, _VERDICT_OUTCOME[verdict.verdict], verdict.span_windows, samples)
-                tracked = self.alerts.get(key)
-                signal: Signal = "hold"
-                if verdict.verdict == "fail":
-                    signal = "breach"
-                elif verdict.verdict == "pass" and (tracked is None or tracked.state == "pending"):
-                    signal = "clear"  # a firing canary stays failed until its traffic stops
+                signal = self._canary_signal(key, verdict.verdict)
                 if signal == "hold":
                     continue
                 out.transitions += self.alerts.step(
@@ -312,6 +278,14 @@ class RuleEngine:
                     description=description,
                     numbers=verdict.numbers(),
                 )
+
+    def _canary_signal(self, key: AlertKey, verdict: str) -> Signal:
+        if verdict == "fail":
+            return "breach"
+        tracked = self.alerts.get(key)
+        if verdict == "pass" and (tracked is None or tracked.state == "pending"):
+            return "clear"  # a firing canary stays failed until its traffic stops
+        return "hold"
 
     def _draft(self, now: float, snap: WindowSnapshot, out: WindowEvaluation) -> None:
         rule = self.config.draft_acceptance
@@ -370,31 +344,11 @@ class RuleEngine:
         for tenant, t in facts.tenants.items():
             if t.requests > 0:
                 self._tenant_seen[tenant] = now
-        for tenant in sorted(self._tenant_seen):
-            key: AlertKey = ("TTFTTenantSilent", tenant, "", "")
-            silent = round((now - self._tenant_seen[tenant]) / self.window_ms)
-            if silent >= rule.forget_windows:
-                del self._tenant_seen[tenant]
-                if self.alerts.get(key) is not None:
-                    out.transitions.append(
-                        self.alerts.resolve(key, now, f"tenant {tenant} silent for {silent} windows: forgotten")
-                    )
-                continue
-            signal: Signal = "clear" if silent == 0 else "breach" if silent >= rule.silent_windows else "hold"
-            self._note(out, key, "breach" if signal == "breach" else "ok")
-            out.transitions += self.alerts.step(
-                key,
-                signal,
-                now,
-                severity="ticket",
-                immediate=True,
-                summary=f"Tenant {tenant} sends no telemetry",
-                description=(
-                    f"no request records from tenant {tenant} for {silent} windows "
-                    f"(threshold {rule.silent_windows}); it sent data before."
-                ),
-                numbers={"silent_windows": float(silent)},
-            )
+
+        def note(key: AlertKey, outcome: Outcome) -> None:
+            self._note(out, key, outcome)
+
+        out.transitions += silence_steps(rule, self._tenant_seen, self.alerts, now, self.window_ms, note)
 
     # --- bookkeeping ----------------------------------------------------------------------------
 
@@ -424,8 +378,7 @@ class RuleEngine:
                 out.transitions.append(
                     self.alerts.resolve(key, now, f"no data for {self.config.stale_windows} windows: resolved")
                 )
-        for key in [k for k in self._incident_baselines if self.alerts.get(k) is None]:
-            del self._incident_baselines[key]
+        self._incidents.prune(lambda tenant, stage: self.alerts.get(("TTFTStageRegression", tenant, stage, "")))
         for key in [k for k, seen in self._series_seen.items() if seen <= horizon]:
             del self._series_seen[key]
             self._last_decided.pop(key, None)
@@ -439,3 +392,17 @@ class RuleEngine:
         if override is not None and stage in override.stage_floor_ms:
             return override.stage_floor_ms[stage]
         return self.config.stage_floor_ms.get(stage, 0.0)
+
+
+def _arm_versions(snap: WindowSnapshot) -> tuple[dict[str, set[str]], list[tuple[str, str]]]:
+    """Stable versions per tenant, and the (tenant, canary version) pairs with rows in this window."""
+    stable: dict[str, set[str]] = defaultdict(set)
+    for (tenant, version), arm in snap.arms.items():
+        if arm == "stable":
+            stable[tenant].add(version)
+    canaries = {
+        (str(r["tenant_id"]), str(r["version_id"]))
+        for r in snap.stage_windows
+        if snap.arms.get((r["tenant_id"], r["version_id"])) == "canary"
+    }
+    return stable, sorted(canaries)

@@ -17,13 +17,14 @@ can only make a new breach more visible, never less.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streams.core.sketch import LatencySketch
 from streams.rules.config import StageRegressionRule
 from streams.rules.history import RollingSum, WindowHistory, merge_sketches
 from streams.rules.lifecycle import Signal
-from streams.rules.model import Outcome
+from streams.rules.model import AlertTransition, Outcome
 
 SUB_STAGES_OF: dict[str, tuple[str, ...]] = {"retrieval": ("vector_recall", "bm25_recall", "rerank")}
 
@@ -98,6 +99,42 @@ class Baselines:
                 self._excluded[key] = kept
             else:
                 del self._excluded[key]
+
+
+class IncidentMemory:
+    """Which resolved regressions to keep out of their series' baselines (see the module docstring).
+
+    Recovery: the resolving short-span P95 is back under ``recovery_ratio`` times the baseline the alert went
+    pending against. Otherwise the baseline caught up with a lasting new level: that is accepted as the new
+    normal and stays in (excluding it would fire the same alert again an hour later).
+    """
+
+    def __init__(self, baselines: Baselines, rule: StageRegressionRule, window_ms: float) -> None:
+        self._baselines = baselines
+        self._rule = rule
+        self._window_ms = window_ms
+        #: (tenant, stage) -> baseline P95 when its alert went pending
+        self._pending_baseline: dict[tuple[str, str], float] = {}
+
+    def observe(self, tenant: str, stage: str, steps: list[AlertTransition]) -> None:
+        """Fold the transitions of one tenant x stage regression alert."""
+        key = (tenant, stage)
+        for t in steps:
+            if t.state != "resolved":
+                self._pending_baseline.setdefault(key, t.numbers.get("p95_baseline_ms", 0.0))
+                continue
+            before = self._pending_baseline.pop(key, 0.0)
+            recovered = (
+                before > 0.0 and t.numbers.get("p95_short_ms", float("inf")) < before * self._rule.recovery_ratio
+            )
+            if t.fired_at is not None and recovered:
+                for s in (stage, *SUB_STAGES_OF.get(stage, ())):
+                    self._baselines.exclude((tenant, s), t.active_at, t.window_start - self._window_ms)
+
+    def prune(self, active: Callable[[str, str], object | None]) -> None:
+        """Forget alerts that are no longer active (resolved elsewhere, e.g. as stale)."""
+        for key in [k for k in self._pending_baseline if active(*k) is None]:
+            del self._pending_baseline[key]
 
 
 @dataclass(frozen=True, slots=True)
