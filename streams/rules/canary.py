@@ -147,8 +147,17 @@ def evaluate_canary(
         )
         if adjusted is not None:
             comparison, judgement = adjusted, judge(adjusted, rule, floor_ms, slo_ms)
+    explanation = _explain(stage, canary_version, tenant, judgement, naive, comparison, span, rule.min_samples)
+    verdict = _filled(base, comparison, judgement, naive, explanation)
+    return verdict, judgement.critical
+
+
+def _filled(
+    base: CanaryVerdict, comparison: ArmComparison, judgement: Judgement, naive: Judgement, explanation: str
+) -> CanaryVerdict:
+    """The verdict row: the judged comparison's numbers beside the naive ones."""
     tail = judgement.tail
-    verdict = replace(
+    return replace(
         base,
         n_canary=comparison.n_canary,
         n_stable=comparison.n_stable,
@@ -168,9 +177,8 @@ def evaluate_canary(
         mix_adjusted=comparison.mix_adjusted,
         mix_coverage=comparison.coverage,
         drivers=comparison.drivers,
-        explanation=_explain(stage, canary_version, tenant, judgement, naive, comparison, span, rule.min_samples),
+        explanation=explanation,
     )
-    return verdict, judgement.critical
 
 
 def _explain(

@@ -207,8 +207,7 @@ def check_stage(
     p_short, p_long, p_base = short.quantile(0.95), long.quantile(0.95), base.quantile(0.95)
     if p_short is None or p_long is None or not p_base:
         return RegressionCheck("inconclusive", "hold", span_windows=spans.short_len, samples=spans.samples)
-    r_short, r_long = p_short / p_base, p_long / p_base
-    delta = p_short - p_base
+    r_short, r_long, delta = p_short / p_base, p_long / p_base, p_short - p_base
     numbers = {
         "p95_short_ms": p_short,
         "p95_long_ms": p_long,
@@ -222,13 +221,7 @@ def check_stage(
         "span_windows": float(spans.short_len),
         "long_span_windows": float(spans.long_len),
     }
-    if min(r_short, r_long) >= rule.ratio and delta >= floor_ms:
-        outcome: Outcome = "breach"
-        signal: Signal = "breach"
-    elif r_short < rule.recovery_ratio or delta < floor_ms:
-        outcome, signal = "ok", "clear"
-    else:
-        outcome, signal = "hold", "hold"
+    outcome, signal = _decide(rule, r_short, r_long, delta, floor_ms)
     subs = _sub_stage_text(history, baselines, tenant, stage, now, window_ms, accuracy, spans, numbers)
     description = (
         f"{stage} P95 of tenant {tenant} is {p_short:.0f} ms over the last {spans.short_len} window(s) "
@@ -238,6 +231,17 @@ def check_stage(
     )
     severity = "page" if r_short >= rule.page_ratio else "ticket"
     return RegressionCheck(outcome, signal, severity, description, numbers, spans.short_len, spans.samples)
+
+
+def _decide(
+    rule: StageRegressionRule, r_short: float, r_long: float, delta: float, floor_ms: float
+) -> tuple[Outcome, Signal]:
+    """Breach on both spans above ``ratio`` (and the floor); clear under ``recovery_ratio``; else hold."""
+    if min(r_short, r_long) >= rule.ratio and delta >= floor_ms:
+        return "breach", "breach"
+    if r_short < rule.recovery_ratio or delta < floor_ms:
+        return "ok", "clear"
+    return "hold", "hold"
 
 
 def _sub_stage_text(
