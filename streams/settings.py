@@ -167,6 +167,13 @@ class Settings(BaseSettings):
     default_slo_target: float = Field(0.99, gt=0, lt=1)
     rules: RulesConfig = Field(default_factory=RulesConfig, description="Alert rules (streams.rules.config).")
     paging_muted: bool = Field(False, description="Replay/backfill: store alerts, never page (counted).")
+    replay: bool = Field(
+        False,
+        description=(
+            "A replay's writer (set by ttft replay): no start-up recovery, so every window it re-closes is "
+            "evaluated once, in event-time order, by a fresh rule engine (windows already stored included)."
+        ),
+    )
 
     @field_validator("topic_prefix")
     @classmethod
@@ -233,6 +240,7 @@ TOPIC_NAMES: tuple[str, ...] = (
     "stage-windows",
     "window-health",
     "alerts",
+    "rule-evaluations",
 )
 
 

@@ -36,6 +36,7 @@ GRANT SELECT ON ttft.window_health TO ttft_tenant_viewer;
 GRANT SELECT ON ttft.llm_signals TO ttft_tenant_viewer;
 GRANT SELECT ON ttft.alerts TO ttft_tenant_viewer;
 GRANT SELECT ON ttft.canary_verdicts TO ttft_tenant_viewer;
+GRANT SELECT ON ttft.rule_evaluations TO ttft_tenant_viewer;
 
 CREATE ROW POLICY OR REPLACE ttft_tenant_scope ON ttft.requests FOR SELECT USING tenant_id = getSetting('SQL_ttft_tenant') TO ttft_tenant_viewer;
 CREATE ROW POLICY OR REPLACE ttft_full_access ON ttft.requests FOR SELECT USING 1 TO ALL EXCEPT ttft_tenant_viewer;
@@ -63,6 +64,9 @@ CREATE ROW POLICY OR REPLACE ttft_full_access ON ttft.alerts FOR SELECT USING 1 
 
 CREATE ROW POLICY OR REPLACE ttft_tenant_scope ON ttft.canary_verdicts FOR SELECT USING tenant_id = getSetting('SQL_ttft_tenant') TO ttft_tenant_viewer;
 CREATE ROW POLICY OR REPLACE ttft_full_access ON ttft.canary_verdicts FOR SELECT USING 1 TO ALL EXCEPT ttft_tenant_viewer;
+
+CREATE ROW POLICY OR REPLACE ttft_tenant_scope ON ttft.rule_evaluations FOR SELECT USING tenant_id = getSetting('SQL_ttft_tenant') TO ttft_tenant_viewer;
+CREATE ROW POLICY OR REPLACE ttft_full_access ON ttft.rule_evaluations FOR SELECT USING 1 TO ALL EXCEPT ttft_tenant_viewer;
 
 -- One reader per tenant (example; one user per tenant, a real password or an sha256 hash). Granted roles
 -- are enabled by default. max_execution_time stays changeable because Grafana's client sends it:

@@ -1,8 +1,11 @@
 """Runs the rule engine on every closed window, in event-time order, inside the writer.
 
 Transitions go to ``ttft.alerts`` (the durable outbox the delivery loop reads; produced and acknowledged
-first) and then to the ``alerts`` table; canary verdicts go to ``canary_verdicts``. Both tables are
-idempotent, so re-evaluating after a crash writes nothing new.
+first) and then to the ``alerts`` table; canary verdicts go to ``canary_verdicts``; every rule evaluation
+goes to ``rule_evaluations`` and, keyed by series, to the compacted ``ttft.rule-evaluations`` topic, which
+``ttft rules status`` reads while this process holds the embedded store. All tables are idempotent, so
+re-evaluating after a crash writes nothing new. Evaluations are counted on ``/metrics``
+(``ttft_rule_evaluations{rule,outcome}``).
 
 At start-up the engine is rebuilt by evaluating the stored windows of its look-back again, in order,
 without producing anything, except transitions the ``alerts`` table does not have yet (a crash between
@@ -12,7 +15,10 @@ closing a window and storing its alerts): those are produced then.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any
+
+import orjson
 
 from streams.alerting.outbox import alert_message
 from streams.app.metrics import WorkerMetrics
@@ -50,6 +56,8 @@ class AlertingHook:
         self.window_ms = settings.windows.window_s * 1000
         self.grace_ms = settings.windows.grace_s * 1000
         self.last_evaluated: int | None = None
+        #: Window starts evaluated live, in order (bounded; for tests and the backfill check).
+        self.evaluated: deque[int] = deque(maxlen=10_000)
         self.db = settings.clickhouse_database
 
     def attach(self, closer: WindowCloser) -> None:
@@ -84,15 +92,7 @@ class AlertingHook:
         log.info("alerting: engine rebuilt over %d windows", (until - since) // self.window_ms)
 
     def _history_windows(self) -> int:
-        cfg = self.engine.config
-        return (
-            max(
-                cfg.stage_regression.baseline_windows + cfg.stage_regression.exclude_recent_windows,
-                max(p.long_windows for p in cfg.slo_burn.pairs),
-                cfg.canary.span_windows,
-            )
-            + 1
-        )
+        return self.engine.config.history_windows() + 1
 
     # --- live -----------------------------------------------------------------------------------
 
@@ -111,6 +111,7 @@ class AlertingHook:
         )
         await self._emit(self.engine.evaluate_window(ws, snap, muted=self.muted))
         self.last_evaluated = ws
+        self.evaluated.append(ws)
 
     async def on_watermark(self, watermark: float, open_windows: set[int]) -> None:
         """Evaluate windows without any record once the watermark passed them (silence, Watchdog)."""
@@ -131,6 +132,7 @@ class AlertingHook:
         while nxt < ws:
             await self._emit(self.engine.evaluate_window(nxt, WindowSnapshot(), muted=self.muted))
             self.last_evaluated = nxt
+            self.evaluated.append(nxt)
             nxt += self.window_ms
 
     async def _emit(self, evaluation: WindowEvaluation) -> None:
@@ -141,8 +143,15 @@ class AlertingHook:
             self.metrics.alerts_sent.labels(t.state).inc()
             if t.muted:
                 self.metrics.paging_muted.inc()
+        status_topic = self.settings.topic("rule-evaluations")
+        for e in evaluation.evaluations:
+            await self.publish(status_topic, e.key.encode(), orjson.dumps(e.to_message()))
+            self.metrics.rule_evaluations.labels(e.rule, e.outcome).inc()
         await self.flush()
         if evaluation.transitions:
             await self.store_call(insert_rows, self.db, "alerts", [t.to_row() for t in evaluation.transitions])
         if evaluation.verdicts:
             await self.store_call(insert_rows, self.db, "canary_verdicts", [v.to_row() for v in evaluation.verdicts])
+        if evaluation.evaluations:
+            rows = [e.to_row() for e in evaluation.evaluations]
+            await self.store_call(insert_rows, self.db, "rule_evaluations", rows)

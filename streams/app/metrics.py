@@ -63,6 +63,9 @@ class WorkerMetrics:
             "ttft_alerts_pending_delivery", "Alert notifications not yet delivered", registry=r
         )
         self.paging_muted = Counter("ttft_paging_muted", "Notifications muted during replay", registry=r)
+        self.rule_evaluations = Counter(
+            "ttft_rule_evaluations", "Rule evaluations by rule and outcome", ["rule", "outcome"], registry=r
+        )
         self.batches = Counter("ttft_batches", "Processing batches", registry=r)
         self.health: dict[str, Any] = {"status": "starting", "role": role, "worker_id": worker_id}
 

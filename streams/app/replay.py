@@ -124,7 +124,13 @@ def run_replay(
     progress: Callable[[str], None] = print,
 ) -> int:
     """Run the replay's workers until the planned range is processed and written; returns an exit code."""
-    env = {**os.environ, "TTFT_APP_ID": plan.app_id, "TTFT_PAGING_MUTED": "true", "TTFT_ALERTMANAGER_URL": ""}
+    env = {
+        **os.environ,
+        "TTFT_APP_ID": plan.app_id,
+        "TTFT_PAGING_MUTED": "true",
+        "TTFT_REPLAY": "true",
+        "TTFT_ALERTMANAGER_URL": "",
+    }
     roles = ["join"] if join_only else ["writer", "join"]
     procs: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:

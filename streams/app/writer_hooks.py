@@ -43,16 +43,26 @@ class TopicPublisher:
             await asyncio.gather(*pending)
 
 
+async def resume(settings: Settings, closer: WindowCloser, alerting: AlertingHook) -> None:
+    """Start-up: a live writer resumes where it stopped (stale windows recomputed, the rule engine rebuilt
+    from the stored windows). A replay's writer does not: the windows it re-closes are already stored, so
+    recovery would mark them closed and their records would count as amendments, which are stored but
+    never evaluated. Started empty, it evaluates each window once, in event-time order."""
+    if settings.replay:
+        return
+    await closer.recover()
+    await alerting.rebuild(closer)
+
+
 async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics) -> WindowCloser:
     """Attach the window closer, the rule engine and (with an Alertmanager URL) the delivery loop."""
     publisher = TopicPublisher(settings)
     await publisher.start()
     closer = WindowCloser(settings, metrics, writer.store_call, publisher.publish)
-    await closer.recover()
     alerting = AlertingHook(
         settings, metrics, writer.store_call, publisher.publish, publisher.flush, muted=settings.paging_muted
     )
-    await alerting.rebuild(closer)
+    await resume(settings, closer, alerting)
     alerting.attach(closer)
     if settings.alertmanager_url:
         stop = asyncio.Event()

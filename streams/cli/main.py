@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "replay": "streams.cli.replay_cmd:replay",
     "config": "streams.cli.config_cmd:config",
     "grafana": "streams.cli.grafana_cmd:grafana",
+    "rules": "streams.cli.rules_cmd:rules",
 }
 
 

@@ -19,7 +19,8 @@ Why these numbers:
   silent for less than ``rules.tenant_silence.silent_windows`` when the pipeline has drained (unless
   draining takes minutes), so ``TTFTTenantSilent`` does not fire just because the story ended.
 - Three tenants (:data:`DEMO_TENANTS`: two ASCII, one not; the last one runs the lagging version):
-  ``TTFTCanaryFailed`` needs 1,000 samples per arm over 5 windows (``rules.canary``); the canary arm is
+  ``TTFTCanaryFailed`` needs 1,000 samples per arm (``rules.canary``; its span grows with the canary's
+  lifetime, and the story's canary part is 5 windows long); the canary arm is
   25 % of the traffic and the largest of three tenants takes ~50 %, so 30 req/s in the canary part give
   ~1,130. ``TTFTDraftAcceptanceLow`` needs 50 canary samples per window, ~7 req/s. The default duration
   affords the former; a 60 s demo only the latter.

@@ -4,6 +4,9 @@ The pipeline's rule engine is the primary alerting path (it pages through Alertm
 exist for teams that prefer Grafana alerting; they are written with ``isPaused: true`` so that enabling
 both paths, and paging twice, takes a deliberate edit (docs/grafana.md: choose one). Thresholds,
 spans and hysteresis come from :class:`streams.rules.config.RulesConfig`, so the two paths never fork.
+One difference: these rules use the shortest spans only (``short_windows`` / ``long_windows``); the engine's
+spans grow with a tenant's traffic (``max_span_windows``), so a low-traffic tenant is judged by the engine
+where Grafana's rule stays silent.
 
 Each rule's SQL returns one numeric column plus label columns (Grafana's table-alert contract), uses no
 dashboard variables (alert evaluation has none) and wraps argument-less macros in parentheses.

@@ -11,6 +11,7 @@ from typing import Final
 
 from streams.grafana.boards_latency import IN_RANGE, tenant_variable
 from streams.grafana.model import FORMAT_TIME_SERIES, DashboardSpec, PanelSpec
+from streams.grafana.panels_rules import rule_outcomes, undecided_series
 from streams.grafana.sql import TENANT, count_rows, literal, where
 
 #: ``pipeline_stats.metric`` names shown here (streams/store/stats_store.py).
@@ -136,7 +137,8 @@ def pipeline_health() -> DashboardSpec:
         slug="ttft-pipeline-health",
         title="TTFT pipeline health",
         description="Is the measurement itself healthy: dead letters, late data, open requests and "
-        "evictions, series caps, consumer lag and ClickHouse insert latency.",
+        "evictions, series caps, consumer lag, ClickHouse insert latency, and whether the alert rules "
+        "had enough traffic to decide.",
         variables=(tenant_variable(),),
         panels=(
             _dead_letters(),
@@ -165,5 +167,7 @@ def pipeline_health() -> DashboardSpec:
                 "ms",
                 combine="max",
             ),
+            rule_outcomes(),
+            undecided_series(),
         ),
     )

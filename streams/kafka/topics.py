@@ -172,9 +172,12 @@ async def ensure_named_topics(
 
 
 def _topic_configs(topic: str, settings: Settings) -> dict[str, str]:
-    """Per-topic configs: the alert outbox is compacted by fingerprint (the delivery loop reads it whole)."""
+    """Per-topic configs: the alert outbox is compacted by fingerprint (the delivery loop reads it whole), and
+    the rule evaluations by series (``ttft rules status`` reads the latest evaluation of each)."""
     if topic == settings.topic("alerts"):
         return {"cleanup.policy": "compact", "min.compaction.lag.ms": "3600000"}
+    if topic == settings.topic("rule-evaluations"):
+        return {"cleanup.policy": "compact", "min.compaction.lag.ms": "600000"}
     return {}
 
 

@@ -10,6 +10,8 @@ from streams.rules.engine import RuleEngine
 from streams.rules.model import (
     ALERT_COLUMNS,
     ALERT_NAMES,
+    DECIDED_OUTCOMES,
+    RULE_EVALUATION_COLUMNS,
     AlertTransition,
     CanaryVerdict,
     RuleEvaluation,
@@ -22,6 +24,8 @@ from streams.rules.model import (
 __all__ = [
     "ALERT_COLUMNS",
     "ALERT_NAMES",
+    "DECIDED_OUTCOMES",
+    "RULE_EVALUATION_COLUMNS",
     "AlertTransition",
     "CanaryVerdict",
     "RuleEngine",

@@ -170,11 +170,11 @@ def judge(
 ) -> Judgement:
     """Apply the gates: samples -> SLO (absolute) -> critical ratio -> relative ratio + floor + tail test."""
     if comparison.n_canary < rule.min_samples or comparison.n_stable < rule.min_samples:
-        return Judgement("inconclusive", "samples")
+        return Judgement("insufficient_traffic", "samples")
     p_c = comparison.canary.quantile(rule.tail_quantile)
     p_s = comparison.stable.quantile(rule.tail_quantile)
     if p_c is None or p_s is None:
-        return Judgement("inconclusive", "samples")
+        return Judgement("insufficient_traffic", "samples")
     ratio = p_c / p_s if p_s > 0.0 else (math.inf if p_c > 0.0 else 1.0)
     delta = p_c - p_s
     tail = tail_test(comparison.stable, comparison.canary, comparison.n_stable, comparison.n_canary, rule.tail_quantile)

@@ -36,21 +36,26 @@ class _Rule(BaseModel):
 class StageRegressionRule(_Rule):
     """TTFTStageRegression: a tenant's parent-stage P95 against its own trailing baseline.
 
-    Breach when ``min(ratio_short, ratio_long) >= ratio`` and the short-span P95 exceeds the baseline by the
-    stage floor; firing after ``for_windows`` breaching windows; resolved after ``resolve_windows`` windows
-    with the short ratio below ``recovery_ratio`` (hysteresis). Canary-arm traffic is left out: canaries
-    have their own rule.
+    Spans grow to the evidence: the short span is the smallest run of recent windows, from
+    ``short_windows`` up to ``max_span_windows``, holding ``min_recent_samples``; the long span keeps its
+    lead over it (``long_windows - short_windows`` more windows, capped at ``max_span_windows``), and the
+    baseline ends before the long span begins. Even the largest span short of samples is
+    ``insufficient_traffic``. Breach when ``min(ratio_short, ratio_long) >= ratio`` and the short-span P95
+    exceeds the baseline by the stage floor; firing after ``for_windows`` breaching windows; resolved after
+    ``resolve_windows`` windows with the short ratio below ``recovery_ratio`` (hysteresis). Canary-arm
+    traffic is left out: canaries have their own rule.
     """
 
     stages: tuple[str, ...] = ("retrieval", "prompt_assemble", "llm_ttft")
-    short_windows: int = Field(1, gt=0, description="Short span, ending with the closing window.")
-    long_windows: int = Field(5, gt=0, description="Longer span, ending with the closing window.")
+    short_windows: int = Field(1, gt=0, description="Shortest short span, ending with the closing window.")
+    long_windows: int = Field(5, gt=0, description="Shortest long span, ending with the closing window.")
+    max_span_windows: int = Field(30, gt=0, description="Largest span the short and long spans grow to.")
     baseline_windows: int = Field(60, gt=0, description="Trailing baseline length.")
     exclude_recent_windows: int = Field(5, ge=0, description="Recent windows kept out of the baseline.")
     min_recent_samples: int = Field(400, gt=0, description="Samples needed in the short span.")
-    min_baseline_samples: int = Field(2_000, gt=0)
+    min_baseline_samples: int = Field(1_000, gt=0)
     ratio: float = Field(1.25, gt=1.0)
-    page_ratio: float = Field(1.5, gt=1.0, description="Short-span ratio at pending time that makes it a page.")
+    page_ratio: float = Field(1.4, gt=1.0, description="Short-span ratio at pending time that makes it a page.")
     recovery_ratio: float = Field(1.10, gt=0.0)
     for_windows: int = Field(2, gt=0)
     resolve_windows: int = Field(1, gt=0)
@@ -65,20 +70,31 @@ class StageRegressionRule(_Rule):
             raise ValueError("short_windows must not exceed long_windows")
         if self.exclude_recent_windows < self.long_windows:
             raise ValueError("exclude_recent_windows must cover long_windows, or the baseline absorbs the change")
+        if self.max_span_windows < self.long_windows:
+            raise ValueError("max_span_windows must be at least long_windows")
         return self
+
+    def history_windows(self) -> int:
+        """Windows of history a series needs: the baseline behind the largest span it may use."""
+        return self.baseline_windows + max(self.exclude_recent_windows, self.max_span_windows)
 
 
 class CanaryRule(_Rule):
     """TTFTCanaryFailed: canary vs stable arm per tenant x stage over the same trailing windows.
 
-    Gates in order: sample gate (``inconclusive``, never a pass), absolute SLO gate on the canary's TTFT
+    The span is cumulative (Kayenta-style): the smallest run of recent windows, at least ``span_windows``,
+    in which both arms hold ``min_samples``; it grows over the canary's lifetime up to
+    ``max_span_windows`` and never reaches before the canary's first window. The stable arm counts only
+    windows in which the canary had traffic too. Gates in order: sample gate (``insufficient_traffic``, never
+    a pass), absolute SLO gate on the canary's TTFT
     P95, critical ratio (fails at once), relative gate (ratio, floor and a one-sided tail test). P95s come
     from the stratum-reweighted canary sketch against the stable sketch. A failed canary stays failed (a
     pass does not resolve it) until its version has had no traffic for ``RulesConfig.stale_windows``.
     """
 
     stages: tuple[str, ...] = ("retrieval", "prompt_assemble", "llm_ttft", "ttft")
-    span_windows: int = Field(5, gt=0)
+    span_windows: int = Field(5, gt=0, description="Shortest span.")
+    max_span_windows: int = Field(60, gt=0, description="Largest span (cumulative from the canary's start).")
     min_samples: int = Field(1_000, gt=0, description="Per arm, over the span.")
     ratio: float = Field(1.10, gt=1.0)
     critical_ratio: float = Field(1.5, gt=1.0)
@@ -95,6 +111,8 @@ class CanaryRule(_Rule):
     def _check(self) -> CanaryRule:
         if self.critical_ratio <= self.ratio:
             raise ValueError("critical_ratio must be above ratio")
+        if self.max_span_windows < self.span_windows:
+            raise ValueError("max_span_windows must be at least span_windows")
         return self
 
 
@@ -170,6 +188,13 @@ class TenantSilenceRule(_Rule):
         return self
 
 
+class UndecidableRule(_Rule):
+    """TTFTRuleUndecidable (ticket, never a page): a tenant with a regression or canary series that has been
+    ``insufficient_traffic`` for ``after_windows`` evaluations in a row: its silence does not mean "fine"."""
+
+    after_windows: int = Field(60, gt=0, description="Evaluations in a row without samples enough to decide.")
+
+
 class RulesConfig(BaseModel):
     """All alert rules. ``runbook_base_url`` prefixes each alert's ``#anchor`` in ``docs/runbook.md``."""
 
@@ -187,6 +212,7 @@ class RulesConfig(BaseModel):
     slo_burn: SLOBurnRule = SLOBurnRule()
     telemetry: TelemetryRule = TelemetryRule()
     tenant_silence: TenantSilenceRule = TenantSilenceRule()
+    undecidable: UndecidableRule = UndecidableRule()
     watchdog: bool = True
 
     @model_validator(mode="after")
@@ -198,10 +224,9 @@ class RulesConfig(BaseModel):
 
     def history_windows(self) -> int:
         """How many trailing windows the engine must keep for these rules."""
-        reg = self.stage_regression
         return max(
-            reg.baseline_windows + reg.exclude_recent_windows,
-            self.canary.span_windows,
+            self.stage_regression.history_windows(),
+            self.canary.max_span_windows,
             max(p.long_windows for p in self.slo_burn.pairs),
         )
 

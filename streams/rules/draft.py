@@ -31,8 +31,10 @@ def check_draft(row: Mapping[str, Any], rule: DraftAcceptanceRule) -> DraftCheck
     """Judge one ``llm_signals`` row."""
     tenant, version = row["tenant_id"], row["version_id"]
     p50, n = row.get("draft_accept_p50"), draft_count(row)
-    if p50 is None or n < rule.min_samples:
+    if p50 is None:
         return DraftCheck("inconclusive", "hold")
+    if n < rule.min_samples:
+        return DraftCheck("insufficient_traffic", "hold")
     p50 = float(p50)
     p10 = row.get("draft_accept_p10")
     numbers = {"draft_accept_p50": p50, "requests": float(n)}

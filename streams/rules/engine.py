@@ -20,21 +20,29 @@ from streams.rules.draft import check_draft
 from streams.rules.history import WindowHistory, merge_sketches, sketch_of_row
 from streams.rules.lifecycle import AlertBook, AlertKey, Signal
 from streams.rules.model import (
+    DECIDED_OUTCOMES,
     AlertTransition,
     Outcome,
     RuleEvaluation,
     WindowEvaluation,
     WindowSnapshot,
 )
-from streams.rules.regression import SUB_STAGES_OF, Baselines, StageHistory, check_stage
+from streams.rules.regression import SUB_STAGES_OF, Baselines, IncidentMemory, StageHistory, check_stage
+from streams.rules.silence import silence_steps
 from streams.rules.slo import BurnHistory, check_burn
 from streams.rules.snapshot import WindowFacts, stratum_of, window_facts
+from streams.rules.undecidable import UndecidableTracker
 
 if TYPE_CHECKING:  # settings.py will import streams.rules.config: no runtime import back
     from streams.settings import Settings
 
 _NOT_SERIES = frozenset({"Watchdog", "TTFTTenantSilent", "TTFTIngestHalted"})
-_VERDICT_OUTCOME: dict[str, Outcome] = {"pass": "ok", "fail": "breach", "inconclusive": "inconclusive"}
+_VERDICT_OUTCOME: dict[str, Outcome] = {
+    "pass": "ok",
+    "fail": "breach",
+    "inconclusive": "inconclusive",
+    "insufficient_traffic": "insufficient_traffic",
+}
 
 
 class RuleEngine:
@@ -48,10 +56,13 @@ class RuleEngine:
         reg = config.stage_regression
         self._tracked_stages = set(reg.stages) | {sub for s in reg.stages for sub in SUB_STAGES_OF.get(s, ())}
         self.alerts = AlertBook(config.runbook_base_url)
-        self._stages: StageHistory = WindowHistory(self.window_ms, reg.baseline_windows + reg.exclude_recent_windows)
+        self._stages: StageHistory = WindowHistory(self.window_ms, reg.history_windows())
         self._baselines = Baselines(self._stages, reg, self.window_ms, self._accuracy)
-        self._arms: ArmHistory = WindowHistory(self.window_ms, config.canary.span_windows)
-        self._strata: StrataHistory = WindowHistory(self.window_ms, config.canary.span_windows)
+        self._arms: ArmHistory = WindowHistory(self.window_ms, config.canary.max_span_windows)
+        self._strata: StrataHistory = WindowHistory(self.window_ms, config.canary.max_span_windows)
+        self._undecidable = UndecidableTracker(config, self.window_ms)
+        self._last_decided: dict[AlertKey, float] = {}
+        self._incidents = IncidentMemory(self._baselines, reg, self.window_ms)
         self._burn: BurnHistory = WindowHistory(self.window_ms, max(p.long_windows for p in config.slo_burn.pairs))
         self._series_seen: dict[AlertKey, float] = {}
         self._tenant_seen: dict[str, float] = {}
@@ -97,6 +108,7 @@ class RuleEngine:
         self._record(now, windows, facts, degraded)
         self._regression(now, windows, degraded, out)
         self._canary(now, windows, degraded, out)
+        self._undecidable_alerts(now, out)
         self._draft(now, windows, out)
         self._slo(now, out)
         self._silence(now, facts, out)
@@ -118,6 +130,13 @@ class RuleEngine:
     # --- recording ------------------------------------------------------------------------------
 
     def _record(self, now: float, snap: WindowSnapshot, facts: WindowFacts, degraded: set[str]) -> None:
+        # Arms are compared only over windows where the canary had traffic, so the (long) arm history is
+        # kept only for tenants with canary traffic in this window: memory follows live canaries.
+        canary_tenants = {
+            str(r["tenant_id"])
+            for r in snap.stage_windows
+            if snap.arms.get((r["tenant_id"], r["version_id"])) == "canary"
+        }
         per_stage: dict[tuple[str, str], list[LatencySketch]] = defaultdict(list)
         for row in snap.stage_windows:
             tenant, version, stage = str(row["tenant_id"]), str(row["version_id"]), str(row["stage"])
@@ -125,14 +144,15 @@ class RuleEngine:
             sketch = sketch_of_row(row, self._accuracy)
             if stage in self._tracked_stages and arm != "canary":
                 per_stage[(tenant, stage)].append(sketch)
-            if arm is not None and stage in self.config.canary.stages:
+            if arm is not None and tenant in canary_tenants and stage in self.config.canary.stages:
                 self._arms.add((tenant, version, stage), now, sketch)
         for key, parts in per_stage.items():
             self._stages.add(key, now, (merge_sketches(parts, self._accuracy), key[0] in degraded))
         strata: dict[tuple[str, str, str], dict[str, LatencySketch]] = defaultdict(dict)
+        canary_stages = self.config.canary.stages
         for row in snap.stage_strata:
             tenant, version, stage = str(row["tenant_id"]), str(row["version_id"]), str(row["stage"])
-            if snap.arms.get((tenant, version)) is not None and stage in self.config.canary.stages:
+            if snap.arms.get((tenant, version)) is not None and tenant in canary_tenants and stage in canary_stages:
                 cell = strata[(tenant, version, stage)]
                 sketch = sketch_of_row(row, self._accuracy)
                 name = stratum_of(row)
@@ -195,10 +215,10 @@ class RuleEngine:
                 tenant in degraded,
                 self._accuracy,
             )
-            self._note(out, key, check.outcome)
+            self._note(out, key, check.outcome, check.span_windows, check.samples)
             if check.signal == "hold" and check.numbers is None:
                 continue
-            out.transitions += self.alerts.step(
+            steps = self.alerts.step(
                 key,
                 check.signal,
                 now,
@@ -209,22 +229,14 @@ class RuleEngine:
                 description=check.description,
                 numbers=check.numbers or {},
             )
+            self._incidents.observe(tenant, stage, steps)
+            out.transitions += steps
 
     def _canary(self, now: float, snap: WindowSnapshot, degraded: set[str], out: WindowEvaluation) -> None:
         rule = self.config.canary
         if not rule.enabled:
             return
-        stable: dict[str, set[str]] = defaultdict(set)
-        for (tenant, version), arm in snap.arms.items():
-            if arm == "stable":
-                stable[tenant].add(version)
-        canaries = sorted(
-            {
-                (str(r["tenant_id"]), str(r["version_id"]))
-                for r in snap.stage_windows
-                if snap.arms.get((r["tenant_id"], r["version_id"])) == "canary"
-            }
-        )
+        stable, canaries = _arm_versions(snap)
         for tenant, version in canaries:
             failing: list[str] = []
             for stage in rule.stages:
@@ -237,6 +249,7 @@ class RuleEngine:
                     canary_version=version,
                     stable_versions=tuple(sorted(stable[tenant])),
                     now=now,
+                    window_ms=self.window_ms,
                     floor_ms=self._floor(tenant, stage),
                     slo_ms=self.settings.slo_ms(tenant) if stage == "ttft" else None,
                     degraded=tenant in degraded,
@@ -249,13 +262,9 @@ class RuleEngine:
                 elif verdict.verdict == "fail" and failing:
                     description += " Failing stages of the same canary: " + ", ".join(failing) + "."
                 key: AlertKey = ("TTFTCanaryFailed", tenant, stage, version)
-                self._note(out, key, _VERDICT_OUTCOME[verdict.verdict])
-                tracked = self.alerts.get(key)
-                signal: Signal = "hold"
-                if verdict.verdict == "fail":
-                    signal = "breach"
-                elif verdict.verdict == "pass" and (tracked is None or tracked.state == "pending"):
-                    signal = "clear"  # a firing canary stays failed until its traffic stops
+                samples = min(verdict.n_canary, verdict.n_stable)
+                self._note(out, key, _VERDICT_OUTCOME[verdict.verdict], verdict.span_windows, samples)
+                signal = self._canary_signal(key, verdict.verdict)
                 if signal == "hold":
                     continue
                 out.transitions += self.alerts.step(
@@ -270,6 +279,14 @@ class RuleEngine:
                     numbers=verdict.numbers(),
                 )
 
+    def _canary_signal(self, key: AlertKey, verdict: str) -> Signal:
+        if verdict == "fail":
+            return "breach"
+        tracked = self.alerts.get(key)
+        if verdict == "pass" and (tracked is None or tracked.state == "pending"):
+            return "clear"  # a firing canary stays failed until its traffic stops
+        return "hold"
+
     def _draft(self, now: float, snap: WindowSnapshot, out: WindowEvaluation) -> None:
         rule = self.config.draft_acceptance
         if not rule.enabled:
@@ -279,7 +296,7 @@ class RuleEngine:
             key: AlertKey = ("TTFTDraftAcceptanceLow", tenant, "llm_ttft", version)
             check = check_draft(row, rule)
             self._note(out, key, check.outcome)
-            if check.outcome == "inconclusive":
+            if check.outcome in ("inconclusive", "insufficient_traffic"):
                 continue
             out.transitions += self.alerts.step(
                 key,
@@ -327,37 +344,29 @@ class RuleEngine:
         for tenant, t in facts.tenants.items():
             if t.requests > 0:
                 self._tenant_seen[tenant] = now
-        for tenant in sorted(self._tenant_seen):
-            key: AlertKey = ("TTFTTenantSilent", tenant, "", "")
-            silent = round((now - self._tenant_seen[tenant]) / self.window_ms)
-            if silent >= rule.forget_windows:
-                del self._tenant_seen[tenant]
-                if self.alerts.get(key) is not None:
-                    out.transitions.append(
-                        self.alerts.resolve(key, now, f"tenant {tenant} silent for {silent} windows: forgotten")
-                    )
-                continue
-            signal: Signal = "clear" if silent == 0 else "breach" if silent >= rule.silent_windows else "hold"
-            self._note(out, key, "breach" if signal == "breach" else "ok")
-            out.transitions += self.alerts.step(
-                key,
-                signal,
-                now,
-                severity="ticket",
-                immediate=True,
-                summary=f"Tenant {tenant} sends no telemetry",
-                description=(
-                    f"no request records from tenant {tenant} for {silent} windows "
-                    f"(threshold {rule.silent_windows}); it sent data before."
-                ),
-                numbers={"silent_windows": float(silent)},
-            )
+
+        def note(key: AlertKey, outcome: Outcome) -> None:
+            self._note(out, key, outcome)
+
+        out.transitions += silence_steps(rule, self._tenant_seen, self.alerts, now, self.window_ms, note)
 
     # --- bookkeeping ----------------------------------------------------------------------------
 
-    def _note(self, out: WindowEvaluation, key: AlertKey, outcome: Outcome) -> None:
-        self._series_seen[key] = out.window_start
-        out.evaluations.append(RuleEvaluation(key[0], key[1], key[2], key[3], outcome))
+    def _undecidable_alerts(self, now: float, out: WindowEvaluation) -> None:
+        if not self.config.undecidable.enabled:
+            return
+        out.transitions += self._undecidable.step(self.alerts, now, lambda key, o, span: self._note(out, key, o, span))
+
+    def _note(self, out: WindowEvaluation, key: AlertKey, outcome: Outcome, span: int = 1, samples: int = 0) -> None:
+        now = out.window_start
+        self._series_seen[key] = now
+        if outcome in DECIDED_OUTCOMES:
+            self._last_decided[key] = now
+        evaluation = RuleEvaluation(
+            key[0], key[1], key[2], key[3], outcome, now, span, samples, self._last_decided.get(key)
+        )
+        self._undecidable.observe(evaluation)
+        out.evaluations.append(evaluation)
 
     def _sweep_stale(self, now: float, out: WindowEvaluation) -> None:
         """Resolve alerts whose series stopped reporting (rolled-back canary, vanished tenant) and prune."""
@@ -369,14 +378,31 @@ class RuleEngine:
                 out.transitions.append(
                     self.alerts.resolve(key, now, f"no data for {self.config.stale_windows} windows: resolved")
                 )
+        self._incidents.prune(lambda tenant, stage: self.alerts.get(("TTFTStageRegression", tenant, stage, "")))
         for key in [k for k, seen in self._series_seen.items() if seen <= horizon]:
             del self._series_seen[key]
+            self._last_decided.pop(key, None)
         for history in (self._stages, self._arms, self._strata, self._burn):
             history.prune(now)
-        self._baselines.prune()
+        self._baselines.prune(now)
+        self._undecidable.prune(now)
 
     def _floor(self, tenant: str, stage: str) -> float:
         override = self.settings.tenants.get(tenant)
         if override is not None and stage in override.stage_floor_ms:
             return override.stage_floor_ms[stage]
         return self.config.stage_floor_ms.get(stage, 0.0)
+
+
+def _arm_versions(snap: WindowSnapshot) -> tuple[dict[str, set[str]], list[tuple[str, str]]]:
+    """Stable versions per tenant, and the (tenant, canary version) pairs with rows in this window."""
+    stable: dict[str, set[str]] = defaultdict(set)
+    for (tenant, version), arm in snap.arms.items():
+        if arm == "stable":
+            stable[tenant].add(version)
+    canaries = {
+        (str(r["tenant_id"]), str(r["version_id"]))
+        for r in snap.stage_windows
+        if snap.arms.get((r["tenant_id"], r["version_id"])) == "canary"
+    }
+    return stable, sorted(canaries)

@@ -39,6 +39,13 @@ class WindowHistory(Generic[K, V]):
             return []
         return [v for ws, v in series if first <= ws <= last]
 
+    def items(self, key: K, first: float, last: float) -> list[tuple[float, V]]:
+        """``(window_start, value)`` of windows with ``first <= window_start <= last``, oldest first."""
+        series = self._series.get(key)
+        if not series:
+            return []
+        return [(ws, v) for ws, v in series if first <= ws <= last]
+
     def recent(self, key: K, now: float, windows: int) -> list[V]:
         """Values of the ``windows`` windows ending with the one starting at ``now``."""
         return self.span(key, now - (windows - 1) * self._window_ms, now)
@@ -122,13 +129,26 @@ class RollingSum:
                 self.bins[k] = self.bins.get(k, 0) + n
         while self._members and self._members[0][0] < first:
             _, old = self._members.popleft()
-            self.zero_count -= old.zero_count
-            for k, n in old.bins.items():
-                left = self.bins[k] - n
-                if left:
-                    self.bins[k] = left
-                else:
-                    del self.bins[k]
+            self._subtract(old)
+
+    def retreat(self, last: float) -> None:
+        """Drop the windows after ``last`` (the range's end moved back, e.g. a span grew); they are
+        added again by a later :meth:`advance` once the range reaches them."""
+        if self._last_added <= last:
+            return
+        while self._members and self._members[-1][0] > last:
+            _, old = self._members.pop()
+            self._subtract(old)
+        self._last_added = last
+
+    def _subtract(self, old: LatencySketch) -> None:
+        self.zero_count -= old.zero_count
+        for k, n in old.bins.items():
+            left = self.bins[k] - n
+            if left:
+                self.bins[k] = left
+            else:
+                del self.bins[k]
 
     @property
     def last_added(self) -> float:

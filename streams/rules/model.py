@@ -16,8 +16,10 @@ from typing import Any, Literal
 
 AlertState = Literal["pending", "firing", "resolved"]
 Arm = Literal["stable", "canary"]
-Outcome = Literal["ok", "breach", "hold", "inconclusive", "insufficient_history", "degraded"]
-VerdictValue = Literal["pass", "fail", "inconclusive"]
+Outcome = Literal["ok", "breach", "hold", "inconclusive", "insufficient_traffic", "insufficient_history", "degraded"]
+#: Outcomes that decided something: the rule could tell "fine" from "wrong" (``hold`` is the hysteresis band).
+DECIDED_OUTCOMES: frozenset[str] = frozenset({"ok", "breach", "hold"})
+VerdictValue = Literal["pass", "fail", "inconclusive", "insufficient_traffic"]
 
 ALERT_NAMES: tuple[str, ...] = (
     "TTFTStageRegression",
@@ -27,6 +29,7 @@ ALERT_NAMES: tuple[str, ...] = (
     "TTFTTelemetryDegraded",
     "TTFTTenantSilent",
     "TTFTIngestHalted",
+    "TTFTRuleUndecidable",
     "Watchdog",
 )
 IDENTITY_LABELS: tuple[str, ...] = ("alertname", "tenant", "stage", "version", "severity")
@@ -167,6 +170,7 @@ class CanaryVerdict:
     mix_coverage: float | None = None
     drivers: tuple[str, ...] = ()
     explanation: str = ""
+    span_windows: int = 0
 
     def numbers(self) -> dict[str, float]:
         """The verdict's numbers for an alert's annotations."""
@@ -208,18 +212,81 @@ class CanaryVerdict:
             "mix_coverage": self.mix_coverage,
             "drivers": list(self.drivers),
             "explanation": self.explanation,
+            "span_windows": self.span_windows,
         }
 
 
 @dataclass(frozen=True, slots=True)
 class RuleEvaluation:
-    """What one rule concluded for one series in one window (for counters and tests, not stored)."""
+    """What one rule concluded for one series in one window: a row of ``rule_evaluations``.
+
+    ``span_windows``: the windows the rule looked at (the grown span for regression and canary rules).
+    ``samples``: what its sample gate counted (regression: the short span; canary: the smaller arm).
+    ``last_decided_at``: the latest window (this one included) in which this series' outcome decided
+    something (:data:`DECIDED_OUTCOMES`), ``None`` if it never could.
+    """
 
     rule: str
     tenant: str
     stage: str
     version: str
     outcome: Outcome
+    window_start: float = 0.0
+    span_windows: int = 0
+    samples: int = 0
+    last_decided_at: float | None = None
+
+    @property
+    def key(self) -> str:
+        """The series: ``tenant|rule|stage|version`` (the ``ttft.rule-evaluations`` message key)."""
+        return f"{self.tenant}|{self.rule}|{self.stage}|{self.version}"
+
+    def to_row(self) -> dict[str, Any]:
+        """Column values for the ``rule_evaluations`` table (migration 0008)."""
+        return {
+            "window_start": ms_to_datetime(self.window_start),
+            "tenant_id": self.tenant,
+            "rule": self.rule,
+            "stage": self.stage,
+            "version_id": self.version,
+            "outcome": self.outcome,
+            "span_windows": self.span_windows,
+            "samples": self.samples,
+            "last_decided_at": ms_to_datetime(self.last_decided_at),
+        }
+
+    def to_message(self) -> dict[str, Any]:
+        """JSON-ready value for the ``ttft.rule-evaluations`` topic (key: :attr:`key`)."""
+        return {
+            "rule": self.rule,
+            "tenant": self.tenant,
+            "stage": self.stage,
+            "version": self.version,
+            "outcome": self.outcome,
+            "window_start": self.window_start,
+            "span_windows": self.span_windows,
+            "samples": self.samples,
+            "last_decided_at": self.last_decided_at,
+        }
+
+    @classmethod
+    def from_message(cls, data: Mapping[str, Any]) -> RuleEvaluation:
+        """Inverse of :meth:`to_message`; raises ``KeyError``/``ValueError``/``TypeError`` when malformed."""
+        last = data.get("last_decided_at")
+        return cls(
+            rule=str(data["rule"]),
+            tenant=str(data["tenant"]),
+            stage=str(data["stage"]),
+            version=str(data["version"]),
+            outcome=data["outcome"],
+            window_start=float(data["window_start"]),
+            span_windows=int(data["span_windows"]),
+            samples=int(data["samples"]),
+            last_decided_at=None if last is None else float(last),
+        )
+
+
+RULE_EVALUATION_COLUMNS: tuple[str, ...] = tuple(RuleEvaluation("x", "", "", "", "ok").to_row().keys())
 
 
 @dataclass(frozen=True, slots=True)

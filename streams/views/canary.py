@@ -6,12 +6,17 @@ Which arm a version belongs to comes, in order of precedence, from the tenant's 
 (the majority of ``canary`` vs ``stable`` records of a version). When no version is marked stable, every
 version that is not a canary forms the stable arm. Arms merge their versions' bins; P95s come from the
 merged sketch.
+
+Like with like: the arms are compared only over the windows in which both had traffic. A canary usually
+runs for part of the span; comparing it with a stable arm that also covers the windows before the canary
+started (a slow "before" phase, say) would credit the canary with the difference between phases.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from streams.settings import TenantConfig
@@ -55,6 +60,25 @@ class CanaryComparison:
     arms: dict[str, str]
     stages: dict[str, dict[str, StageStat]] = field(default_factory=dict)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    #: Per arm, the window starts (epoch ms) its numbers come from: the same for both arms by construction.
+    arm_windows: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    window_ms: int = 60_000
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """The windows compared (both arms had traffic in each)."""
+        return self.arm_windows.get("canary", ())
+
+    def span_text(self) -> str:
+        """``over 12 windows where both arms had traffic (09:14-09:26 UTC)``."""
+        if not self.windows:
+            return "no window where both arms had traffic"
+
+        def hhmm(ms: int) -> str:
+            return datetime.fromtimestamp(ms / 1000.0, tz=UTC).strftime("%H:%M")
+
+        first, last = self.windows[0], self.windows[-1] + self.window_ms
+        return f"over {len(self.windows)} windows where both arms had traffic ({hhmm(first)}-{hhmm(last)} UTC)"
 
     def versions(self, arm: str) -> list[str]:
         return [v for v, a in self.arms.items() if a == arm]
@@ -73,6 +97,8 @@ class CanaryComparison:
             "stages": {arm: {s: st.to_json() for s, st in stats.items()} for arm, stats in self.stages.items()},
             "ratios": {s: self.ratio(s) for s in self.stages.get("canary", {})},
             "verdicts": self.verdicts,
+            "windows": list(self.windows),
+            "span": self.span_text(),
         }
 
 
@@ -81,14 +107,27 @@ def compare_arms(
     arms: Mapping[str, str],
     stage_rows: Sequence[Mapping[str, Any]],
     verdict_rows: Sequence[Mapping[str, Any]],
+    window_ms: int = 60_000,
 ) -> CanaryComparison:
-    """Merge a tenant's per-version ``stage_windows`` rows into arms; keep the newest verdict per key."""
+    """Merge a tenant's per-window, per-version ``stage_windows`` rows into arms over the windows both arms
+    had traffic in; keep the newest verdict per key."""
+    mine = [
+        r
+        for r in stage_rows
+        if r["tenant_id"] == tenant and arms.get(str(r["version_id"])) in ("stable", "canary") and int(r["count"])
+    ]
+    seen: dict[str, set[int]] = {"stable": set(), "canary": set()}
+    for r in mine:
+        seen[arms[str(r["version_id"])]].add(int(r["window_start"]))
+    overlap = tuple(sorted(seen["stable"] & seen["canary"]))
+    chosen = set(overlap)
     stages = {
-        arm: stage_stats(r for r in stage_rows if r["tenant_id"] == tenant and arms.get(str(r["version_id"])) == arm)
+        arm: stage_stats(r for r in mine if arms[str(r["version_id"])] == arm and int(r["window_start"]) in chosen)
         for arm in ("stable", "canary")
     }
     latest: dict[tuple[str, str], dict[str, Any]] = {}
     for row in verdict_rows:
         if row["tenant_id"] == tenant:
             latest[(str(row["stage"]), str(row["canary_version"]))] = dict(row)  # rows come oldest first
-    return CanaryComparison(tenant, dict(arms), stages, [latest[k] for k in sorted(latest)])
+    arm_windows = {arm: overlap for arm in ("stable", "canary")}
+    return CanaryComparison(tenant, dict(arms), stages, [latest[k] for k in sorted(latest)], arm_windows, window_ms)

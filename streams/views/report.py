@@ -185,7 +185,8 @@ def collect_report(
     step("time series")
     series_rows = reads.stage_rows(client, database, span, bucket_ms=bucket, by_version=False)
     health_series = reads.health_rows(client, database, span, bucket_ms=bucket)
-    version_rows = reads.stage_rows(client, database, span)
+    # Per window and version: the canary comparison keeps only windows where both arms had traffic.
+    version_rows = reads.stage_rows(client, database, span, bucket_ms=window_ms)
     rollouts = reads.version_rollouts(client, database, span)
     verdicts = reads.canary_verdict_rows(client, database, span)
     out: dict[str, TenantReport] = {}
@@ -209,7 +210,7 @@ def collect_report(
             breakdown=bd,
             p95_series=_series(series_rows, tenant),
             completeness_series=_completeness_series(health_series, tenant),
-            canary=compare_arms(tenant, arms, version_rows, verdicts) if arms else None,
+            canary=compare_arms(tenant, arms, version_rows, verdicts, window_ms) if arms else None,
         )
     step("alerts")
     alerts = alert_spans(reads.alert_rows(client, database, span), span)
@@ -230,7 +231,7 @@ def _canary_sentence(canary: CanaryComparison) -> str:
     if stages:
         moved = max(stages, key=lambda s: abs(known[s] - 1.0))
         changes.append(f"largest stage change {moved} {known[moved] - 1:+.0%}")
-    text += ", ".join(changes)
+    text += ", ".join(changes) + f" ({canary.span_text()})"
     failed = [v for v in canary.verdicts if v.get("verdict") == "fail"]
     if failed:
         text += f"; the canary check failed on {', '.join(sorted({str(v['stage']) for v in failed}))}"

@@ -228,7 +228,7 @@ def chart_canary(path: Path, comparisons: Sequence[CanaryComparison], slo_ms: di
         )
         ax.set_xticks(list(x), ["TTFT" if s == TTFT else s for s in stages])
         ax.yaxis.set_major_formatter(_MS)
-        ax.set_title(f"{comp.tenant}: P95 per arm (label: canary vs stable)", loc="left")
+        ax.set_title(f"{comp.tenant}: P95 per arm (label: canary vs stable), {comp.span_text()}", loc="left")
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle("Canary comparison", fontweight="bold", x=0.01, ha="left")
     fig.savefig(path)

@@ -30,7 +30,11 @@ CHARTS: Final = (
         "Each stage's share of TTFT in typical requests (P40-P60) and "
         "in the slowest 5 %: a stage whose share grows is what makes slow requests slow.",
     ),
-    ("canary.png", "Canary comparison", "P95 per stage of the canary arm beside the stable arm."),
+    (
+        "canary.png",
+        "Canary comparison",
+        "P95 per stage of the canary arm beside the stable arm, over the windows where both had traffic.",
+    ),
     ("alerts.png", "Alert timeline", "Pending and firing intervals of every alert in the span (event time)."),
     (
         "completeness.png",
@@ -106,6 +110,7 @@ def _canary_table(comp: CanaryComparison) -> str:
     return (
         f"<h3>{escape(comp.tenant)}: canary {escape(', '.join(comp.versions('canary')))} vs stable "
         f"{escape(', '.join(comp.versions('stable')))}</h3>"
+        f"<p>Compared {escape(comp.span_text())}.</p>"
         "<table><tr><th>stage</th><th>stable P95</th><th>canary P95</th><th>change</th>"
         "<th>n stable / canary</th>"
         "</tr>" + "".join(rows) + "</table>" + (f"<ul>{verdicts}</ul>" if verdicts else "")

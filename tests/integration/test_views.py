@@ -208,6 +208,9 @@ def test_report_numbers_equal_hand_written_sql(ch_client: Client, ch_database: s
         got = acme["canary"]["stages"][arm]
         assert {s: (v["count"], v["p95"]) for s, v in got.items()} == {s: _approx(v) for s, v in expected.items()}
     assert acme["canary"]["arms"] == {"v1": "stable", "v2": "canary"}
+    # Both arms had traffic in every window: all ten are compared, the same for both arms.
+    assert acme["canary"]["windows"] == [HOUR_START_MS + i * WINDOW_MS for i in range(WINDOWS)]
+    assert acme["canary"]["span"].startswith(f"over {WINDOWS} windows where both arms had traffic")
 
     # Completeness per window straight from the records.
     status = ch_client.query(

@@ -99,6 +99,7 @@ def main() -> None:
     engine = RuleEngine(rules_config(settings), settings)
     verdicts: list[dict[str, Any]] = []
     alerts: list[dict[str, Any]] = []
+    evaluations: list[dict[str, Any]] = []
     first, last = min(by_window), max(by_window)
     for ws in range(first, last + window_ms, window_ms):
         aggs = aggregate_window(by_window.get(ws, []), ws, settings, dead_letters=dict(dead.get(ws, {})))
@@ -122,7 +123,8 @@ def main() -> None:
         out = engine.evaluate_window(ws, snap)  # type: ignore[arg-type]
         verdicts += [v.to_row() for v in out.verdicts]
         alerts += [t.to_row() for t in out.transitions]
-    for table, rows in (("canary_verdicts", verdicts), ("alerts", alerts)):
+        evaluations += [e.to_row() for e in out.evaluations]
+    for table, rows in (("canary_verdicts", verdicts), ("alerts", alerts), ("rule_evaluations", evaluations)):
         if rows:
             cols = list(rows[0])
             client.insert(table, [[r[c] for c in cols] for r in rows], column_names=cols, database=db)

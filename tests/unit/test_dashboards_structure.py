@@ -57,6 +57,7 @@ REPLACING_TABLES = (
     "llm_signals",
     "canary_verdicts",
     "alerts",
+    "rule_evaluations",
 )
 ARGLESS = ("fromTime", "toTime", "fromTime_ms", "toTime_ms", "interval_s", "table", "column")
 ALLOWED_CALCS = {"lastNotNull", "last", "max", "min", "first", "firstNotNull", "count", "range"}

@@ -63,10 +63,14 @@ def test_mix_shift_alone_passes_after_adjustment_where_naive_p95_fails() -> None
     assert {v.verdict for ev in evaluations for v in ev.verdicts} == {"pass"}
 
 
-def test_too_few_samples_is_inconclusive_never_a_pass() -> None:
+def test_too_few_samples_is_insufficient_traffic_never_a_pass() -> None:
     evaluations = run_canary(Traffic(), Traffic(n=100, llm_factor=1.35))
-    assert {v.verdict for ev in evaluations for v in ev.verdicts} == {"inconclusive"}
+    assert {v.verdict for ev in evaluations for v in ev.verdicts} == {"insufficient_traffic"}
     assert all(v.reason == "samples" for ev in evaluations for v in ev.verdicts)
+    # The span is cumulative from the canary's first window: it grew with the canary's lifetime.
+    assert [v.span_windows for v in verdicts(evaluations, "llm_ttft")] == [1, 2, 3, 4, 5, 6]
+    outcomes = {(e.outcome, e.samples) for e in evaluations[-1].evaluations if e.rule == "TTFTCanaryFailed"}
+    assert outcomes == {("insufficient_traffic", 600)}
     assert not any(t.alertname == "TTFTCanaryFailed" for ev in evaluations for t in ev.transitions)
 
 

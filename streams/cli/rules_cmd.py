@@ -1,0 +1,39 @@
+"""``ttft rules status``: per tenant x rule, the span last used, its samples, the last outcome and when
+the rule last could decide. Reads the ``ttft.rule-evaluations`` topic, so it works while the worker runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+from aiokafka.errors import KafkaError
+
+from streams.settings import load_settings
+from streams.views.rule_status import read_statuses, render_status, status_rows
+
+
+@click.group()
+def rules() -> None:
+    """Alert rules: what they decided and on how much evidence."""
+
+
+@rules.command("status")
+@click.option("--tenant", default=None, help="Only this tenant.")
+@click.option("--all", "all_rules", is_flag=True, help="Every rule, not only regression and canary.")
+@click.option("--timeout", "timeout_s", type=float, default=30.0, show_default=True)
+def status(tenant: str | None, all_rules: bool, timeout_s: float) -> None:
+    """Per tenant x rule: span used last, its samples, last outcome, when it last could decide.
+
+    Outcomes in capitals did not decide (INSUFFICIENT_TRAFFIC: even the largest span lacked samples).
+    """
+    settings = load_settings()
+    try:
+        statuses = asyncio.run(read_statuses(settings, timeout_s=timeout_s))
+    except (KafkaError, OSError, RuntimeError, TimeoutError) as exc:
+        raise click.ClickException(f"cannot read {settings.topic('rule-evaluations')}: {exc}") from exc
+    rows = status_rows(statuses, tenant=tenant, all_rules=all_rules)
+    if not rows:
+        scope = f" for tenant {tenant}" if tenant else ""
+        click.echo(f"no rule evaluations{scope} yet (the worker evaluates when windows close)")
+        return
+    click.echo(render_status(rows), nl=False)

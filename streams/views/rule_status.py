@@ -1,0 +1,110 @@
+"""``ttft rules status``: what each rule last concluded per tenant, read from ``ttft.rule-evaluations``.
+
+The writer produces every rule evaluation to that compacted topic, keyed by series
+(``tenant|rule|stage|version``), so the status is readable while the writer holds the embedded store
+(one chDB process per data directory): no database access here. The fold keeps the newest evaluation
+of each series (by event time), which carries the span it used, its samples, its outcome and the
+latest window in which it could decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from streams.alerting.outbox import topic_partitions
+from streams.kafka.topics import kafka_client_kwargs
+from streams.rules.model import DECIDED_OUTCOMES, RuleEvaluation
+from streams.settings import Settings
+
+log = logging.getLogger("ttft.rules_status")
+
+#: Rules shown by default: the ones whose span grows and that can be undecidable (others with --all).
+SPAN_RULES: frozenset[str] = frozenset({"TTFTStageRegression", "TTFTCanaryFailed"})
+
+
+def fold_statuses(messages: Iterable[bytes | None]) -> dict[str, RuleEvaluation]:
+    """The newest evaluation per series; malformed messages are skipped (and logged)."""
+    latest: dict[str, RuleEvaluation] = {}
+    for value in messages:
+        try:
+            evaluation = RuleEvaluation.from_message(orjson.loads(value or b""))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("skipping malformed rule evaluation: %s", exc)
+            continue
+        current = latest.get(evaluation.key)
+        if current is None or evaluation.window_start >= current.window_start:
+            latest[evaluation.key] = evaluation
+    return latest
+
+
+async def read_statuses(settings: Settings, *, timeout_s: float = 30.0) -> dict[str, RuleEvaluation]:
+    """Read ``ttft.rule-evaluations`` from its beginning to the current end (no group, no commit)."""
+    topic = settings.topic("rule-evaluations")
+    tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, **kafka_client_kwargs(settings))
+    await consumer.start()
+    values: list[bytes | None] = []
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} took longer than {timeout_s} s")
+            batch = await consumer.getmany(*tps, timeout_ms=500, max_records=5_000)
+            for records in batch.values():
+                values += [r.value for r in records]
+    finally:
+        await consumer.stop()
+    return fold_statuses(values)
+
+
+def _when(ms: float | None) -> str:
+    if ms is None:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC).strftime("%Y-%m-%d %H:%M")
+
+
+HEADER = ("tenant", "rule", "stage", "version", "last outcome", "span", "samples", "evaluated", "last decided")
+
+
+def status_rows(
+    statuses: dict[str, RuleEvaluation], *, tenant: str | None = None, all_rules: bool = False
+) -> list[tuple[str, ...]]:
+    """Table rows, sorted by tenant, rule, stage, version."""
+    rows: list[tuple[str, ...]] = []
+    for e in sorted(statuses.values(), key=lambda e: (e.tenant, e.rule, e.stage, e.version)):
+        if tenant is not None and e.tenant != tenant:
+            continue
+        if not all_rules and e.rule not in SPAN_RULES:
+            continue
+        decided = e.last_decided_at
+        rows.append(
+            (
+                e.tenant,
+                e.rule,
+                e.stage or "-",
+                e.version or "-",
+                e.outcome if e.outcome in DECIDED_OUTCOMES else e.outcome.upper(),
+                f"{e.span_windows} w",
+                str(e.samples),
+                _when(e.window_start),
+                "now" if decided is not None and decided == e.window_start else _when(decided),
+            )
+        )
+    return rows
+
+
+def render_status(rows: list[tuple[str, ...]]) -> str:
+    """A plain aligned table (undecided outcomes in capitals, so they stand out)."""
+    table: list[tuple[str, ...]] = [HEADER, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(HEADER))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in table]
+    return "\n".join(lines) + "\n"
