@@ -62,6 +62,12 @@ class WorkerMetrics:
         self.alerts_pending_delivery = Gauge(
             "ttft_alerts_pending_delivery", "Alert notifications not yet delivered", registry=r
         )
+        self.alert_delivery_restarts = Counter(
+            "ttft_alert_delivery_restarts",
+            "Alertmanager delivery loop restarted after it died",
+            ["reason"],
+            registry=r,
+        )
         self.paging_muted = Counter("ttft_paging_muted", "Notifications muted during replay", registry=r)
         self.batches = Counter("ttft_batches", "Processing batches", registry=r)
         self.health: dict[str, Any] = {"status": "starting", "role": role, "worker_id": worker_id}
