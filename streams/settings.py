@@ -271,7 +271,9 @@ def _split_credentials(url: str) -> tuple[str, str, str] | None:
     between ``://`` and the last ``@`` of the authority (which ends at the first ``/``, ``?`` or ``#``).
     With no ``@`` there, an ``@`` further on still ends a userinfo if the authority looks like
     ``user:password`` rather than ``host:port`` (a password holding a ``/``, ``?`` or ``#``); then the
-    userinfo runs to the last ``@`` of the URL.
+    userinfo runs to the last ``@`` of the URL. A numeric "port" (``user:2024/Secret@host``, a password
+    starting with digits) is read the same way unless the ``@`` sits in a ``key=value`` query string
+    (``host:8443/?ca_cert=/a@b.pem``): when in doubt, redact.
     """
     scheme, sep, rest = url.partition("://")
     if not sep or not rest or rest[0] in "/?#":  # no authority, e.g. chdb:///abs/dir
@@ -280,11 +282,28 @@ def _split_credentials(url: str) -> tuple[str, str, str] | None:
     authority = rest[:end]
     if "@" in authority:
         at = authority.rfind("@")
-    elif "@" in rest and _looks_like_userinfo(authority):
-        at = rest.rfind("@")
     else:
-        return None
+        at = _userinfo_end(authority, rest)
+        if at < 0:
+            return None
     return scheme + sep, rest[:at], rest[at:]
+
+
+def _userinfo_end(authority: str, rest: str) -> int:
+    """Where in ``rest`` the ``@`` ending a userinfo beyond the authority is, else -1.
+
+    ``user:password``-looking authorities: the last ``@``. ``user:<digits>``: the last ``@`` that is not
+    inside a ``key=value`` query string.
+    """
+    if "@" not in rest or ":" not in authority or authority.startswith("["):
+        return -1
+    if _looks_like_userinfo(authority):
+        return rest.rfind("@")
+    for i in reversed([i for i, ch in enumerate(rest) if ch == "@"]):
+        _, question, query = rest[:i].partition("?")
+        if not (question and "=" in query):
+            return i
+    return -1
 
 
 def _looks_like_userinfo(authority: str) -> bool:

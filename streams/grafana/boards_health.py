@@ -11,7 +11,7 @@ from typing import Final
 
 from streams.grafana.boards_latency import IN_RANGE, tenant_variable
 from streams.grafana.model import FORMAT_TIME_SERIES, DashboardSpec, PanelSpec
-from streams.grafana.sql import TENANT, count_rows, literal, where
+from streams.grafana.sql import TENANT, count_rows, literal, selected, where
 
 #: ``pipeline_stats.metric`` names shown here (streams/store/stats_store.py).
 CONSUMER_LAG: Final = "consumer_lag"
@@ -21,7 +21,7 @@ EVICTIONS: Final = "evictions"
 SERIES_CAP_HITS: Final = "series_cap_hits"
 STATS_METRICS: Final = (CONSUMER_LAG, INSERT_LATENCY_MS, OPEN_REQUESTS, EVICTIONS, SERIES_CAP_HITS)
 STATS_IN_RANGE: Final = "$__timeFilter(ts)"
-DEAD_LETTER_TENANT: Final = "$__conditionalAll(tenant IN (${tenant:singlequote}), $tenant)"
+DEAD_LETTER_TENANT: Final = selected("tenant", "tenant")
 
 
 def _metric_in(metrics: tuple[str, ...]) -> str:
