@@ -53,7 +53,7 @@ def test_examples_exist_for_every_stage_and_reason_producible_from_bytes() -> No
     assert set(KNOWN_STAGES) <= stages
     assert stages - set(KNOWN_STAGES), "a custom stage example is missing"
     reasons = {_expected_reason(p) for p in INVALID}
-    assert reasons == {"invalid_json", "schema", "too_large", "not_utf8"}
+    assert reasons == {"invalid_json", "schema", "too_large", "not_utf8", "duplicate_key"}
     assert reasons <= set(DEAD_LETTER_REASONS)
 
 
