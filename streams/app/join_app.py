@@ -39,7 +39,7 @@ from streams.app.metrics import WorkerMetrics
 from streams.app.partition_reader import PartitionReader, RawRecord
 from streams.core.cursors import OffsetCursors
 from streams.core.guard import DeadLetterGuard
-from streams.core.join import RequestJoin, TenantMismatch
+from streams.core.join import Refusal, RequestJoin, TenantMismatch
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.topics import faust_broker_kwargs
 from streams.rules import ingest_halted_transition
@@ -223,7 +223,7 @@ class JoinAdapter:
             return
         touched.add(msg.partition)
         for out in self.core.add(decoded, msg.partition, now, offset=msg.offset):
-            if isinstance(out, TenantMismatch):
+            if isinstance(out, TenantMismatch | Refusal):
                 outputs.append(self._dead_letter_output(out.to_dead_letter(msg, now, caps)))
             else:
                 outputs.append(self._record_output(out))

@@ -27,17 +27,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from schemas.dead_letter import DeadLetter, make_dead_letter
+from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
 from schemas.events import StageEvent
 from schemas.records import STATUS_ORDER, RequestStatus
 from streams.core.join_record import build_record, merge_records
-from streams.core.join_state import PendingRequest, event_key
+from streams.core.join_state import Conflict, PendingRequest, content_digest, event_key
 from streams.settings import CapsConfig, JoinConfig
 
 __all__ = [
     "JoinCounters",
     "JoinOutput",
     "PendingRequest",
+    "Refusal",
     "RequestJoin",
     "SourceMessage",
     "TenantMismatch",
@@ -86,8 +87,54 @@ class TenantMismatch:
         )
 
 
-#: What :meth:`RequestJoin.add` returns: record dicts to produce, and tenant mismatches to dead-letter.
-JoinOutput = dict[str, Any] | TenantMismatch
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An event the join refuses, dead-lettered by the adapter with ``reason``.
+
+    ``earlier_offset`` >= 0: the refused copy is an earlier message of the same partition (a conflicting
+    duplicate that lost after it was folded), not the message being folded; its dead letter names that
+    offset and keeps no original bytes (they are in the topic at that offset).
+    """
+
+    reason: DeadLetterReason
+    event: StageEvent
+    detail: str
+    earlier_offset: int = -1
+
+    def to_dead_letter(self, message: SourceMessage, received_at_ms: float, caps: CapsConfig) -> DeadLetter:
+        """The dead letter of the refused copy (``message``: the one being folded)."""
+        earlier = self.earlier_offset >= 0
+        ts = None if earlier else message.timestamp
+        return make_dead_letter(
+            self.reason,
+            self.detail,
+            b"" if earlier else message.value or b"",
+            topic=message.topic,
+            partition=message.partition,
+            offset=self.earlier_offset if earlier else message.offset,
+            kafka_timestamp_ms=None if ts is None else int(ts * 1000),
+            max_original_bytes=caps.dead_letter_bytes,
+            received_at_ms=received_at_ms,
+            request_id=self.event.request_id,
+            tenant_id=self.event.tenant_id,
+        )
+
+
+#: What :meth:`RequestJoin.add` returns: record dicts to produce, and refused events to dead-letter.
+JoinOutput = dict[str, Any] | TenantMismatch | Refusal
+
+
+def _conflict_refusal(event: StageEvent, conflict: Conflict, offset: int | None) -> Refusal:
+    loser = "the earlier copy" if conflict.stored_lost else "this copy"
+    detail = (
+        f"conflicting duplicate of {event.stage} {event.event_id or 'without event_id'} in request "
+        f"{event.request_id!r}: {loser} (ts_ms {conflict.loser_ts!r}, duration_ms {conflict.loser_duration!r}) "
+        "lost to the copy with the smaller (ts_ms, duration_ms, content digest)"
+    )
+    earlier = conflict.loser_offset if conflict.stored_lost else -1
+    if conflict.stored_lost and earlier < 0:
+        earlier = -1 if offset is None else offset  # unknown (old state): named at the winner's offset
+    return Refusal("conflicting_duplicate", event, detail, earlier)
 
 
 @dataclass(slots=True)
@@ -98,6 +145,8 @@ class JoinCounters:
     late_events: int = 0
     evictions: int = 0
     tenant_mismatches: int = 0
+    #: Conflicting duplicates resolved (each dead-letters its losing copy).
+    conflicting_duplicates: int = 0
     #: Events at or below the request's last folded source offset: replays after a crash, not counted as dups.
     replayed: int = 0
     #: Late events of forgotten requests, emitted as ``amend=True`` records.
@@ -194,24 +243,29 @@ class RequestJoin:
             )
             return [TenantMismatch(event, detail)]
         started_at = pending.started_at
-        folded = pending.fold(event, event_key(event))
+        folded = pending.fold_event(event, event_key(event), content_digest(event), _offset(offset))
         if offset is not None:
             pending.offset = offset
         self._dirty[pending.request_id] = pending.partition
-        if not folded:
+        refused: list[JoinOutput] = []
+        if isinstance(folded, Conflict):
+            self.counters.conflicting_duplicates += 1
+            refused.append(_conflict_refusal(event, folded, offset))
+        if folded is not True:
             pending.duplicates += 1
             self.counters.duplicates += 1
-            return []
+            if not isinstance(folded, Conflict) or not folded.stored_lost:
+                return refused
         self._raise(part, event)
         if pending.emitted:
             pending.late += 1
             self.counters.late_events += 1
             self.counters.re_emitted += 1
-            return [build_record(pending, self.config, self.window_ms)]
+            return [*refused, build_record(pending, self.config, self.window_ms)]
         self._schedule(part, pending)
         if pending.started_at != started_at:
             self._push_age(pending)
-        return []
+        return refused
 
     def _add_new(self, event: StageEvent, part: _Partition, partition: int, offset: int | None) -> list[JoinOutput]:
         end = event.ts_ms + (event.duration_ms or 0.0)
@@ -219,7 +273,7 @@ class RequestJoin:
         if wm > 0.0 and end < wm - self.config.forget_after_ms:
             # A late event of a request already forgotten: the writer merges this into the stored record.
             lone = PendingRequest(event.request_id, event.tenant_id, partition, wm)
-            lone.fold(event, event_key(event))
+            lone.fold(event, event_key(event), content_digest(event), _offset(offset))
             lone.late = 1
             self.counters.late_events += 1
             self.counters.amendments += 1
@@ -227,7 +281,7 @@ class RequestJoin:
             record["amend"] = True
             return [record]
         pending = PendingRequest(event.request_id, event.tenant_id, partition, wm)
-        pending.fold(event, event_key(event))
+        pending.fold(event, event_key(event), content_digest(event), _offset(offset))
         pending.offset = offset
         self._requests[pending.request_id] = pending
         self._open += 1
@@ -381,3 +435,7 @@ class RequestJoin:
         if part is None:
             part = self._partitions[partition] = _Partition()
         return part
+
+
+def _offset(offset: int | None) -> int:
+    return -1 if offset is None else offset
