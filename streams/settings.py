@@ -22,23 +22,12 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from streams.rules.config import RulesConfig
-
-REQUIRED_STAGES: tuple[str, ...] = ("request_start", "retrieval", "prompt_assemble", "llm_ttft", "first_token")
-PARENT_STAGES: tuple[str, ...] = ("retrieval", "prompt_assemble", "llm_ttft")
-SUB_STAGES: tuple[str, ...] = ("vector_recall", "bm25_recall", "rerank")
-INSTANT_STAGES: tuple[str, ...] = ("request_start", "first_token")
-KNOWN_STAGES: tuple[str, ...] = (
-    "request_start",
-    "retrieval",
-    "vector_recall",
-    "bm25_recall",
-    "rerank",
-    "prompt_assemble",
-    "llm_ttft",
-    "first_token",
-)
-OTHER_TENANT = "__other__"
+from schemas.vocabulary import INSTANT_STAGES as INSTANT_STAGES  # re-exported for existing importers
+from schemas.vocabulary import KNOWN_STAGES as KNOWN_STAGES
+from schemas.vocabulary import PARENT_STAGES as PARENT_STAGES
+from schemas.vocabulary import REQUIRED_STAGES, is_stage_name
+from schemas.vocabulary import SUB_STAGES as SUB_STAGES
+from streams.rules_config import RulesConfig
 
 
 class _Section(BaseModel):
@@ -69,7 +58,7 @@ class JoinConfig(_Section):
         if self.forget_after_ms < self.grace_ms:
             raise ValueError("join.forget_after_ms must be at least join.grace_ms")
         for name in (*self.required_stages, *(s for v in self.route_required_stages.values() for s in v)):
-            if not re.fullmatch(r"[a-z][a-z0-9_]{0,47}", name):
+            if not is_stage_name(name):
                 raise ValueError(f"join.required_stages: {name!r} is not a stage name")
         return self
 
@@ -159,7 +148,7 @@ class Settings(BaseSettings):
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     default_slo_ms: float = Field(2_000.0, gt=0)
     default_slo_target: float = Field(0.99, gt=0, lt=1)
-    rules: RulesConfig = Field(default_factory=RulesConfig, description="Alert rules (streams.rules.config).")
+    rules: RulesConfig = Field(default_factory=RulesConfig, description="Alert rules (streams.rules_config).")
     paging_muted: bool = Field(False, description="Replay/backfill: store alerts, never page (counted).")
 
     @field_validator("topic_prefix")

@@ -34,7 +34,7 @@ import orjson
 
 from schemas.events import StageEvent
 from schemas.records import ATTR_COLUMNS
-from streams.settings import KNOWN_STAGES
+from schemas.vocabulary import KNOWN_STAGES
 
 #: Layout of one accepted event in :attr:`PendingRequest.events`: stage code, ts_ms, duration_ms,
 #: event-id hash (0: none), content digest (0: unknown) and source offset (-1: unknown).

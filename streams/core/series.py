@@ -21,7 +21,8 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from streams.settings import OTHER_TENANT, Settings
+from schemas.vocabulary import RESERVED_TENANT as OTHER_TENANT
+from streams.settings import Settings
 
 Series = tuple[str, str]
 OTHER_SERIES: Series = (OTHER_TENANT, OTHER_TENANT)
