@@ -29,6 +29,7 @@ DeadLetterReason = Literal[
     "duplicate_key",
     "conflicting_duplicate",
     "too_many_events",
+    "store_rejected",
 ]
 #: The closed set of reason codes, in contract order.
 DEAD_LETTER_REASONS: Final[tuple[str, ...]] = get_args(DeadLetterReason)

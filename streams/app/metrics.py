@@ -53,6 +53,9 @@ class WorkerMetrics:
             registry=r,
         )
         self.insert_failures = Counter("ttft_insert_failures", "Failed inserts (retried)", registry=r)
+        self.rows_refused = Counter(
+            "ttft_rows_refused", "Rows the store refused deterministically (dead-lettered)", ["table"], registry=r
+        )
         self.windows_closed = Counter("ttft_windows_closed", "Windows aggregated", registry=r)
         self.open_windows = Gauge("ttft_open_windows", "Windows with records, not yet closed", registry=r)
         self.watermark = Gauge("ttft_writer_watermark_ms", "Event-time watermark of the writer", registry=r)

@@ -21,6 +21,7 @@ from clickhouse_connect.driver.client import Client
 
 from schemas.records import RequestRecord
 from streams.store.client import check_identifier
+from streams.store.reject import isolate
 
 #: (stored, amendment) -> merged record; streams.core.join.merge_records with the window bound.
 MergeFn = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
@@ -144,6 +145,22 @@ def apply_amendments(
         merged[rid] = ({**result, "amend": bool(record.get("amend"))}, [*ids, ident])
     _insert_rows(client, database, [_row(record, ids) for record, ids in merged.values()])
     return [record for record, _ in merged.values()]
+
+
+def insert_requests_checked(
+    client: Client, database: str, records: Sequence[dict[str, Any]]
+) -> list[tuple[dict[str, Any], str]]:
+    """:func:`insert_requests`, storing every row the store accepts; returns the refused records with the
+    reason (a value the columns cannot hold: :mod:`streams.store.reject`). Infrastructure errors raise."""
+    _, refused = isolate(lambda part: insert_requests(client, database, part), records)
+    return refused
+
+
+def apply_amendments_checked(
+    client: Client, database: str, amend_records: Sequence[dict[str, Any]], merge_fn: MergeFn
+) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+    """:func:`apply_amendments` with refused amendments isolated: (merged records, refused amendments)."""
+    return isolate(lambda part: apply_amendments(client, database, part, merge_fn), amend_records)
 
 
 def final_read_settings(client: Client) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce_sync
+from tests.support.records import make_record
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -81,6 +82,12 @@ def test_hostile_input_is_dead_lettered_and_good_requests_are_exact(kafka_settin
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), messages)
+        # A record the store cannot hold (UInt16 overflow), e.g. replayed from before the events cap.
+        bad_row = {**make_record("bad-row", tenant_id="hostile"), "stage_repeats": {"retrieval": 70_000}}
+        produce_sync(
+            kafka_settings.kafka_bootstrap, kafka_settings.topic("requests"), [(b"bad-row", orjson.dumps(bad_row))]
+        )
+        expected = {**expected, "store_rejected": 1}
         time.sleep(3)
         pipe.wait_for(lambda: _drained(kafka_settings, join), 150, "the pipeline to drain")
         counters = {name: join.metric(name) for name in ("ttft_dead_letters_total", "ttft_duplicate_events_total")}
@@ -103,4 +110,6 @@ def test_hostile_input_is_dead_lettered_and_good_requests_are_exact(kafka_settin
     assert by_id["c1"]["retrieval_ms"] == by_id["c2"]["retrieval_ms"] == 100.0
     assert by_id["c1"]["duplicate_events"] == by_id["c2"]["duplicate_events"] == 1
     assert all(by_id[f"ok-{i}"]["status"] == "complete" for i in range(20))
-    assert "d1" not in by_id
+    assert "d1" not in by_id and "bad-row" not in by_id
+    rejected = [r for r in letters if r["reason_code"] == "store_rejected"]
+    assert rejected[0]["request_id"] == "bad-row" and orjson.loads(rejected[0]["original"])["stage_repeats"]
