@@ -43,6 +43,20 @@ class JoinConfig(_Section):
         120_000, gt=0, description="Emitted requests are remembered this long (event time) to absorb replays."
     )
     max_open_requests: int = Field(200_000, gt=0, description="Cap; the oldest open request is evicted.")
+    max_events_per_request: int = Field(
+        1_000, gt=0, le=65_535, description="Events folded per request; more are dead-lettered too_many_events."
+    )
+    max_late_reemissions: int = Field(
+        10,
+        ge=0,
+        description="Late events of an emitted request re-emit its record this often; later ones once, at forget.",
+    )
+    max_request_state_bytes: int = Field(
+        65_536,
+        ge=4_096,
+        le=900_000,
+        description="Bound on one request's changelog value; an event past it is dead-lettered too_many_events.",
+    )
     idle_tick_ms: int = Field(1_000, gt=0, description="Wall-clock tick that advances an idle partition.")
     required_stages: tuple[str, ...] = REQUIRED_STAGES
     route_required_stages: dict[str, tuple[str, ...]] = Field(

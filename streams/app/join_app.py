@@ -464,6 +464,8 @@ class JoinAdapter:
         _sync_counter(m.duplicates, c.duplicates)
         _sync_counter(m.late_events, c.late_events)
         _sync_counter(m.evictions, c.evictions)
+        for cap, total in c.caps.items():
+            _sync_counter(m.caps_tripped.labels(cap), total)
 
 
 def _log_failure(fut: asyncio.Future[Any]) -> None:

@@ -60,6 +60,9 @@ class WorkerMetrics:
         self.open_windows = Gauge("ttft_open_windows", "Windows with records, not yet closed", registry=r)
         self.watermark = Gauge("ttft_writer_watermark_ms", "Event-time watermark of the writer", registry=r)
         self.window_amendments = Counter("ttft_window_amendments", "Closed windows re-aggregated", registry=r)
+        self.caps_tripped = Counter(
+            "ttft_caps_tripped", "Times a bound tripped (docs/operations.md, hostile input)", ["cap"], registry=r
+        )
         self.series_overflow = Counter("ttft_series_overflow", "Records mapped to __other__", registry=r)
         self.alerts_sent = Counter("ttft_alert_transitions", "Alert transitions produced", ["state"], registry=r)
         self.alerts_pending_delivery = Gauge(

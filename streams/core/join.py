@@ -137,6 +137,10 @@ def _conflict_refusal(event: StageEvent, conflict: Conflict, offset: int | None)
     return Refusal("conflicting_duplicate", event, detail, earlier)
 
 
+#: The bounds the join counts (:attr:`JoinCounters.caps`).
+JOIN_CAPS: tuple[str, ...] = ("events_per_request", "request_state_bytes", "request_lifetime", "late_reemissions")
+
+
 @dataclass(slots=True)
 class JoinCounters:
     """Running totals since the join was created (never reset; the adapter exports them)."""
@@ -147,6 +151,11 @@ class JoinCounters:
     tenant_mismatches: int = 0
     #: Conflicting duplicates resolved (each dead-letters its losing copy).
     conflicting_duplicates: int = 0
+    #: Bounds that tripped, by name: ``events_per_request`` and ``request_state_bytes`` (events refused
+    #: ``too_many_events``), ``request_lifetime`` (requests emitted at ``request_timeout_ms`` after their
+    #: first event although events kept moving their deadline), ``late_reemissions`` (late events folded
+    #: without re-emitting the record at once: it is re-emitted when the request is forgotten).
+    caps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(JOIN_CAPS, 0))
     #: Events at or below the request's last folded source offset: replays after a crash, not counted as dups.
     replayed: int = 0
     #: Late events of forgotten requests, emitted as ``amend=True`` records.
@@ -242,6 +251,10 @@ class RequestJoin:
                 f"{event.request_id!r}"
             )
             return [TenantMismatch(event, detail)]
+        refusal = self._over_cap(pending, event)
+        if refusal is not None:
+            self._raise(part, event)  # its time is still evidence that the partition moved on
+            return [refusal]
         started_at = pending.started_at
         folded = pending.fold_event(event, event_key(event), content_digest(event), _offset(offset))
         if offset is not None:
@@ -260,12 +273,27 @@ class RequestJoin:
         if pending.emitted:
             pending.late += 1
             self.counters.late_events += 1
+            if pending.late > self.config.max_late_reemissions:
+                self.counters.caps["late_reemissions"] += 1  # re-emitted once more, when forgotten
+                return refused
             self.counters.re_emitted += 1
             return [*refused, build_record(pending, self.config, self.window_ms)]
         self._schedule(part, pending)
         if pending.started_at != started_at:
             self._push_age(pending)
         return refused
+
+    def _over_cap(self, pending: PendingRequest, event: StageEvent) -> Refusal | None:
+        """A ``too_many_events`` refusal when folding ``event`` would pass a per-request bound."""
+        cfg = self.config
+        if pending.event_count >= cfg.max_events_per_request:
+            cap, detail = "events_per_request", f"request already holds {cfg.max_events_per_request} events"
+        elif pending.state_bytes() + 60 + len(event.stage) > cfg.max_request_state_bytes:
+            cap, detail = "request_state_bytes", f"request state would pass {cfg.max_request_state_bytes} bytes"
+        else:
+            return None
+        self.counters.caps[cap] += 1
+        return Refusal("too_many_events", event, f"{detail} (request {event.request_id!r})")
 
     def _add_new(self, event: StageEvent, part: _Partition, partition: int, offset: int | None) -> list[JoinOutput]:
         end = event.ts_ms + (event.duration_ms or 0.0)
@@ -325,21 +353,30 @@ class RequestJoin:
             if pending is None or pending.deadline != deadline or pending.partition != partition:
                 continue
             if pending.emitted:
+                if pending.late > self.config.max_late_reemissions:
+                    out.append(build_record(pending, self.config, self.window_ms))  # the late events not yet sent
                 del self._requests[request_id]
                 self._dirty[request_id] = partition
                 continue
             record = build_record(pending, self.config, self.window_ms)
+            if self._natural_due(pending) > deadline:
+                self.counters.caps["request_lifetime"] += 1
             self._mark_emitted(pending, record["status"], deadline + forget_after, part)
             out.append(record)
         return out
 
-    def _deadline(self, pending: PendingRequest) -> float:
-        grace = self.config.grace_ms
+    def _natural_due(self, pending: PendingRequest) -> float:
+        """When the request's events say it is done: after first_token and its stragglers, else timed out."""
         if pending.first_token is not None:
-            due = max(pending.first_token, pending.max_end) + grace
-        else:
-            due = pending.started_at + self.config.request_timeout_ms
-        return max(due, pending.first_wm + grace)
+            return max(pending.first_token, pending.max_end) + self.config.grace_ms
+        return pending.started_at + self.config.request_timeout_ms
+
+    def _deadline(self, pending: PendingRequest) -> float:
+        """The natural deadline, but never later than ``request_timeout_ms`` after the first event (so a
+        request id reused forever, e.g. a constant ``"unknown"``, cannot slide its deadline), and never
+        earlier than ``grace_ms`` after the watermark its first event found."""
+        lifetime = pending.first_ts + self.config.request_timeout_ms
+        return max(min(self._natural_due(pending), lifetime), pending.first_wm + self.config.grace_ms)
 
     def _schedule(self, part: _Partition, pending: PendingRequest) -> None:
         deadline = self._deadline(pending)

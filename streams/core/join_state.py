@@ -45,6 +45,9 @@ _IDENT_END: Final = 26
 _DIGEST: Final = struct.Struct("<iq")
 #: Format 1 records (before digests and offsets), read when restoring an older changelog.
 _EVENT_RECORD_V1: Final = struct.Struct("<Hddq")
+#: What :meth:`PendingRequest.state_bytes` allows for everything but the events and custom stage names
+#: (ids, version, route, attrs with a 128-character trace id, numbers), JSON escapes included.
+STATE_FIXED_BYTES: Final = 2_048
 #: Serialised-form version: bump it when the array layout of :meth:`PendingRequest.to_bytes` changes.
 STATE_FORMAT: Final = 2
 
@@ -198,6 +201,17 @@ class PendingRequest:
     def event_count(self) -> int:
         """Distinct accepted events."""
         return len(self.events) // EVENT_RECORD.size
+
+    @property
+    def first_ts(self) -> float:
+        """``ts_ms`` of the first event folded (arrival order): the request's lifetime runs from here."""
+        return float(EVENT_RECORD.unpack_from(self.events, 0)[1]) if self.events else math.inf
+
+    def state_bytes(self) -> int:
+        """An upper estimate of the changelog value's size (:meth:`to_bytes`), without building it: the
+        base64 of the event records, the custom stage names and a fixed allowance for the other fields."""
+        customs = sum(len(c) + 3 for c in self.customs or ())
+        return 4 * ((len(self.events) + 2) // 3) + customs + STATE_FIXED_BYTES
 
     @property
     def started_at(self) -> float:

@@ -59,7 +59,15 @@ def _hostile_stream(t0: float) -> tuple[list[tuple[bytes, bytes]], dict[str, int
     # Duplicate JSON keys: the tenant is given twice.
     dup = _request("d1", t0 + 32_000)[0]
     messages.append((b"d1", orjson.dumps(dup)[:-1] + b',"tenant_id":"other"}'))
-    return messages, {"conflicting_duplicate": 2, "duplicate_key": 1}
+    # A constant request id: 3,000 events of "unknown" within 30 s; the first 1,000 are folded.
+    for i in range(3_000):
+        stage = ("request_start", "retrieval", "llm_ttft", "first_token")[i % 4]
+        event: dict[str, Any] = {"request_id": "unknown", "tenant_id": "hostile", "stage": stage}
+        event["ts_ms"] = t0 + 40_000 + i * 10
+        if stage in ("retrieval", "llm_ttft"):
+            event["duration_ms"] = 5.0
+        messages.append(_msg(event))
+    return messages, {"conflicting_duplicate": 2, "duplicate_key": 1, "too_many_events": 2_000}
 
 
 def _drained(settings: Any, join: Any) -> bool:
@@ -90,8 +98,13 @@ def test_hostile_input_is_dead_lettered_and_good_requests_are_exact(kafka_settin
         expected = {**expected, "store_rejected": 1}
         time.sleep(3)
         pipe.wait_for(lambda: _drained(kafka_settings, join), 150, "the pipeline to drain")
-        counters = {name: join.metric(name) for name in ("ttft_dead_letters_total", "ttft_duplicate_events_total")}
+        counters = {
+            name: join.metric(name)
+            for name in ("ttft_dead_letters_total", "ttft_duplicate_events_total", "ttft_caps_tripped_total")
+        }
         print("JOIN COUNTERS", counters)
+        caps = join.metrics()
+        assert caps['ttft_caps_tripped_total{cap="events_per_request"}'] == 2_000
         assert join.alive() and writer.alive()
         assert pipe.stop(join) == 0 and pipe.stop(writer) == 0
     finally:
@@ -105,11 +118,12 @@ def test_hostile_input_is_dead_lettered_and_good_requests_are_exact(kafka_settin
     conflicts = {r["request_id"]: r for r in letters if r["reason_code"] == "conflicting_duplicate"}
     assert orjson.loads(conflicts["c1"]["original"])["duration_ms"] == 150.0  # the new copy lost
     assert conflicts["c2"]["original"] == ""  # the earlier copy lost: named by its offset, bytes in Kafka
-    rows = pipe.query("SELECT request_id, status, retrieval_ms, duplicate_events FROM {db}.requests FINAL")
+    rows = pipe.query("SELECT request_id, status, retrieval_ms, duplicate_events, event_count FROM {db}.requests FINAL")
     by_id = {r["request_id"]: r for r in rows}
     assert by_id["c1"]["retrieval_ms"] == by_id["c2"]["retrieval_ms"] == 100.0
     assert by_id["c1"]["duplicate_events"] == by_id["c2"]["duplicate_events"] == 1
     assert all(by_id[f"ok-{i}"]["status"] == "complete" for i in range(20))
     assert "d1" not in by_id and "bad-row" not in by_id
+    assert by_id["unknown"]["event_count"] == 1_000
     rejected = [r for r in letters if r["reason_code"] == "store_rejected"]
     assert rejected[0]["request_id"] == "bad-row" and orjson.loads(rejected[0]["original"])["stage_repeats"]
