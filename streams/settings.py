@@ -46,6 +46,12 @@ class JoinConfig(_Section):
     max_events_per_request: int = Field(
         1_000, gt=0, le=65_535, description="Events folded per request; more are dead-lettered too_many_events."
     )
+    max_watermark_step_ms: int = Field(
+        600_000, gt=0, description="One event moves its partition's watermark at most this far (event time)."
+    )
+    max_watermark_lead_ms: int = Field(
+        10_000, gt=0, description="No event moves a watermark further than this past the worker's clock."
+    )
     max_late_reemissions: int = Field(
         10,
         ge=0,
@@ -105,7 +111,11 @@ class CapsConfig(_Section):
     max_attrs_keys: int = Field(32, gt=0)
     max_json_depth: int = Field(8, gt=1)
     dead_letter_bytes: int = Field(4_096, gt=0, description="Original bytes kept per dead letter (truncated).")
-    skew_limit_ms: int = Field(24 * 3_600_000, gt=0, description="|ts_ms - Kafka timestamp| beyond this is bad.")
+    skew_limit_ms: int = Field(
+        300_000,
+        gt=0,
+        description="An event ending this long after the worker's clock (or broker append time) is timestamp_skew.",
+    )
     halt_window_messages: int = Field(1_000, gt=0, description="Window of messages for the dead-letter guard.")
     halt_dead_letter_share: float = Field(0.5, gt=0, le=1.0, description="Halt ingestion above this share.")
 

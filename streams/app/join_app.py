@@ -214,7 +214,17 @@ class JoinAdapter:
     ) -> None:
         """Decode one message and fold it into the join (or dead-letter it); move its partition's cursor."""
         caps = self.settings.caps
-        decoded = decode_stage_event(msg.value, msg.key, msg.topic, msg.partition, msg.offset, _ts_ms(msg), caps, now)
+        decoded = decode_stage_event(
+            msg.value,
+            msg.key,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            _ts_ms(msg),
+            caps,
+            now,
+            append_time_ms=_append_time_ms(msg),
+        )
         if self.guard.observe(isinstance(decoded, DeadLetter)):
             await self._halt(decoded, msg)  # never returns: nothing of this batch is acked
         self.cursors.advance(msg.partition, msg.offset)
@@ -478,6 +488,13 @@ def _ts_ms(message: Any) -> int | None:
     if ts is None:
         return None
     return int(ts * 1000)
+
+
+def _append_time_ms(message: Any) -> int | None:
+    """The broker's append time of a ``LogAppendTime`` message (timestamp type 1), else None."""
+    if getattr(message, "timestamp_type", None) != 1:
+        return None
+    return _ts_ms(message)
 
 
 def _sync_counter(counter: Any, total: int) -> None:

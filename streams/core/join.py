@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
-from schemas.events import StageEvent
+from schemas.events import MIN_TS_MS, StageEvent
 from schemas.records import STATUS_ORDER, RequestStatus
 from streams.core.join_record import build_record, merge_records
 from streams.core.join_state import Conflict, PendingRequest, content_digest, event_key
@@ -138,7 +138,14 @@ def _conflict_refusal(event: StageEvent, conflict: Conflict, offset: int | None)
 
 
 #: The bounds the join counts (:attr:`JoinCounters.caps`).
-JOIN_CAPS: tuple[str, ...] = ("events_per_request", "request_state_bytes", "request_lifetime", "late_reemissions")
+JOIN_CAPS: tuple[str, ...] = (
+    "events_per_request",
+    "request_state_bytes",
+    "request_lifetime",
+    "late_reemissions",
+    "watermark_step",
+    "watermark_lead",
+)
 
 
 @dataclass(slots=True)
@@ -238,7 +245,7 @@ class RequestJoin:
         part.idle_base = part.watermark
         pending = self._requests.get(event.request_id)
         if pending is None:
-            return self._add_new(event, part, partition, offset)
+            return self._add_new(event, part, partition, offset, now_wall_ms)
         if pending.partition != partition:  # the key is the request id, so only a misrouted event lands here
             part = self._partition(pending.partition)
         if offset is not None and pending.offset is not None and offset <= pending.offset:
@@ -253,7 +260,7 @@ class RequestJoin:
             return [TenantMismatch(event, detail)]
         refusal = self._over_cap(pending, event)
         if refusal is not None:
-            self._raise(part, event)  # its time is still evidence that the partition moved on
+            self._raise(part, event, now_wall_ms)  # its time is still evidence that the partition moved on
             return [refusal]
         started_at = pending.started_at
         folded = pending.fold_event(event, event_key(event), content_digest(event), _offset(offset))
@@ -269,7 +276,7 @@ class RequestJoin:
             self.counters.duplicates += 1
             if not isinstance(folded, Conflict) or not folded.stored_lost:
                 return refused
-        self._raise(part, event)
+        self._raise(part, event, now_wall_ms)
         if pending.emitted:
             pending.late += 1
             self.counters.late_events += 1
@@ -295,7 +302,9 @@ class RequestJoin:
         self.counters.caps[cap] += 1
         return Refusal("too_many_events", event, f"{detail} (request {event.request_id!r})")
 
-    def _add_new(self, event: StageEvent, part: _Partition, partition: int, offset: int | None) -> list[JoinOutput]:
+    def _add_new(
+        self, event: StageEvent, part: _Partition, partition: int, offset: int | None, now_wall_ms: float
+    ) -> list[JoinOutput]:
         end = event.ts_ms + (event.duration_ms or 0.0)
         wm = part.watermark
         if wm > 0.0 and end < wm - self.config.forget_after_ms:
@@ -314,7 +323,7 @@ class RequestJoin:
         self._requests[pending.request_id] = pending
         self._open += 1
         self._dirty[pending.request_id] = partition
-        self._raise(part, event)
+        self._raise(part, event, now_wall_ms)
         self._schedule(part, pending)
         self._push_age(pending)
         outputs: list[JoinOutput] = []
@@ -384,11 +393,28 @@ class RequestJoin:
             pending.deadline = deadline
             heapq.heappush(part.deadlines, (deadline, pending.request_id))
 
-    def _raise(self, part: _Partition, event: StageEvent) -> None:
+    def _raise(self, part: _Partition, event: StageEvent, now_wall_ms: float) -> None:
+        """Move the watermark to the event's end, within two bounds, so that a skewed event cannot time out
+        the partition's in-flight requests of every tenant:
+
+        * never past the worker's clock + ``max_watermark_lead_ms`` (live traffic has happened already; a
+          producer clock running ahead only delays its own requests). A wall clock before 2000 is a test's
+          relative clock, and this bound is off;
+        * never more than ``max_watermark_step_ms`` in one event (a replay far behind the clock), except
+          for the partition's first event, which sets it.
+        """
         end = event.ts_ms + (event.duration_ms or 0.0)
-        if end > part.watermark:
-            part.watermark = end
-            part.idle_base = end
+        if end <= part.watermark:
+            return
+        cfg = self.config
+        if part.watermark > 0.0 and end - part.watermark > cfg.max_watermark_step_ms:
+            self.counters.caps["watermark_step"] += 1
+            end = part.watermark + cfg.max_watermark_step_ms
+        if now_wall_ms >= MIN_TS_MS and end > now_wall_ms + cfg.max_watermark_lead_ms:
+            self.counters.caps["watermark_lead"] += 1
+            end = max(part.watermark, now_wall_ms + cfg.max_watermark_lead_ms)
+        part.watermark = end
+        part.idle_base = end
 
     def _mark_emitted(self, pending: PendingRequest, status: str, forget_at: float, part: _Partition) -> None:
         pending.emitted = True

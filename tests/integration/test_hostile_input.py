@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 
 from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce_sync
 from tests.support.records import make_record
@@ -42,6 +43,45 @@ def _request(rid: str, t0: float, tenant: str = "good", **overrides: Any) -> lis
 
 def _msg(event: dict[str, Any]) -> tuple[bytes, bytes]:
     return event["request_id"].encode(), orjson.dumps(event)
+
+
+def _same_partition(key: str, partitions: int, prefix: str, count: int) -> list[str]:
+    """``count`` request ids that the default partitioner puts on ``key``'s partition."""
+    target = DefaultPartitioner()(key.encode(), list(range(partitions)), list(range(partitions)))
+    out: list[str] = []
+    i = 0
+    while len(out) < count:
+        rid = f"{prefix}-{i}"
+        if DefaultPartitioner()(rid.encode(), list(range(partitions)), list(range(partitions))) == target:
+            out.append(rid)
+        i += 1
+    return out
+
+
+def _clock_attack(now: float, partitions: int) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """An in-flight good request split around a skewed burst on its own partition: (before, burst + after)."""
+    inflight = _request("g-inflight", now - 5_000)
+    skewed, ahead = (
+        _same_partition("g-inflight", partitions, "skew", 6)[:1],
+        _same_partition("g-inflight", partitions, "ahead", 5),
+    )
+    burst = [
+        _msg(
+            {
+                "request_id": skewed[0],
+                "tenant_id": "hostile",
+                "stage": "retrieval",
+                "ts_ms": now + 86_400_000,
+                "duration_ms": 5.0,
+            }
+        )
+    ]  # 24 h ahead: timestamp_skew
+    for rid in ahead:  # 20 s ahead: accepted, but they cannot push the watermark past the clock + 10 s
+        burst += [
+            _msg({"request_id": rid, "tenant_id": "hostile", "stage": st, "ts_ms": now + 20_000})
+            for st in ("request_start", "first_token")
+        ]
+    return [_msg(e) for e in inflight[:2]], burst + [_msg(e) for e in inflight[2:]]
 
 
 def _hostile_stream(t0: float) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
@@ -90,6 +130,11 @@ def test_hostile_input_is_dead_lettered_and_good_requests_are_exact(kafka_settin
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), messages)
+        before, after = _clock_attack(time.time() * 1000, kafka_settings.partitions)
+        produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), before)
+        time.sleep(1)
+        produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), after)
+        expected = {**expected, "timestamp_skew": 1}
         # A record the store cannot hold (UInt16 overflow), e.g. replayed from before the events cap.
         bad_row = {**make_record("bad-row", tenant_id="hostile"), "stage_repeats": {"retrieval": 70_000}}
         produce_sync(
@@ -105,6 +150,7 @@ def test_hostile_input_is_dead_lettered_and_good_requests_are_exact(kafka_settin
         print("JOIN COUNTERS", counters)
         caps = join.metrics()
         assert caps['ttft_caps_tripped_total{cap="events_per_request"}'] == 2_000
+        assert caps['ttft_caps_tripped_total{cap="watermark_lead"}'] >= 1
         assert join.alive() and writer.alive()
         assert pipe.stop(join) == 0 and pipe.stop(writer) == 0
     finally:
@@ -125,5 +171,6 @@ def test_hostile_input_is_dead_lettered_and_good_requests_are_exact(kafka_settin
     assert all(by_id[f"ok-{i}"]["status"] == "complete" for i in range(20))
     assert "d1" not in by_id and "bad-row" not in by_id
     assert by_id["unknown"]["event_count"] == 1_000
+    assert by_id["g-inflight"]["status"] == "complete"  # the skewed burst did not time it out
     rejected = [r for r in letters if r["reason_code"] == "store_rejected"]
     assert rejected[0]["request_id"] == "bad-row" and orjson.loads(rejected[0]["original"])["stage_repeats"]

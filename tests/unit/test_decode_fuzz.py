@@ -40,8 +40,14 @@ BASE_EVENT: dict[str, Any] = {
 }
 
 
-def decode(raw: bytes, key: bytes | None = b"req-1", kafka_ts: int | None = None) -> StageEvent | DeadLetter:
-    return decode_stage_event(raw, key, "ttft.stage-events", 0, 0, kafka_ts, CAPS, 0.0)
+#: The worker's clock in these tests: after every valid time, so only the skew tests meet the future bound.
+LATE_CLOCK_MS = MAX_TS_MS + 86_400_000
+
+
+def decode(
+    raw: bytes, key: bytes | None = b"req-1", kafka_ts: int | None = None, received_at: float = LATE_CLOCK_MS
+) -> StageEvent | DeadLetter:
+    return decode_stage_event(raw, key, "ttft.stage-events", 0, 0, kafka_ts, CAPS, received_at)
 
 
 def reason(result: StageEvent | DeadLetter) -> str:
@@ -204,11 +210,12 @@ def test_deep_nesting_is_invalid_json_and_never_overflows_the_stack(levels: int,
 
 
 @FUZZ
-@given(st.integers(-int(BASE_EVENT["ts_ms"]), 10**13))  # Kafka timestamps are >= 0 (-1: none)
-def test_timestamp_skew_beyond_the_limit_is_dead_lettered(offset: int) -> None:
-    ts = int(BASE_EVENT["ts_ms"])
-    result = decode(orjson.dumps(BASE_EVENT), kafka_ts=ts + offset)
-    assert reason(result) == ("timestamp_skew" if abs(offset) > CAPS.skew_limit_ms else "ok")
+@given(st.integers(-(10**13), 10**13), st.integers(0, 10**13) | st.none())
+def test_only_times_in_the_future_of_the_workers_clock_are_dead_lettered(offset: int, kafka_ts: int | None) -> None:
+    """The event ends ``offset`` ms before the worker's clock; the producer's Kafka timestamp is ignored."""
+    end = BASE_EVENT["ts_ms"] + BASE_EVENT["duration_ms"]
+    result = decode(orjson.dumps(BASE_EVENT), kafka_ts=kafka_ts, received_at=end + offset)
+    assert reason(result) == ("timestamp_skew" if -offset > CAPS.skew_limit_ms else "ok")
 
 
 # --- oracle 2: valid but odd input is stored exactly ----------------------------------------------
@@ -324,14 +331,14 @@ def _event_bytes(**extra: Any) -> bytes:
     ],
 )
 def test_duplicate_keys_are_refused(raw: bytes, key: str) -> None:
-    result = decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, 0.0)
+    result = decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, LATE_CLOCK_MS)
     assert isinstance(result, DeadLetter) and result.reason_code == "duplicate_key", result
     assert repr(key) in result.detail
 
 
 def test_colons_inside_strings_are_not_duplicates() -> None:
     raw = _event_bytes(route="a:b:c", attrs={"trace_id": "x:y", "note": 'k:v, "q":1'})
-    assert isinstance(decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, 0.0), StageEvent)
+    assert isinstance(decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, LATE_CLOCK_MS), StageEvent)
 
 
 @settings(max_examples=200, derandomize=True, deadline=None)
@@ -343,5 +350,5 @@ def test_colons_inside_strings_are_not_duplicates() -> None:
 def test_any_repeated_top_level_key_is_refused(name: str, spaces: str, colon_text: str) -> None:
     base = _event_bytes(route="r" + colon_text)
     raw = base[:-1] + f',{spaces}"{name}"{spaces}:{spaces}"x"{spaces}}}'.encode()
-    result = decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, 0.0)
+    result = decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, LATE_CLOCK_MS)
     assert isinstance(result, DeadLetter) and result.reason_code == "duplicate_key"

@@ -83,3 +83,37 @@ def test_a_normal_request_is_unchanged_by_the_lifetime_bound() -> None:
         assert join.add(event, 0, 0.0, offset=i) == []
     (record,) = join.advance(0, 10**9)
     assert record["status"] == "missing_stage" and join.counters.caps["request_lifetime"] == 0
+
+
+def test_a_skewed_event_cannot_move_the_watermark_past_the_workers_clock() -> None:
+    """A valid event 24 h ahead must not time out the partition's other requests (live: a real wall clock)."""
+    join = RequestJoin(CFG, W)
+    now = T0 + 2_000.0
+    for i, event in enumerate([ev("request_start", 0, rid="g"), ev("retrieval", 1, 100.0, rid="g")]):
+        join.add(event, 0, now, offset=i)
+    join.add(ev("retrieval", 86_400_000, 5.0, rid="skewed", tenant_id="hostile"), 0, now, offset=10)
+    assert join.watermark(0) == now + CFG.max_watermark_lead_ms
+    assert join.counters.caps["watermark_step"] == 1 and join.counters.caps["watermark_lead"] == 1
+    assert join.advance(0, now) == []  # the good request (30 s timeout) is still open
+    pending = join.get("g")
+    assert pending is not None and not pending.emitted
+
+
+def test_one_event_moves_the_watermark_at_most_one_step() -> None:
+    """A replay far behind the clock: each event moves the watermark at most max_watermark_step_ms."""
+    join = RequestJoin(CFG, W)
+    join.add(ev("retrieval", 0, 5.0, rid="a"), 0, 0.0, offset=0)
+    before = join.watermark(0)
+    join.add(ev("retrieval", 86_400_000, 5.0, rid="b"), 0, 0.0, offset=1)
+    assert join.watermark(0) - before == CFG.max_watermark_step_ms
+    assert join.counters.caps["watermark_step"] == 1
+
+
+def test_times_in_the_past_are_folded_never_refused() -> None:
+    join = RequestJoin(CFG, W)
+    join.add(ev("retrieval", 1_000, 5.0, rid="a"), 0, 0.0, offset=0)
+    mark = join.watermark(0)
+    assert join.add(ev("retrieval", -10_000, 5.0, rid="recent"), 0, 0.0, offset=1) == []  # joined normally
+    (amend,) = join.add(ev("retrieval", -10 * 86_400_000, 5.0, rid="old"), 0, 0.0, offset=2)  # a backfill
+    assert isinstance(amend, dict) and amend["amend"] is True
+    assert join.watermark(0) == mark
