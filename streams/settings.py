@@ -118,6 +118,9 @@ class CapsConfig(_Section):
     )
     halt_window_messages: int = Field(1_000, gt=0, description="Window of messages for the dead-letter guard.")
     halt_dead_letter_share: float = Field(0.5, gt=0, le=1.0, description="Halt ingestion above this share.")
+    max_quarantined_tenants: int = Field(
+        10, ge=0, description="Tenants the guard may quarantine (instead of halting); one more halts ingestion."
+    )
 
 
 class TenantConfig(_Section):

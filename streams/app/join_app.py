@@ -118,7 +118,11 @@ class JoinAdapter:
         self.cursors = OffsetCursors()
         self._lag: dict[int, int] = {}  # per owned partition: log end minus committed offset
         self.reader = PartitionReader(settings, self.events_topic.get_topic_name(), app.conf.id)
-        self.guard = DeadLetterGuard(settings.caps.halt_window_messages, settings.caps.halt_dead_letter_share)
+        self.guard = DeadLetterGuard(
+            settings.caps.halt_window_messages,
+            settings.caps.halt_dead_letter_share,
+            settings.caps.max_quarantined_tenants,
+        )
         self._recovered = False
         app.agent(self.events_topic, name="join", concurrency=1)(self._agent)
         app.timer(settings.join.idle_tick_ms / 1000.0)(self._tick)
@@ -225,8 +229,10 @@ class JoinAdapter:
             now,
             append_time_ms=_append_time_ms(msg),
         )
-        if self.guard.observe(isinstance(decoded, DeadLetter)):
+        if self.guard.observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
             await self._halt(decoded, msg)  # never returns: nothing of this batch is acked
+        if self.guard.newly_quarantined:
+            self._quarantined()
         self.cursors.advance(msg.partition, msg.offset)
         if isinstance(decoded, DeadLetter):
             outputs.append(self._dead_letter_output(decoded))
@@ -326,6 +332,20 @@ class JoinAdapter:
                 await consumer.seek(tp, cursor)
             except Exception:  # a rebalance took the partition meanwhile: the next recovery restarts it
                 log.warning("could not seek partition %d", tp.partition, exc_info=True)
+
+    def _quarantined(self) -> None:
+        """The guard quarantined a tenant instead of halting: say so loudly, keep going for everyone."""
+        for tenant in self.guard.newly_quarantined:
+            log.error(
+                "tenant %r quarantined: its invalid events passed %.0f%% of the last %d messages; its dead letters "
+                "no longer count towards the ingest halt (docs/operations.md)",
+                tenant,
+                self.settings.caps.halt_dead_letter_share * 100,
+                self.settings.caps.halt_window_messages,
+            )
+            self.metrics.caps_tripped.labels("tenant_quarantine").inc()
+        self.metrics.health["quarantined_tenants"] = list(self.guard.quarantined)
+        self.guard.newly_quarantined.clear()
 
     async def _halt(self, decoded: Any, msg: Any) -> None:
         """The dead-letter guard tripped: page, then exit before anything of this batch is acknowledged."""
