@@ -154,6 +154,7 @@ class JoinAdapter:
                 self.core.revoke(stale_partitions)
             for key in stale:
                 self.state.data.pop(key, None)
+            await self._rekey_legacy(assigned)
             self.cursors.forget(set(self.cursors.partitions()) - assigned)
             await self._start_cursors(sorted(assigned))
             self._recovered = True
@@ -161,6 +162,26 @@ class JoinAdapter:
             self.metrics.health["status"] = "ok"
             self.metrics.health["partitions"] = sorted(assigned)
             log.info("join state recovered: %d requests on partitions %s", restored, sorted(assigned))
+
+    async def _rekey_legacy(self, assigned: set[int]) -> None:
+        """Move states restored under a bare request id (before issue 14) to their (tenant, id) key:
+        the new entries are written and acknowledged first, then the old keys are deleted."""
+        legacy = [(key, p) for key, p in self.core.legacy_keys if p in assigned]
+        self.core.legacy_keys = []
+        if not legacy:
+            return
+        await self._flush([])
+        producer = self.app.producer
+        futures = []
+        for key, partition in legacy:
+            self.state.data.pop(key.encode(), None)
+            futures.append(
+                await producer.send(
+                    self.changelog_topic, key.encode(), None, partition=partition, timestamp=None, headers=None
+                )
+            )
+        await asyncio.gather(*futures)
+        log.info("join state: %d requests re-keyed by (tenant, request id)", len(legacy))
 
     async def _on_shutdown(self, sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
         await self.reader.stop()

@@ -9,7 +9,7 @@ Invariants:
   infrastructure error is retried with back-off for as long as it takes; nothing is acknowledged away. A
   deterministic error (a value the columns cannot hold, :mod:`streams.store.reject`) is isolated to its
   rows, which are dead-lettered ``store_rejected`` with their original bytes; the rest is stored.
-- Inserts are idempotent: ``requests`` keeps the most complete version per request id, ``dead_letters``
+- Inserts are idempotent: ``requests`` keeps the most complete version per (tenant_id, request_id), ``dead_letters``
   one row per (topic, partition, offset). A replay after a crash changes nothing.
 - Amendment records (late events of a forgotten request) are merged into the stored row.
 - Every ``STATS_INTERVAL_S`` the writer samples its own metrics into ``pipeline_stats`` (the health
@@ -41,7 +41,7 @@ from streams.settings import Settings
 from streams.store.client import StoreUnavailable, make_client
 from streams.store.dead_letter_store import insert_dead_letters
 from streams.store.migrate import apply_migrations
-from streams.store.requests_store import apply_amendments_checked, insert_requests_checked
+from streams.store.requests_store import apply_amendments_checked, insert_requests_checked, request_key
 
 log = logging.getLogger("ttft.writer")
 
@@ -308,12 +308,13 @@ class StoreWriter:
 
 
 def _keep_most_complete(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Within one batch, keep one record per request id: the highest record_version."""
-    best: dict[str, dict[str, Any]] = {}
+    """Within one batch, keep one record per (tenant_id, request_id): the highest record_version."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
-        cur = best.get(r["request_id"])
+        key = request_key(r)
+        cur = best.get(key)
         if cur is None or r["record_version"] >= cur["record_version"]:
-            best[r["request_id"]] = r
+            best[key] = r
     return list(best.values())
 
 

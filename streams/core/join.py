@@ -1,4 +1,4 @@
-"""The request join: stage events keyed by ``request_id`` in, request records out (pure; time is injected).
+"""The request join: stage events of ``(tenant_id, request_id)`` in, request records out (pure; time injected).
 
 :class:`RequestJoin` holds the state of the partitions one worker owns. Per partition it keeps an
 event-time watermark, ``max(ts_ms + duration_ms)`` over the accepted events, moved on by an idle tick
@@ -31,7 +31,7 @@ from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
 from schemas.events import MIN_TS_MS, StageEvent
 from schemas.records import STATUS_ORDER, RequestStatus
 from streams.core.join_record import build_record, merge_records
-from streams.core.join_state import Conflict, PendingRequest, content_digest, event_key
+from streams.core.join_state import Conflict, PendingRequest, content_digest, event_key, state_key
 from streams.settings import CapsConfig, JoinConfig
 
 __all__ = [
@@ -183,7 +183,7 @@ class _Partition:
         self.watermark = 0.0  # 0: no event yet (every valid ts_ms is far above)
         self.idle_base = 0.0
         self.last_wall: float | None = None
-        self.deadlines: list[tuple[float, str]] = []
+        self.deadlines: list[tuple[float, str]] = []  # (deadline, state key)
 
 
 class RequestJoin:
@@ -195,10 +195,14 @@ class RequestJoin:
         self.counters = JoinCounters()
         self._requests: dict[str, PendingRequest] = {}
         self._partitions: dict[int, _Partition] = {}
-        # Open requests by (started_at, request_id) for eviction; lazily deleted like the deadline heaps.
+        # Requests by state key ((tenant, request id): see join_state.state_key).
+        # Open requests by (started_at, state key) for eviction; lazily deleted like the deadline heaps.
         self._by_age: list[tuple[float, str]] = []
         self._open = 0
         self._dirty: dict[str, int] = {}
+        #: (changelog key, partition) of old-form keys (a bare request id) seen by :meth:`restore`: the
+        #: adapter deletes them once the re-keyed states (marked dirty) are written.
+        self.legacy_keys: list[tuple[str, int]] = []
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -217,20 +221,22 @@ class RequestJoin:
         part = self._partitions.get(partition)
         return 0.0 if part is None else part.watermark
 
-    def get(self, request_id: str) -> PendingRequest | None:
-        """The state of a request held in memory."""
-        return self._requests.get(request_id)
+    def get(self, request_id: str, tenant_id: str | None = None) -> PendingRequest | None:
+        """The state of a request held in memory (of ``tenant_id``; without one, of any tenant: for tests)."""
+        if tenant_id is not None:
+            return self._requests.get(state_key(tenant_id, request_id))
+        return next((p for p in self._requests.values() if p.request_id == request_id), None)
 
     def has_dirty(self) -> bool:
         """True when some request changed since the last :meth:`dirty`."""
         return bool(self._dirty)
 
     def dirty(self) -> dict[str, tuple[int, bytes | None]]:
-        """Return and clear ``{request_id: (partition, packed state, None: delete)}`` since the last call."""
+        """Return and clear ``{state key: (partition, packed state, None: delete)}`` since the last call."""
         out: dict[str, tuple[int, bytes | None]] = {}
-        for request_id, partition in self._dirty.items():
-            pending = self._requests.get(request_id)
-            out[request_id] = (partition, None if pending is None else pending.to_bytes())
+        for key, partition in self._dirty.items():
+            pending = self._requests.get(key)
+            out[key] = (partition, None if pending is None else pending.to_bytes())
         self._dirty = {}
         return out
 
@@ -243,21 +249,14 @@ class RequestJoin:
         part = self._partition(partition)
         part.last_wall = now_wall_ms
         part.idle_base = part.watermark
-        pending = self._requests.get(event.request_id)
-        if pending is None:
+        pending = self._requests.get(state_key(event.tenant_id, event.request_id))
+        if pending is None:  # another tenant's request with the same id is another request
             return self._add_new(event, part, partition, offset, now_wall_ms)
         if pending.partition != partition:  # the key is the request id, so only a misrouted event lands here
             part = self._partition(pending.partition)
         if offset is not None and pending.offset is not None and offset <= pending.offset:
             self.counters.replayed += 1
             return []
-        if event.tenant_id != pending.tenant:
-            self.counters.tenant_mismatches += 1
-            detail = (
-                f"tenant_id {event.tenant_id!r} differs from {pending.tenant!r} established for request "
-                f"{event.request_id!r}"
-            )
-            return [TenantMismatch(event, detail)]
         refusal = self._over_cap(pending, event)
         if refusal is not None:
             self._raise(part, event, now_wall_ms)  # its time is still evidence that the partition moved on
@@ -266,7 +265,7 @@ class RequestJoin:
         folded = pending.fold_event(event, event_key(event), content_digest(event), _offset(offset))
         if offset is not None:
             pending.offset = offset
-        self._dirty[pending.request_id] = pending.partition
+        self._dirty[pending.key] = pending.partition
         refused: list[JoinOutput] = []
         if isinstance(folded, Conflict):
             self.counters.conflicting_duplicates += 1
@@ -320,9 +319,9 @@ class RequestJoin:
         pending = PendingRequest(event.request_id, event.tenant_id, partition, wm)
         pending.fold(event, event_key(event), content_digest(event), _offset(offset))
         pending.offset = offset
-        self._requests[pending.request_id] = pending
+        self._requests[pending.key] = pending
         self._open += 1
-        self._dirty[pending.request_id] = partition
+        self._dirty[pending.key] = partition
         self._raise(part, event, now_wall_ms)
         self._schedule(part, pending)
         self._push_age(pending)
@@ -357,15 +356,15 @@ class RequestJoin:
         heap = part.deadlines
         forget_after = self.config.forget_after_ms
         while heap and heap[0][0] <= part.watermark:
-            deadline, request_id = heapq.heappop(heap)
-            pending = self._requests.get(request_id)
+            deadline, key = heapq.heappop(heap)
+            pending = self._requests.get(key)
             if pending is None or pending.deadline != deadline or pending.partition != partition:
                 continue
             if pending.emitted:
                 if pending.late > self.config.max_late_reemissions:
                     out.append(build_record(pending, self.config, self.window_ms))  # the late events not yet sent
-                del self._requests[request_id]
-                self._dirty[request_id] = partition
+                del self._requests[key]
+                self._dirty[key] = partition
                 continue
             record = build_record(pending, self.config, self.window_ms)
             if self._natural_due(pending) > deadline:
@@ -391,7 +390,7 @@ class RequestJoin:
         deadline = self._deadline(pending)
         if deadline != pending.deadline:
             pending.deadline = deadline
-            heapq.heappush(part.deadlines, (deadline, pending.request_id))
+            heapq.heappush(part.deadlines, (deadline, pending.key))
 
     def _raise(self, part: _Partition, event: StageEvent, now_wall_ms: float) -> None:
         """Move the watermark to the event's end, within two bounds, so that a skewed event cannot time out
@@ -419,23 +418,23 @@ class RequestJoin:
     def _mark_emitted(self, pending: PendingRequest, status: str, forget_at: float, part: _Partition) -> None:
         pending.emitted = True
         pending.deadline = forget_at
-        heapq.heappush(part.deadlines, (forget_at, pending.request_id))
+        heapq.heappush(part.deadlines, (forget_at, pending.key))
         self._open -= 1
         self.counters.emitted[status] += 1
-        self._dirty[pending.request_id] = pending.partition
+        self._dirty[pending.key] = pending.partition
 
     # --- eviction -------------------------------------------------------------------------------
 
     def _push_age(self, pending: PendingRequest) -> None:
-        heapq.heappush(self._by_age, (pending.started_at, pending.request_id))
+        heapq.heappush(self._by_age, (pending.started_at, pending.key))
         if len(self._by_age) > 2 * self._open + 1024:
-            self._by_age = [(p.started_at, p.request_id) for p in self._requests.values() if not p.emitted]
+            self._by_age = [(p.started_at, p.key) for p in self._requests.values() if not p.emitted]
             heapq.heapify(self._by_age)
 
     def _evict_oldest(self) -> dict[str, Any]:
         while True:
-            started_at, request_id = heapq.heappop(self._by_age)
-            pending = self._requests.get(request_id)
+            started_at, key = heapq.heappop(self._by_age)
+            pending = self._requests.get(key)
             if pending is not None and not pending.emitted and pending.started_at == started_at:
                 break
         status: RequestStatus = "orphan" if pending.start is None else "timed_out"
@@ -447,25 +446,35 @@ class RequestJoin:
 
     # --- ownership and recovery ----------------------------------------------------------------
 
-    def restore(self, request_id: str, packed: bytes, partition: int | None = None) -> int:
-        """Load one request from its changelog value; returns its partition (``partition`` overrides).
+    def restore(self, key: str, packed: bytes, partition: int | None = None) -> int:
+        """Load one request from its changelog entry; returns its partition (``partition`` overrides).
 
-        Raises ValueError on a corrupt value. Restoring marks nothing dirty.
+        ``key`` is its :func:`state_key`, or (a changelog written before requests were keyed by tenant)
+        its bare request id: such a request is marked dirty, so the next :meth:`dirty` writes it under its
+        state key, and the old key is listed in :attr:`legacy_keys` for the adapter to delete after that.
+        Raises ValueError on a corrupt value. Restoring otherwise marks nothing dirty.
         """
-        pending = PendingRequest.from_bytes(request_id, packed)
+        pending = PendingRequest.from_bytes(key, packed)
+        prefix = pending.tenant + "\x00"
+        legacy = not key.startswith(prefix)
+        pending.request_id = key if legacy else key[len(prefix) :]
+        pending.key = state_key(pending.tenant, pending.request_id)
         if partition is not None:
             pending.partition = partition
-        previous = self._requests.get(request_id)
+        previous = self._requests.get(pending.key)
         if previous is not None and not previous.emitted:
             self._open -= 1
-        self._requests[request_id] = pending
+        self._requests[pending.key] = pending
+        if legacy:
+            self.legacy_keys.append((key, pending.partition))
+            self._dirty[pending.key] = pending.partition
         part = self._partition(pending.partition)
         floor = pending.max_end
         if pending.emitted:
             floor = max(floor, pending.deadline - self.config.forget_after_ms)
         if floor > part.watermark:
             part.watermark = part.idle_base = floor
-        heapq.heappush(part.deadlines, (pending.deadline, request_id))
+        heapq.heappush(part.deadlines, (pending.deadline, pending.key))
         if not pending.emitted:
             self._open += 1
             self._push_age(pending)
@@ -474,15 +483,15 @@ class RequestJoin:
     def revoke(self, partitions: Iterable[int]) -> None:
         """Drop the state of partitions this worker no longer owns (their pending dirty writes too)."""
         gone = set(partitions)
-        for request_id, pending in list(self._requests.items()):
+        for key, pending in list(self._requests.items()):
             if pending.partition in gone:
-                del self._requests[request_id]
+                del self._requests[key]
                 if not pending.emitted:
                     self._open -= 1
         self._dirty = {r: p for r, p in self._dirty.items() if p not in gone}
         for partition in gone:
             self._partitions.pop(partition, None)
-        self._by_age = [(p.started_at, p.request_id) for p in self._requests.values() if not p.emitted]
+        self._by_age = [(p.started_at, p.key) for p in self._requests.values() if not p.emitted]
         heapq.heapify(self._by_age)
 
     def reset(self) -> None:
@@ -492,6 +501,7 @@ class RequestJoin:
         self._by_age = []
         self._open = 0
         self._dirty = {}
+        self.legacy_keys = []
 
     def _partition(self, partition: int) -> _Partition:
         part = self._partitions.get(partition)

@@ -103,6 +103,12 @@ class Conflict:
     loser_duration: float
 
 
+def state_key(tenant_id: str, request_id: str) -> str:
+    """The join's key of a request: its tenant, a NUL, its request id (DESIGN.md: a request is identified
+    by ``(tenant_id, request_id)``; two tenants' requests never share state). Also the changelog key."""
+    return f"{tenant_id}\x00{request_id}"
+
+
 def event_key(event: StageEvent) -> int:
     """The compact dedup key of an event: a stable hash of its ``event_id``, 0 when it has none."""
     eid = event.event_id
@@ -158,6 +164,7 @@ class PendingRequest:
         "first_token",
         "first_wm",
         "ident",
+        "key",
         "late",
         "max_end",
         "min_ts",
@@ -174,6 +181,8 @@ class PendingRequest:
     def __init__(self, request_id: str, tenant: str, partition: int, first_wm: float) -> None:
         self.request_id = request_id
         self.tenant: str = sys.intern(tenant)
+        #: :func:`state_key` of the request (the join's dict key and the changelog key).
+        self.key = state_key(self.tenant, request_id)
         self.partition = partition
         self.first_wm = first_wm
         self.version: str = "unknown"
