@@ -42,7 +42,12 @@ class JoinConfig(_Section):
     forget_after_ms: int = Field(
         120_000, gt=0, description="Emitted requests are remembered this long (event time) to absorb replays."
     )
-    max_open_requests: int = Field(200_000, gt=0, description="Cap; the oldest open request is evicted.")
+    max_open_requests: int = Field(
+        200_000, gt=0, description="Cap; the oldest open request of the tenant holding the most is evicted."
+    )
+    max_open_requests_per_tenant: int = Field(
+        50_000, gt=0, description="Per-tenant cap; past it the tenant's own oldest open request is evicted."
+    )
     max_events_per_request: int = Field(
         1_000, gt=0, le=65_535, description="Events folded per request; more are dead-lettered too_many_events."
     )

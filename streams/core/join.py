@@ -145,6 +145,7 @@ JOIN_CAPS: tuple[str, ...] = (
     "late_reemissions",
     "watermark_step",
     "watermark_lead",
+    "open_requests_per_tenant",
 )
 
 
@@ -197,8 +198,9 @@ class RequestJoin:
         self._partitions: dict[int, _Partition] = {}
         # Requests by state key ((tenant, request id): see join_state.state_key).
         # Open requests by (started_at, state key) for eviction; lazily deleted like the deadline heaps.
-        self._by_age: list[tuple[float, str]] = []
+        self._ages: dict[str, list[tuple[float, str]]] = {}  # per tenant: (started_at, state key), lazy
         self._open = 0
+        self._open_by: dict[str, int] = {}  # open requests per tenant
         self._dirty: dict[str, int] = {}
         #: (changelog key, partition) of old-form keys (a bare request id) seen by :meth:`restore`: the
         #: adapter deletes them once the re-keyed states (marked dirty) are written.
@@ -320,15 +322,12 @@ class RequestJoin:
         pending.fold(event, event_key(event), content_digest(event), _offset(offset))
         pending.offset = offset
         self._requests[pending.key] = pending
-        self._open += 1
+        self._count_open(pending.tenant, +1)
         self._dirty[pending.key] = partition
         self._raise(part, event, now_wall_ms)
         self._schedule(part, pending)
         self._push_age(pending)
-        outputs: list[JoinOutput] = []
-        while self._open > self.config.max_open_requests:
-            outputs.append(self._evict_oldest())
-        return outputs
+        return self._enforce_open_caps(pending.tenant)
 
     # --- time -----------------------------------------------------------------------------------
 
@@ -419,21 +418,55 @@ class RequestJoin:
         pending.emitted = True
         pending.deadline = forget_at
         heapq.heappush(part.deadlines, (forget_at, pending.key))
-        self._open -= 1
+        self._count_open(pending.tenant, -1)
         self.counters.emitted[status] += 1
         self._dirty[pending.key] = pending.partition
 
     # --- eviction -------------------------------------------------------------------------------
 
-    def _push_age(self, pending: PendingRequest) -> None:
-        heapq.heappush(self._by_age, (pending.started_at, pending.key))
-        if len(self._by_age) > 2 * self._open + 1024:
-            self._by_age = [(p.started_at, p.key) for p in self._requests.values() if not p.emitted]
-            heapq.heapify(self._by_age)
+    def _count_open(self, tenant: str, delta: int) -> None:
+        self._open += delta
+        n = self._open_by.get(tenant, 0) + delta
+        if n > 0:
+            self._open_by[tenant] = n
+        else:
+            self._open_by.pop(tenant, None)
+            self._ages.pop(tenant, None)
 
-    def _evict_oldest(self) -> dict[str, Any]:
+    def _enforce_open_caps(self, tenant: str) -> list[JoinOutput]:
+        """Evict for the caps: the tenant's own oldest past its per-tenant cap; past the global cap, the
+        oldest request of the tenant holding the most (so one tenant's flood evicts its own requests)."""
+        cfg = self.config
+        outputs: list[JoinOutput] = []
+        while self._open_by.get(tenant, 0) > cfg.max_open_requests_per_tenant:
+            self.counters.caps["open_requests_per_tenant"] += 1
+            outputs.append(self._evict_oldest(tenant))
+        while self._open > cfg.max_open_requests:
+            outputs.append(self._evict_oldest(max(self._open_by, key=self._open_by.__getitem__)))
+        return outputs
+
+    def _push_age(self, pending: PendingRequest) -> None:
+        heap = self._ages.setdefault(pending.tenant, [])
+        heapq.heappush(heap, (pending.started_at, pending.key))
+        if len(heap) > 2 * self._open_by.get(pending.tenant, 0) + 64:
+            self._rebuild_ages(pending.tenant)
+
+    def _rebuild_ages(self, tenant: str | None = None) -> None:
+        """Drop stale entries: of one tenant's heap, or (None) rebuild every heap."""
+        if tenant is None:
+            self._ages = {}
+        else:
+            self._ages[tenant] = []
+        for p in self._requests.values():
+            if not p.emitted and (tenant is None or p.tenant == tenant):
+                self._ages.setdefault(p.tenant, []).append((p.started_at, p.key))
+        for heap in self._ages.values():
+            heapq.heapify(heap)
+
+    def _evict_oldest(self, tenant: str) -> dict[str, Any]:
+        heap = self._ages[tenant]
         while True:
-            started_at, key = heapq.heappop(self._by_age)
+            started_at, key = heapq.heappop(heap)
             pending = self._requests.get(key)
             if pending is not None and not pending.emitted and pending.started_at == started_at:
                 break
@@ -463,7 +496,7 @@ class RequestJoin:
             pending.partition = partition
         previous = self._requests.get(pending.key)
         if previous is not None and not previous.emitted:
-            self._open -= 1
+            self._count_open(previous.tenant, -1)
         self._requests[pending.key] = pending
         if legacy:
             self.legacy_keys.append((key, pending.partition))
@@ -476,7 +509,7 @@ class RequestJoin:
             part.watermark = part.idle_base = floor
         heapq.heappush(part.deadlines, (pending.deadline, pending.key))
         if not pending.emitted:
-            self._open += 1
+            self._count_open(pending.tenant, +1)
             self._push_age(pending)
         return pending.partition
 
@@ -487,19 +520,19 @@ class RequestJoin:
             if pending.partition in gone:
                 del self._requests[key]
                 if not pending.emitted:
-                    self._open -= 1
+                    self._count_open(pending.tenant, -1)
         self._dirty = {r: p for r, p in self._dirty.items() if p not in gone}
         for partition in gone:
             self._partitions.pop(partition, None)
-        self._by_age = [(p.started_at, p.key) for p in self._requests.values() if not p.emitted]
-        heapq.heapify(self._by_age)
+        self._rebuild_ages()
 
     def reset(self) -> None:
         """Forget all state (before a full restore); the counters keep running."""
         self._requests.clear()
         self._partitions.clear()
-        self._by_age = []
+        self._ages = {}
         self._open = 0
+        self._open_by = {}
         self._dirty = {}
         self.legacy_keys = []
 

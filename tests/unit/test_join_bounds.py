@@ -117,3 +117,21 @@ def test_times_in_the_past_are_folded_never_refused() -> None:
     (amend,) = join.add(ev("retrieval", -10 * 86_400_000, 5.0, rid="old"), 0, 0.0, offset=2)  # a backfill
     assert isinstance(amend, dict) and amend["amend"] is True
     assert join.watermark(0) == mark
+
+
+def test_a_tenant_flooding_open_requests_evicts_only_its_own() -> None:
+    cfg = CFG.model_copy(update={"max_open_requests": 50, "max_open_requests_per_tenant": 30})
+    join = RequestJoin(cfg, W)
+    for i in range(10):
+        assert join.add(ev("request_start", i, rid=f"g{i}", tenant_id="good"), 0, 0.0, offset=i) == []
+    evicted: list[dict[str, Any]] = []
+    for i in range(200):
+        evicted += join.add(ev("request_start", 100 + i, rid=f"f{i}", tenant_id="flood"), 0, 0.0, offset=100 + i)
+    assert {r["tenant_id"] for r in evicted} == {"flood"} and len(evicted) == 170
+    assert join.counters.caps["open_requests_per_tenant"] == 170
+    assert all(join.get(f"g{i}", "good") is not None for i in range(10))
+    # Past the global cap, the tenant holding the most open requests gives way first.
+    for i in range(15):
+        out = join.add(ev("request_start", 500 + i, rid=f"h{i}", tenant_id="third"), 0, 0.0, offset=500 + i)
+        assert all(r["tenant_id"] == "flood" for r in out)
+    assert join.open_requests == 50
