@@ -98,6 +98,9 @@ class WindowConfig(_Section):
     )
     relative_accuracy: float = Field(0.01, gt=0, lt=0.5)
     max_series: int = Field(1_000, gt=0, description="Cap on tenant x version series; overflow -> __other__.")
+    max_versions_per_tenant: int = Field(
+        50, gt=0, description="Versions per tenant and window; the rest fold into the tenant's own __other__."
+    )
     cacheable_min_tokens: int = Field(1_024, ge=0)
     recompute_lookback_s: int = Field(7_200, gt=0, description="Windows re-derived from the store at start.")
 

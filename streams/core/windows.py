@@ -35,7 +35,7 @@ from streams.core.health import (
     series_key,
     window_health_row,
 )
-from streams.core.series import OTHER_SERIES, Series, SeriesAdmission, SeriesAssignment
+from streams.core.series import Series, SeriesAdmission, SeriesAssignment
 from streams.core.sketch import MIN_VALUE, gamma_for, quantile_from_bins
 from streams.core.stages import (
     TTFT,
@@ -138,7 +138,7 @@ def aggregate_window(
 
 
 def _overflow_for(series: Series, assignment: SeriesAssignment) -> int:
-    return assignment.overflow_series if series == OTHER_SERIES else 0
+    return assignment.overflow_into(series)
 
 
 def _stage_rows(

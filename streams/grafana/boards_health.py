@@ -80,8 +80,8 @@ def _late_and_amendments() -> PanelSpec:
 
 def _series_caps() -> PanelSpec:
     sql = (
-        "SELECT $__timeInterval(window_start) AS time, max(overflow_series) AS series_over_cap,\n"
-        "       sumIf(total, tenant_id = '__other__') AS requests_in_other\n"
+        "SELECT $__timeInterval(window_start) AS time, sum(overflow_series) AS series_over_cap,\n"
+        "       sumIf(total, version_id = '__other__') AS requests_in_other\n"
         "FROM window_health FINAL\n"
         f"{where(IN_RANGE)}\n"
         "GROUP BY time\nORDER BY time"
@@ -93,8 +93,9 @@ def _series_caps() -> PanelSpec:
         fmt=FORMAT_TIME_SERIES,
         columns=("time", "series_over_cap", "requests_in_other"),
         expect_sql=count_rows("window_health"),
-        description="Tenant x version series folded into __other__ because windows.max_series was reached, "
-        "and the requests they carried. Above 0, per-tenant numbers miss those series.",
+        description="Tenant x version series folded into an __other__ row (a tenant's own when it passed "
+        "windows.max_versions_per_tenant, the shared one past windows.max_series), and the requests they "
+        "carried. Above 0, per-version numbers miss those series.",
         unit="short",
     )
 

@@ -232,3 +232,16 @@ def test_tiny_values_go_to_the_zero_count(value: float) -> None:
     row = _by_stage(aggregate_window([_record("a", prompt_assemble_ms=value)], 0, Settings()).stage_windows)
     assert row["prompt_assemble"]["zero_count"] == 1
     assert row["prompt_assemble"]["bins"] == {}
+
+
+def test_a_tenants_excess_versions_fold_into_its_own_other_row() -> None:
+    """Issue 14 item 5: the per-tenant version cap folds into (tenant, __other__), not the shared row."""
+    records = [_record(f"n{i}", tenant_id="noisy", version_id=f"v{i}") for i in range(8)]
+    records += [_record("g1", tenant_id="good", version_id="v1")]
+    settings = Settings(windows={"max_versions_per_tenant": 3})
+    agg = aggregate_window(records, 0, settings)
+    health = {(r["tenant_id"], r["version_id"]): r for r in agg.window_health}
+    assert ("good", "v1") in health and ("__other__", "__other__") not in health
+    assert health[("noisy", "__other__")]["overflow_series"] == 5
+    assert health[("noisy", "__other__")]["total"] == 5
+    assert sum(1 for t, _ in health if t == "noisy") == 4  # three versions and its own __other__
