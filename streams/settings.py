@@ -98,6 +98,12 @@ class WindowConfig(_Section):
     )
     relative_accuracy: float = Field(0.01, gt=0, lt=0.5)
     max_series: int = Field(1_000, gt=0, description="Cap on tenant x version series; overflow -> __other__.")
+    max_custom_stages_per_tenant: int = Field(
+        30, gt=0, description="Custom stage names per tenant and window; the rest aggregate as stage __other__."
+    )
+    max_routes_per_tenant: int = Field(
+        20, gt=0, description="Routes per tenant and window in stage_strata; the rest aggregate as route __other__."
+    )
     max_versions_per_tenant: int = Field(
         50, gt=0, description="Versions per tenant and window; the rest fold into the tenant's own __other__."
     )

@@ -201,6 +201,10 @@ class WindowCloser:
         self.metrics.windows_closed.inc()
         if agg.overflow_series:
             self.metrics.series_overflow.inc(agg.overflow_series)
+        if agg.folded_custom_stages:
+            self.metrics.caps_tripped.labels("custom_stages_per_tenant").inc(agg.folded_custom_stages)
+        if agg.folded_routes:
+            self.metrics.caps_tripped.labels("routes_per_tenant").inc(agg.folded_routes)
         arms = arms_from_records(records, self.settings)
         for hook in self.hooks:
             await hook(ws, agg, first_close, arms)
