@@ -45,6 +45,9 @@ class JoinConfig(_Section):
     max_open_requests: int = Field(
         200_000, gt=0, description="Cap; the oldest open request of the tenant holding the most is evicted."
     )
+    max_remembered_requests: int = Field(
+        200_000, gt=0, description="Emitted requests kept to absorb late events; past it the soonest-forgotten go."
+    )
     max_open_requests_per_tenant: int = Field(
         50_000, gt=0, description="Per-tenant cap; past it the tenant's own oldest open request is evicted."
     )

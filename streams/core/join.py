@@ -146,6 +146,7 @@ JOIN_CAPS: tuple[str, ...] = (
     "watermark_step",
     "watermark_lead",
     "open_requests_per_tenant",
+    "remembered_requests",
 )
 
 
@@ -201,6 +202,7 @@ class RequestJoin:
         self._ages: dict[str, list[tuple[float, str]]] = {}  # per tenant: (started_at, state key), lazy
         self._open = 0
         self._open_by: dict[str, int] = {}  # open requests per tenant
+        self._forget_order: list[tuple[float, str]] = []  # emitted requests by forget deadline, lazy
         self._dirty: dict[str, int] = {}
         #: (changelog key, partition) of old-form keys (a bare request id) seen by :meth:`restore`: the
         #: adapter deletes them once the re-keyed states (marked dirty) are written.
@@ -332,7 +334,8 @@ class RequestJoin:
     # --- time -----------------------------------------------------------------------------------
 
     def advance(self, partition: int, now_wall_ms: float) -> list[dict[str, Any]]:
-        """Apply the idle tick to a partition and emit (and forget) what its watermark has passed."""
+        """Apply the idle tick to a partition and emit (and forget) what its watermark has passed; then
+        forget the emitted requests past ``max_remembered_requests``, soonest-forgotten first."""
         part = self._partitions.get(partition)
         if part is None:
             return []
@@ -341,7 +344,27 @@ class RequestJoin:
             part.idle_base = part.watermark
         elif now_wall_ms - part.last_wall >= self.config.idle_tick_ms:
             part.watermark = max(part.watermark, part.idle_base + (now_wall_ms - part.last_wall))
-        return self._release(partition, part)
+        return self._release(partition, part) + self._forget_excess()
+
+    def _forget_excess(self) -> list[dict[str, Any]]:
+        """Forget emitted requests early while more than ``max_remembered_requests`` are held (their late
+        events then become amendments); one with late events not yet re-emitted is re-emitted now."""
+        out: list[dict[str, Any]] = []
+        cap = self.config.max_remembered_requests
+        while len(self._requests) - self._open > cap and self._forget_order:
+            forget_at, key = heapq.heappop(self._forget_order)
+            pending = self._requests.get(key)
+            if pending is None or not pending.emitted or pending.deadline != forget_at:
+                continue
+            if pending.late > self.config.max_late_reemissions:
+                out.append(build_record(pending, self.config, self.window_ms))
+            del self._requests[key]
+            self._dirty[key] = pending.partition
+            self.counters.caps["remembered_requests"] += 1
+        if len(self._forget_order) > 2 * (len(self._requests) - self._open) + 1024:
+            self._forget_order = [(p.deadline, p.key) for p in self._requests.values() if p.emitted]
+            heapq.heapify(self._forget_order)
+        return out
 
     def advance_all(self, now_wall_ms: float) -> list[dict[str, Any]]:
         """:meth:`advance` every owned partition, in partition order."""
@@ -418,6 +441,7 @@ class RequestJoin:
         pending.emitted = True
         pending.deadline = forget_at
         heapq.heappush(part.deadlines, (forget_at, pending.key))
+        heapq.heappush(self._forget_order, (forget_at, pending.key))
         self._count_open(pending.tenant, -1)
         self.counters.emitted[status] += 1
         self._dirty[pending.key] = pending.partition
@@ -511,6 +535,8 @@ class RequestJoin:
         if not pending.emitted:
             self._count_open(pending.tenant, +1)
             self._push_age(pending)
+        else:
+            heapq.heappush(self._forget_order, (pending.deadline, pending.key))
         return pending.partition
 
     def revoke(self, partitions: Iterable[int]) -> None:
@@ -531,6 +557,7 @@ class RequestJoin:
         self._requests.clear()
         self._partitions.clear()
         self._ages = {}
+        self._forget_order = []
         self._open = 0
         self._open_by = {}
         self._dirty = {}

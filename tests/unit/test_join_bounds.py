@@ -135,3 +135,17 @@ def test_a_tenant_flooding_open_requests_evicts_only_its_own() -> None:
         out = join.add(ev("request_start", 500 + i, rid=f"h{i}", tenant_id="third"), 0, 0.0, offset=500 + i)
         assert all(r["tenant_id"] == "flood" for r in out)
     assert join.open_requests == 50
+
+
+def test_emitted_requests_are_not_remembered_past_the_cap() -> None:
+    cfg = CFG.model_copy(update={"max_remembered_requests": 5})
+    join = RequestJoin(cfg, W)
+    for i in range(20):
+        rid = f"r{i}"
+        for k, event in enumerate([ev("request_start", i * 10, rid=rid), ev("first_token", i * 10 + 5, rid=rid)]):
+            join.add(event, 0, 0.0, offset=2 * i + k)
+    records = join.advance(0, 10_000.0)  # idle 10 s: everything is emitted, then the excess forgotten
+    assert len(records) == 20
+    assert join.remembered_requests - join.open_requests == 5
+    assert join.counters.caps["remembered_requests"] == 15
+    assert join.get("r0") is None and join.get("r19") is not None  # the soonest-forgotten went first
