@@ -185,6 +185,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(0, ge=0, le=65535, description="/metrics and /healthz; 0 picks a free port.")
     metrics_host: str = Field("127.0.0.1", description="Bind address of /metrics and /healthz; 0.0.0.0 in containers.")
     session_timeout_s: float = Field(10.0, gt=0)
+    stop_timeout_s: float = Field(
+        10.0, gt=0, description="ttft worker: children still running this long after SIGTERM are killed."
+    )
 
     join: JoinConfig = JoinConfig()
     windows: WindowConfig = WindowConfig()
