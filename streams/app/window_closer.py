@@ -32,6 +32,7 @@ from streams.store.aggregates_store import (
     insert_window_aggregates,
     request_window_fingerprints,
     stored_window_fingerprints,
+    stored_window_series,
 )
 from streams.store.requests_store import fetch_window_records
 
@@ -181,6 +182,7 @@ class WindowCloser:
     async def _compute(self, ws: int, *, first_close: bool) -> WindowAggregates:
         records = await self.store_call(fetch_window_records, self.db, ws, self.window_ms)
         dead = await self.store_call(dead_letter_counts, self.db, ws, ws + self.window_ms)
+        pinned = await self.store_call(stored_window_series, self.db, ws)  # keep their slots (series caps)
         agg = aggregate_window(
             records,
             ws,
@@ -188,6 +190,7 @@ class WindowCloser:
             admission=self.admission,
             dead_letters=dead,
             amendments=self.closed.get(ws, 0),
+            pinned_series=pinned,
         )
         tables = {
             "stage_windows": agg.stage_windows,

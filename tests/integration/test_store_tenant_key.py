@@ -7,6 +7,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clickhouse_connect.driver.client import Client
@@ -89,3 +90,23 @@ def test_an_amendment_only_touches_its_own_tenants_record(ch_client: Client, ch_
     stored = fetch_requests_by_key(ch_client, ch_database, [("tenant-a", "same-id"), ("tenant-b", "same-id")])
     assert stored[("tenant-a", "same-id")]["fallback_level"] == 0  # untouched
     assert stored[("tenant-b", "same-id")]["amend"] is True  # kept on its own, flagged
+
+
+def test_stored_window_series_are_pinned_on_recompute(ch_client: Client, ch_database: str) -> None:
+    """Issue 14 item 5: a late record's series never displaces a series already stored for its window."""
+    from streams.core.series import SeriesAdmission
+    from streams.core.windows import aggregate_window
+    from streams.settings import Settings
+    from streams.store.aggregates_store import insert_window_aggregates, stored_window_series
+
+    def rec(rid: str, tenant: str) -> dict[str, Any]:
+        return {**make_record(rid, tenant_id=tenant), "window_start": 0.0}
+
+    admission = SeriesAdmission(max_series=1)
+    first = aggregate_window([rec("a", "tenant-a")], 0, Settings(), admission=admission)
+    insert_window_aggregates(ch_client, ch_database, {"window_health": first.window_health})
+    pinned = stored_window_series(ch_client, ch_database, 0)
+    assert pinned == [("tenant-a", "v1")] or (pinned and pinned[0][0] == "tenant-a")
+    late = [rec("a", "tenant-a"), *[rec(f"z{i}", f"tenant-z{i}") for i in range(20)]]
+    again = aggregate_window(late, 0, Settings(), admission=admission, pinned_series=pinned)
+    assert ("tenant-a", pinned[0][1]) in {(r["tenant_id"], r["version_id"]) for r in again.window_health}
