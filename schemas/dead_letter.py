@@ -26,6 +26,10 @@ DeadLetterReason = Literal[
     "timestamp_skew",
     "invalid_key",
     "not_utf8",
+    "duplicate_key",
+    "conflicting_duplicate",
+    "too_many_events",
+    "store_rejected",
 ]
 #: The closed set of reason codes, in contract order.
 DEAD_LETTER_REASONS: Final[tuple[str, ...]] = get_args(DeadLetterReason)

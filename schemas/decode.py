@@ -4,16 +4,19 @@ The checks run in contract order and the first failure wins:
 
 1. ``too_large``: the value is longer than ``caps.max_event_bytes`` (nothing is parsed);
 2. ``not_utf8`` / ``invalid_json``: strict JSON (orjson: no NaN/Infinity, no lone surrogates, no BOM),
-   nested no deeper than ``caps.max_json_depth``;
+   nested no deeper than ``caps.max_json_depth``; ``duplicate_key``: an object repeats a key (JSON
+   leaves that undefined; orjson would keep the last silently);
 3. ``schema``: the strict :class:`StageEvent` model; the detail names the failing fields;
 4. ``invalid_key``: the Kafka key is missing or is not the request_id in UTF-8;
-5. ``timestamp_skew``: ``|ts_ms - Kafka timestamp| > caps.skew_limit_ms``.
+5. ``timestamp_skew``: the event ends more than ``caps.skew_limit_ms`` after the worker's clock (or the
+   broker's append time, for a ``LogAppendTime`` topic); times in the past are never refused.
 
 :func:`decode_stage_event` never raises, whatever the bytes: one bad event must never stop the pipeline.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 
 import orjson
@@ -36,10 +39,14 @@ def decode_stage_event(
     kafka_timestamp_ms: int | None,
     caps: CapsConfig,
     received_at_ms: float,
+    *,
+    append_time_ms: float | None = None,
 ) -> StageEvent | DeadLetter:
     """Decode and validate one message of ``ttft.stage-events``; never raises.
 
     ``received_at_ms`` is the wall-clock time of reading, injected so the function stays pure.
+    ``append_time_ms``: the broker's append time when the topic uses ``LogAppendTime`` (then the clock
+    future times are judged by); the producer's own ``CreateTime`` is never trusted for that.
     """
     parsed: Any = None
 
@@ -76,6 +83,9 @@ def decode_stage_event(
             if utf8_error is not None:
                 return dead("not_utf8", f"value is not valid UTF-8: {utf8_error}")
             return dead("invalid_json", f"value is not strict JSON: {_short(str(exc))}")
+        duplicate = duplicate_key(raw_value, parsed)
+        if duplicate is not None:
+            return dead("duplicate_key", f"JSON object repeats the key {_short(repr(duplicate))}")
         try:
             # Validating orjson's dict beats a second parse by pydantic's (laxer: NaN) JSON parser.
             event = StageEvent.model_validate(parsed, context=_context(caps))
@@ -92,16 +102,13 @@ def decode_stage_event(
             return dead("invalid_key", "Kafka key is missing; it must be the request_id in UTF-8")
         if raw_key != expected_key:
             return dead("invalid_key", f"Kafka key {_short(repr(bytes(raw_key)))} is not the request_id")
-        # Kafka reports -1 when a producer set no timestamp: nothing to compare with.
-        if (
-            kafka_timestamp_ms is not None
-            and kafka_timestamp_ms >= 0
-            and abs(event.ts_ms - kafka_timestamp_ms) > caps.skew_limit_ms
-        ):
-            skew = event.ts_ms - kafka_timestamp_ms
+        skew = future_skew(event, received_at_ms, append_time_ms)
+        if skew > caps.skew_limit_ms:
+            clock = "the broker's append time" if append_time_ms is not None else "the worker's clock"
             return dead(
                 "timestamp_skew",
-                f"ts_ms is {skew:+.0f} ms from the Kafka timestamp (limit {caps.skew_limit_ms})",
+                f"the event ends {skew:.0f} ms after {clock} "
+                f"(limit {caps.skew_limit_ms} ms; past times are never refused)",
             )
         return event
     except Exception as exc:  # a bug here must not stop the pipeline: dead-letter and keep going
@@ -119,6 +126,57 @@ def decode_stage_event(
                 max_original_bytes=0,
                 received_at_ms=0.0,
             )
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
+def duplicate_key(raw: bytes, parsed: Any) -> str | None:
+    """The first key some JSON object of ``raw`` repeats, else None (orjson keeps the last silently).
+
+    Cheap first: every key is followed by its own ``:`` outside strings, so when ``raw`` holds no more
+    colons than the event's top-level and ``attrs`` keys, no key can repeat (one ``bytes.count``, about
+    0.2 us). Only otherwise (a colon inside a string, keys nested elsewhere, or a real duplicate) is the
+    value parsed again with the standard library, which reports every object's pairs. A value that is
+    not an object fails the schema anyway and is not checked.
+    """
+    if type(parsed) is not dict:
+        return None
+    attrs = parsed.get("attrs")
+    keys = len(parsed) + (len(attrs) if type(attrs) is dict else 0)
+    if raw.count(b":") <= keys:
+        return None
+    try:
+        json.loads(raw, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey as dup:
+        return dup.key
+    except (ValueError, RecursionError):  # orjson accepted it; a deeper nesting fails later as invalid_json
+        return None
+    return None
+
+
+def future_skew(event: StageEvent, received_at_ms: float, append_time_ms: float | None = None) -> float:
+    """How far (ms) the event ends after a clock its producer does not control (<= 0: not in the future).
+
+    The clock is the broker's append time when known, else the worker's clock at reading. Only the future
+    is bounded: backfills and replays legitimately carry times long past.
+    """
+    clock = append_time_ms if append_time_ms is not None and append_time_ms >= 0 else received_at_ms
+    return event.ts_ms + (event.duration_ms or 0.0) - clock
 
 
 def schema_error_summary(exc: ValidationError) -> str:

@@ -11,7 +11,6 @@ pipeline is a float of epoch milliseconds, and the bounds below keep them exact 
 from __future__ import annotations
 
 import math
-import re
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
@@ -26,20 +25,14 @@ from pydantic import (
     model_validator,
 )
 
+from schemas import vocabulary
+from schemas.vocabulary import KNOWN_STAGES as KNOWN_STAGES  # re-exported: the contract's names
+from schemas.vocabulary import RESERVED_TENANT as RESERVED_TENANT
+from schemas.vocabulary import STAGE_NAME_PATTERN
+from schemas.vocabulary import STAGE_NAME_RE as STAGE_NAME_RE
+
 SCHEMA_VERSION: Final = 1
-STAGE_NAME_RE: Final = re.compile(r"[a-z][a-z0-9_]{0,47}")
-INSTANT_STAGES: Final = frozenset({"request_start", "first_token"})
-KNOWN_STAGES: Final = (
-    "request_start",
-    "retrieval",
-    "vector_recall",
-    "bm25_recall",
-    "rerank",
-    "prompt_assemble",
-    "llm_ttft",
-    "first_token",
-)
-RESERVED_TENANT: Final = "__other__"
+INSTANT_STAGES: Final = frozenset(vocabulary.INSTANT_STAGES)
 DEFAULT_MAX_ATTRS_KEYS: Final = 32
 DEFAULT_MAX_ATTRS_BYTES: Final = 2_048
 #: Epoch-millisecond bounds of ``ts_ms`` (2000-01-01 .. 2200-01-01): catches seconds or microseconds.
@@ -134,7 +127,7 @@ class StageEvent(BaseModel):
     stage: Annotated[
         StrictStr,
         Field(
-            pattern=r"^[a-z][a-z0-9_]{0,47}$",
+            pattern=f"^{STAGE_NAME_PATTERN}$",
             description="A known stage (" + ", ".join(KNOWN_STAGES) + ") or a custom stage name.",
         ),
     ]

@@ -22,23 +22,12 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from streams.rules.config import RulesConfig
-
-REQUIRED_STAGES: tuple[str, ...] = ("request_start", "retrieval", "prompt_assemble", "llm_ttft", "first_token")
-PARENT_STAGES: tuple[str, ...] = ("retrieval", "prompt_assemble", "llm_ttft")
-SUB_STAGES: tuple[str, ...] = ("vector_recall", "bm25_recall", "rerank")
-INSTANT_STAGES: tuple[str, ...] = ("request_start", "first_token")
-KNOWN_STAGES: tuple[str, ...] = (
-    "request_start",
-    "retrieval",
-    "vector_recall",
-    "bm25_recall",
-    "rerank",
-    "prompt_assemble",
-    "llm_ttft",
-    "first_token",
-)
-OTHER_TENANT = "__other__"
+from schemas.vocabulary import INSTANT_STAGES as INSTANT_STAGES  # re-exported for existing importers
+from schemas.vocabulary import KNOWN_STAGES as KNOWN_STAGES
+from schemas.vocabulary import PARENT_STAGES as PARENT_STAGES
+from schemas.vocabulary import REQUIRED_STAGES, is_stage_name
+from schemas.vocabulary import SUB_STAGES as SUB_STAGES
+from streams.rules_config import RulesConfig
 
 
 class _Section(BaseModel):
@@ -53,7 +42,35 @@ class JoinConfig(_Section):
     forget_after_ms: int = Field(
         120_000, gt=0, description="Emitted requests are remembered this long (event time) to absorb replays."
     )
-    max_open_requests: int = Field(200_000, gt=0, description="Cap; the oldest open request is evicted.")
+    max_open_requests: int = Field(
+        200_000, gt=0, description="Cap; the oldest open request of the tenant holding the most is evicted."
+    )
+    max_remembered_requests: int = Field(
+        200_000, gt=0, description="Emitted requests kept to absorb late events; past it the soonest-forgotten go."
+    )
+    max_open_requests_per_tenant: int = Field(
+        50_000, gt=0, description="Per-tenant cap; past it the tenant's own oldest open request is evicted."
+    )
+    max_events_per_request: int = Field(
+        1_000, gt=0, le=65_535, description="Events folded per request; more are dead-lettered too_many_events."
+    )
+    max_watermark_step_ms: int = Field(
+        600_000, gt=0, description="One event moves its partition's watermark at most this far (event time)."
+    )
+    max_watermark_lead_ms: int = Field(
+        10_000, gt=0, description="No event moves a watermark further than this past the worker's clock."
+    )
+    max_late_reemissions: int = Field(
+        10,
+        ge=0,
+        description="Late events of an emitted request re-emit its record this often; later ones once, at forget.",
+    )
+    max_request_state_bytes: int = Field(
+        65_536,
+        ge=4_096,
+        le=900_000,
+        description="Bound on one request's changelog value; an event past it is dead-lettered too_many_events.",
+    )
     idle_tick_ms: int = Field(1_000, gt=0, description="Wall-clock tick that advances an idle partition.")
     required_stages: tuple[str, ...] = REQUIRED_STAGES
     route_required_stages: dict[str, tuple[str, ...]] = Field(
@@ -75,7 +92,7 @@ class JoinConfig(_Section):
         if self.forget_after_ms < self.grace_ms:
             raise ValueError("join.forget_after_ms must be at least join.grace_ms")
         for name in (*self.required_stages, *(s for v in self.route_required_stages.values() for s in v)):
-            if not re.fullmatch(r"[a-z][a-z0-9_]{0,47}", name):
+            if not is_stage_name(name):
                 raise ValueError(f"join.required_stages: {name!r} is not a stage name")
         return self
 
@@ -90,6 +107,15 @@ class WindowConfig(_Section):
     )
     relative_accuracy: float = Field(0.01, gt=0, lt=0.5)
     max_series: int = Field(1_000, gt=0, description="Cap on tenant x version series; overflow -> __other__.")
+    max_custom_stages_per_tenant: int = Field(
+        30, gt=0, description="Custom stage names per tenant and window; the rest aggregate as stage __other__."
+    )
+    max_routes_per_tenant: int = Field(
+        20, gt=0, description="Routes per tenant and window in stage_strata; the rest aggregate as route __other__."
+    )
+    max_versions_per_tenant: int = Field(
+        50, gt=0, description="Versions per tenant and window; the rest fold into the tenant's own __other__."
+    )
     cacheable_min_tokens: int = Field(1_024, ge=0)
     recompute_lookback_s: int = Field(7_200, gt=0, description="Windows re-derived from the store at start.")
 
@@ -108,9 +134,16 @@ class CapsConfig(_Section):
     max_attrs_keys: int = Field(32, gt=0)
     max_json_depth: int = Field(8, gt=1)
     dead_letter_bytes: int = Field(4_096, gt=0, description="Original bytes kept per dead letter (truncated).")
-    skew_limit_ms: int = Field(24 * 3_600_000, gt=0, description="|ts_ms - Kafka timestamp| beyond this is bad.")
+    skew_limit_ms: int = Field(
+        300_000,
+        gt=0,
+        description="An event ending this long after the worker's clock (or broker append time) is timestamp_skew.",
+    )
     halt_window_messages: int = Field(1_000, gt=0, description="Window of messages for the dead-letter guard.")
     halt_dead_letter_share: float = Field(0.5, gt=0, le=1.0, description="Halt ingestion above this share.")
+    max_quarantined_tenants: int = Field(
+        10, ge=0, description="Tenants the guard may quarantine (instead of halting); one more halts ingestion."
+    )
 
 
 class TenantConfig(_Section):
@@ -158,6 +191,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(0, ge=0, le=65535, description="/metrics and /healthz; 0 picks a free port.")
     metrics_host: str = Field("127.0.0.1", description="Bind address of /metrics and /healthz; 0.0.0.0 in containers.")
     session_timeout_s: float = Field(10.0, gt=0)
+    stop_timeout_s: float = Field(
+        10.0, gt=0, description="ttft worker: children still running this long after SIGTERM are killed."
+    )
 
     join: JoinConfig = JoinConfig()
     windows: WindowConfig = WindowConfig()
@@ -165,7 +201,7 @@ class Settings(BaseSettings):
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     default_slo_ms: float = Field(2_000.0, gt=0)
     default_slo_target: float = Field(0.99, gt=0, lt=1)
-    rules: RulesConfig = Field(default_factory=RulesConfig, description="Alert rules (streams.rules.config).")
+    rules: RulesConfig = Field(default_factory=RulesConfig, description="Alert rules (streams.rules_config).")
     paging_muted: bool = Field(False, description="Replay/backfill: store alerts, never page (counted).")
     replay: bool = Field(
         False,
@@ -285,7 +321,9 @@ def _split_credentials(url: str) -> tuple[str, str, str] | None:
     between ``://`` and the last ``@`` of the authority (which ends at the first ``/``, ``?`` or ``#``).
     With no ``@`` there, an ``@`` further on still ends a userinfo if the authority looks like
     ``user:password`` rather than ``host:port`` (a password holding a ``/``, ``?`` or ``#``); then the
-    userinfo runs to the last ``@`` of the URL.
+    userinfo runs to the last ``@`` of the URL. A numeric "port" (``user:2024/Secret@host``, a password
+    starting with digits) is read the same way unless the ``@`` sits in a ``key=value`` query string
+    (``host:8443/?ca_cert=/a@b.pem``): when in doubt, redact.
     """
     scheme, sep, rest = url.partition("://")
     if not sep or not rest or rest[0] in "/?#":  # no authority, e.g. chdb:///abs/dir
@@ -294,11 +332,28 @@ def _split_credentials(url: str) -> tuple[str, str, str] | None:
     authority = rest[:end]
     if "@" in authority:
         at = authority.rfind("@")
-    elif "@" in rest and _looks_like_userinfo(authority):
-        at = rest.rfind("@")
     else:
-        return None
+        at = _userinfo_end(authority, rest)
+        if at < 0:
+            return None
     return scheme + sep, rest[:at], rest[at:]
+
+
+def _userinfo_end(authority: str, rest: str) -> int:
+    """Where in ``rest`` the ``@`` ending a userinfo beyond the authority is, else -1.
+
+    ``user:password``-looking authorities: the last ``@``. ``user:<digits>``: the last ``@`` that is not
+    inside a ``key=value`` query string.
+    """
+    if "@" not in rest or ":" not in authority or authority.startswith("["):
+        return -1
+    if _looks_like_userinfo(authority):
+        return rest.rfind("@")
+    for i in reversed([i for i, ch in enumerate(rest) if ch == "@"]):
+        _, question, query = rest[:i].partition("?")
+        if not (question and "=" in query):
+            return i
+    return -1
 
 
 def _looks_like_userinfo(authority: str) -> bool:

@@ -41,7 +41,7 @@ from streams.app.join_changelog import restore_partitions
 from streams.app.metrics import WorkerMetrics
 from streams.app.partition_reader import PartitionReader
 from streams.core.guard import DeadLetterGuard
-from streams.core.join import RequestJoin, TenantMismatch
+from streams.core.join import Refusal, RequestJoin, TenantMismatch
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.topics import ensure_named_topics, kafka_client_kwargs
 from streams.rules import ingest_halted_transition
@@ -92,7 +92,11 @@ class BatchJoin:
         self.requests_topic = settings.topic("requests")
         self.dead_letter_topic = settings.topic("dead-letter")
         self.changelog = changelog_topic(settings)
-        self.guard = DeadLetterGuard(settings.caps.halt_window_messages, settings.caps.halt_dead_letter_share)
+        self.guard = DeadLetterGuard(
+            settings.caps.halt_window_messages,
+            settings.caps.halt_dead_letter_share,
+            settings.caps.max_quarantined_tenants,
+        )
         self.owned: set[int] = set()
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -212,20 +216,44 @@ class BatchJoin:
     def _fold(self, record: ConsumerRecord[Any, Any], now: float, outputs: Outputs) -> None:
         caps = self.settings.caps
         p = record.partition
+        append_time = record.timestamp if record.timestamp_type == 1 else None  # LogAppendTime: the broker's
         decoded = decode_stage_event(
-            record.value, record.key, record.topic, p, record.offset, record.timestamp, caps, now
+            record.value,
+            record.key,
+            record.topic,
+            p,
+            record.offset,
+            record.timestamp,
+            caps,
+            now,
+            append_time_ms=append_time,
         )
-        dead = isinstance(decoded, DeadLetter)
-        if self.guard.observe(dead):
+        if self.guard.observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
             self._halt(decoded, record)
+        if self.guard.newly_quarantined:
+            self._quarantined()
         if isinstance(decoded, DeadLetter):
             self._add_dead_letter(outputs, p, decoded)
             return
         for out in self.core.add(decoded, p, now, offset=record.offset):
-            if isinstance(out, TenantMismatch):
+            if isinstance(out, TenantMismatch | Refusal):
                 self._add_dead_letter(outputs, p, out.to_dead_letter(_Source(record), now, caps))
             else:
                 self._add_record(outputs, p, out)
+
+    def _quarantined(self) -> None:
+        """The guard quarantined a tenant instead of halting: say so loudly, keep going for everyone."""
+        for tenant in self.guard.newly_quarantined:
+            log.error(
+                "tenant %r quarantined: its invalid events passed %.0f%% of the last %d messages; its dead letters "
+                "no longer count towards the ingest halt (docs/operations.md)",
+                tenant,
+                self.settings.caps.halt_dead_letter_share * 100,
+                self.settings.caps.halt_window_messages,
+            )
+            self.metrics.caps_tripped.labels("tenant_quarantine").inc()
+        self.metrics.health["quarantined_tenants"] = list(self.guard.quarantined)
+        self.guard.newly_quarantined.clear()
 
     def _refetch_later(self, tp: TopicPartition, offset: int) -> None:
         """Records of a partition whose state is not restored yet: never fold them, never skip them. The
@@ -271,6 +299,8 @@ class BatchJoin:
         _sync_counter(m.late_events, c.late_events)
         _sync_counter(m.evictions, c.evictions)
         _sync_counter(m.replayed_events, c.replayed)
+        for cap, total in c.caps.items():
+            _sync_counter(m.caps_tripped.labels(cap), total)
 
     async def _produce(self, outputs: Outputs) -> None:
         """One producer batch per (topic, partition), all sent, then all acknowledgements awaited."""
@@ -364,12 +394,30 @@ class BatchJoin:
         restored = await restore_partitions(self.settings, self.changelog, new, self.core)
         if new:
             self._next.update(await self.reader.committed(new))
+        await self._rekey_legacy(set(new))
         self.owned |= set(new)
         self.metrics.open_requests.set(self.core.open_requests)
         self.metrics.health["status"] = "ok"
         self.metrics.health["partitions"] = sorted(self.owned)
         self.consumer.resume(*[tp for tp in paused if tp in self.consumer.assignment()])
         log.info("join state restored: %d requests on partitions %s", restored, new)
+
+    async def _rekey_legacy(self, assigned: set[int]) -> None:
+        """Move states restored under a bare request id (before issue 14) to their (tenant, id) key: the new
+        entries are written and acknowledged first (the core marked them dirty), then the old keys deleted."""
+        legacy = [(key, p) for key, p in self.core.legacy_keys if p in assigned]
+        self.core.legacy_keys = []
+        if not legacy:
+            return
+        state: Outputs = defaultdict(list)
+        for key, (partition, packed) in self.core.dirty().items():
+            state[(self.changelog, partition)].append((key.encode(), packed))
+        await self._produce(state)
+        tombstones: Outputs = defaultdict(list)
+        for key, partition in legacy:
+            tombstones[(self.changelog, partition)].append((key.encode(), None))
+        await self._produce(tombstones)
+        log.info("join state: %d requests re-keyed by (tenant, request id)", len(legacy))
 
     async def revoked(self, partitions: set[int]) -> None:
         """Wait for the batch in flight (committed when it ends), then drop the state of lost partitions."""

@@ -39,7 +39,7 @@ from streams.app.metrics import WorkerMetrics
 from streams.app.partition_reader import PartitionReader, RawRecord
 from streams.core.cursors import OffsetCursors
 from streams.core.guard import DeadLetterGuard
-from streams.core.join import RequestJoin, TenantMismatch
+from streams.core.join import Refusal, RequestJoin, TenantMismatch
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.topics import faust_broker_kwargs
 from streams.rules import ingest_halted_transition
@@ -118,7 +118,11 @@ class JoinAdapter:
         self.cursors = OffsetCursors()
         self._lag: dict[int, int] = {}  # per owned partition: log end minus committed offset
         self.reader = PartitionReader(settings, self.events_topic.get_topic_name(), app.conf.id)
-        self.guard = DeadLetterGuard(settings.caps.halt_window_messages, settings.caps.halt_dead_letter_share)
+        self.guard = DeadLetterGuard(
+            settings.caps.halt_window_messages,
+            settings.caps.halt_dead_letter_share,
+            settings.caps.max_quarantined_tenants,
+        )
         self._recovered = False
         app.agent(self.events_topic, name="join", concurrency=1)(self._agent)
         app.timer(settings.join.idle_tick_ms / 1000.0)(self._tick)
@@ -150,6 +154,7 @@ class JoinAdapter:
                 self.core.revoke(stale_partitions)
             for key in stale:
                 self.state.data.pop(key, None)
+            await self._rekey_legacy(assigned)
             self.cursors.forget(set(self.cursors.partitions()) - assigned)
             await self._start_cursors(sorted(assigned))
             self._recovered = True
@@ -157,6 +162,26 @@ class JoinAdapter:
             self.metrics.health["status"] = "ok"
             self.metrics.health["partitions"] = sorted(assigned)
             log.info("join state recovered: %d requests on partitions %s", restored, sorted(assigned))
+
+    async def _rekey_legacy(self, assigned: set[int]) -> None:
+        """Move states restored under a bare request id (before issue 14) to their (tenant, id) key:
+        the new entries are written and acknowledged first, then the old keys are deleted."""
+        legacy = [(key, p) for key, p in self.core.legacy_keys if p in assigned]
+        self.core.legacy_keys = []
+        if not legacy:
+            return
+        await self._flush([])
+        producer = self.app.producer
+        futures = []
+        for key, partition in legacy:
+            self.state.data.pop(key.encode(), None)
+            futures.append(
+                await producer.send(
+                    self.changelog_topic, key.encode(), None, partition=partition, timestamp=None, headers=None
+                )
+            )
+        await asyncio.gather(*futures)
+        log.info("join state: %d requests re-keyed by (tenant, request id)", len(legacy))
 
     async def _on_shutdown(self, sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
         await self.reader.stop()
@@ -214,16 +239,28 @@ class JoinAdapter:
     ) -> None:
         """Decode one message and fold it into the join (or dead-letter it); move its partition's cursor."""
         caps = self.settings.caps
-        decoded = decode_stage_event(msg.value, msg.key, msg.topic, msg.partition, msg.offset, _ts_ms(msg), caps, now)
-        if self.guard.observe(isinstance(decoded, DeadLetter)):
+        decoded = decode_stage_event(
+            msg.value,
+            msg.key,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            _ts_ms(msg),
+            caps,
+            now,
+            append_time_ms=_append_time_ms(msg),
+        )
+        if self.guard.observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
             await self._halt(decoded, msg)  # never returns: nothing of this batch is acked
+        if self.guard.newly_quarantined:
+            self._quarantined()
         self.cursors.advance(msg.partition, msg.offset)
         if isinstance(decoded, DeadLetter):
             outputs.append(self._dead_letter_output(decoded))
             return
         touched.add(msg.partition)
         for out in self.core.add(decoded, msg.partition, now, offset=msg.offset):
-            if isinstance(out, TenantMismatch):
+            if isinstance(out, TenantMismatch | Refusal):
                 outputs.append(self._dead_letter_output(out.to_dead_letter(msg, now, caps)))
             else:
                 outputs.append(self._record_output(out))
@@ -316,6 +353,20 @@ class JoinAdapter:
                 await consumer.seek(tp, cursor)
             except Exception:  # a rebalance took the partition meanwhile: the next recovery restarts it
                 log.warning("could not seek partition %d", tp.partition, exc_info=True)
+
+    def _quarantined(self) -> None:
+        """The guard quarantined a tenant instead of halting: say so loudly, keep going for everyone."""
+        for tenant in self.guard.newly_quarantined:
+            log.error(
+                "tenant %r quarantined: its invalid events passed %.0f%% of the last %d messages; its dead letters "
+                "no longer count towards the ingest halt (docs/operations.md)",
+                tenant,
+                self.settings.caps.halt_dead_letter_share * 100,
+                self.settings.caps.halt_window_messages,
+            )
+            self.metrics.caps_tripped.labels("tenant_quarantine").inc()
+        self.metrics.health["quarantined_tenants"] = list(self.guard.quarantined)
+        self.guard.newly_quarantined.clear()
 
     async def _halt(self, decoded: Any, msg: Any) -> None:
         """The dead-letter guard tripped: page, then exit before anything of this batch is acknowledged."""
@@ -464,6 +515,8 @@ class JoinAdapter:
         _sync_counter(m.duplicates, c.duplicates)
         _sync_counter(m.late_events, c.late_events)
         _sync_counter(m.evictions, c.evictions)
+        for cap, total in c.caps.items():
+            _sync_counter(m.caps_tripped.labels(cap), total)
 
 
 def _log_failure(fut: asyncio.Future[Any]) -> None:
@@ -476,6 +529,13 @@ def _ts_ms(message: Any) -> int | None:
     if ts is None:
         return None
     return int(ts * 1000)
+
+
+def _append_time_ms(message: Any) -> int | None:
+    """The broker's append time of a ``LogAppendTime`` message (timestamp type 1), else None."""
+    if getattr(message, "timestamp_type", None) != 1:
+        return None
+    return _ts_ms(message)
 
 
 def _sync_counter(counter: Any, total: int) -> None:

@@ -53,14 +53,26 @@ class WorkerMetrics:
             registry=r,
         )
         self.insert_failures = Counter("ttft_insert_failures", "Failed inserts (retried)", registry=r)
+        self.rows_refused = Counter(
+            "ttft_rows_refused", "Rows the store refused deterministically (dead-lettered)", ["table"], registry=r
+        )
         self.windows_closed = Counter("ttft_windows_closed", "Windows aggregated", registry=r)
         self.open_windows = Gauge("ttft_open_windows", "Windows with records, not yet closed", registry=r)
         self.watermark = Gauge("ttft_writer_watermark_ms", "Event-time watermark of the writer", registry=r)
         self.window_amendments = Counter("ttft_window_amendments", "Closed windows re-aggregated", registry=r)
+        self.caps_tripped = Counter(
+            "ttft_caps_tripped", "Times a bound tripped (docs/operations.md, hostile input)", ["cap"], registry=r
+        )
         self.series_overflow = Counter("ttft_series_overflow", "Records mapped to __other__", registry=r)
         self.alerts_sent = Counter("ttft_alert_transitions", "Alert transitions produced", ["state"], registry=r)
         self.alerts_pending_delivery = Gauge(
             "ttft_alerts_pending_delivery", "Alert notifications not yet delivered", registry=r
+        )
+        self.alert_delivery_restarts = Counter(
+            "ttft_alert_delivery_restarts",
+            "Alertmanager delivery loop restarted after it died",
+            ["reason"],
+            registry=r,
         )
         self.paging_muted = Counter("ttft_paging_muted", "Notifications muted during replay", registry=r)
         self.rule_evaluations = Counter(

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +167,15 @@ def _fault_from_env() -> Any:
 
 
 def run_all(settings: Settings, worker_id: str, metrics_port: int) -> int:
-    """Run a join worker and the writer as two child processes of this one; stop both together."""
+    """Run a join worker and the writer as two child processes of this one; stop both together.
+
+    The children die with this process, however it dies (``kill -9`` included): each is started with the
+    kernel's parent-death signal set to SIGKILL, so no orphan keeps the broker group or the chDB store
+    (a SIGKILLed child acknowledged nothing that is not durable, like any crash). A SIGTERM is forwarded;
+    a child still running ``stop_timeout_s`` later (its broker or store gone) is killed, so the worker
+    stops in bounded time.
+    """
+    parent = os.getpid()
     children: list[subprocess.Popen[bytes]] = []
     ports = (metrics_port, metrics_port + 1) if metrics_port else (0, 0)
     for role, port in zip(("writer", "join"), ports, strict=True):
@@ -182,9 +191,12 @@ def run_all(settings: Settings, worker_id: str, metrics_port: int) -> int:
             "--metrics-port",
             str(port),
         ]
-        children.append(subprocess.Popen(cmd))
+        children.append(subprocess.Popen(cmd, preexec_fn=lambda: _die_with_parent(parent)))
+    stopping: list[float] = []
 
     def forward(signum: int, _frame: Any) -> None:
+        if not stopping:
+            stopping.append(time.monotonic())
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
@@ -201,7 +213,28 @@ def run_all(settings: Settings, worker_id: str, metrics_port: int) -> int:
             rc = rc or code
             if code != 0:
                 forward(signal.SIGTERM, None)
+        if children and stopping and time.monotonic() - stopping[0] > settings.stop_timeout_s:
+            log.error("children still running %.0f s after SIGTERM: killing them", settings.stop_timeout_s)
+            for child in children:
+                child.kill()
         if children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 children[0].wait(timeout=0.5)
     return rc
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a child, between fork and exec: be SIGKILLed when the parent dies (Linux ``prctl``), and exit
+    at once if it died already (the fork raced with its death)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the supervisor's SIGTERM forwarding still applies
+        return
+    if os.getppid() != parent:
+        os._exit(1)

@@ -32,6 +32,7 @@ from streams.store.aggregates_store import (
     insert_window_aggregates,
     request_window_fingerprints,
     stored_window_fingerprints,
+    stored_window_series,
 )
 from streams.store.requests_store import fetch_window_records
 
@@ -181,6 +182,7 @@ class WindowCloser:
     async def _compute(self, ws: int, *, first_close: bool) -> WindowAggregates:
         records = await self.store_call(fetch_window_records, self.db, ws, self.window_ms)
         dead = await self.store_call(dead_letter_counts, self.db, ws, ws + self.window_ms)
+        pinned = await self.store_call(stored_window_series, self.db, ws)  # keep their slots (series caps)
         agg = aggregate_window(
             records,
             ws,
@@ -188,6 +190,7 @@ class WindowCloser:
             admission=self.admission,
             dead_letters=dead,
             amendments=self.closed.get(ws, 0),
+            pinned_series=pinned,
         )
         tables = {
             "stage_windows": agg.stage_windows,
@@ -201,6 +204,10 @@ class WindowCloser:
         self.metrics.windows_closed.inc()
         if agg.overflow_series:
             self.metrics.series_overflow.inc(agg.overflow_series)
+        if agg.folded_custom_stages:
+            self.metrics.caps_tripped.labels("custom_stages_per_tenant").inc(agg.folded_custom_stages)
+        if agg.folded_routes:
+            self.metrics.caps_tripped.labels("routes_per_tenant").inc(agg.folded_routes)
         arms = arms_from_records(records, self.settings)
         for hook in self.hooks:
             await hook(ws, agg, first_close, arms)

@@ -5,9 +5,11 @@ the offsets of the batch it inserted (no single-offset holes, faust-streaming#60
 the Faust worker (``--role all``) or alone (``--role writer``).
 
 Invariants:
-- Offsets are committed only after every row of the batch is in ClickHouse. An insert error is retried
-  with back-off for as long as it takes; nothing is acknowledged away.
-- Inserts are idempotent: ``requests`` keeps the most complete version per request id, ``dead_letters``
+- Offsets are committed only after every row of the batch is in ClickHouse or in ``dead_letters``. An
+  infrastructure error is retried with back-off for as long as it takes; nothing is acknowledged away. A
+  deterministic error (a value the columns cannot hold, :mod:`streams.store.reject`) is isolated to its
+  rows, which are dead-lettered ``store_rejected`` with their original bytes; the rest is stored.
+- Inserts are idempotent: ``requests`` keeps the most complete version per (tenant_id, request_id), ``dead_letters``
   one row per (topic, partition, offset). A replay after a crash changes nothing.
 - Amendment records (late events of a forgotten request) are merged into the stored row.
 - Every ``STATS_INTERVAL_S`` the writer samples its own metrics into ``pipeline_stats`` (the health
@@ -29,7 +31,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from schemas.dead_letter import DeadLetter
+from schemas.dead_letter import DeadLetter, make_dead_letter
 from streams.app.metrics import WorkerMetrics
 from streams.app.stats import STATS_INTERVAL_S, JoinStats, StatsReporter
 from streams.core.join import merge_records
@@ -39,7 +41,7 @@ from streams.settings import Settings
 from streams.store.client import StoreUnavailable, make_client
 from streams.store.dead_letter_store import insert_dead_letters
 from streams.store.migrate import apply_migrations
-from streams.store.requests_store import apply_amendments, insert_requests
+from streams.store.requests_store import apply_amendments_checked, insert_requests_checked, request_key
 
 log = logging.getLogger("ttft.writer")
 
@@ -190,6 +192,7 @@ class StoreWriter:
         dead_letters: list[dict[str, Any]] = []
         heartbeats: list[tuple[int, int, float]] = []
         offsets: dict[TopicPartition, int] = {}
+        sources: dict[int, tuple[TopicPartition, ConsumerRecord[bytes, bytes]]] = {}
         n = 0
         for tp, messages in batch.items():
             offsets[tp] = messages[-1].offset + 1
@@ -206,6 +209,7 @@ class StoreWriter:
                     self.join_stats.observe(beat)
                     continue
                 value = orjson.loads(msg.value)
+                sources[id(value)] = (tp, msg)
                 if value.get("amend"):
                     amendments.append(value)
                 else:
@@ -213,16 +217,24 @@ class StoreWriter:
         self.metrics.unacked_records.set(n)
         records = _keep_most_complete(records)
         db = self.settings.clickhouse_database
+        refused: list[tuple[dict[str, Any], str]] = []
         if records:
-            await self._insert("requests", insert_requests, db, records)
+            refused += await self._insert("requests", insert_requests_checked, db, records)
+            records = _without(records, refused)
             self.metrics.records_written.inc(len(records))
         if amendments:
             window_ms = self.settings.windows.window_s * 1000
-            merged = await self._insert(
-                "requests", apply_amendments, db, amendments, lambda s, a: merge_records(s, a, window_ms)
+            merged, refused_amendments = await self._insert(
+                "requests", apply_amendments_checked, db, amendments, lambda s, a: merge_records(s, a, window_ms)
             )
-            if isinstance(merged, list):
-                records.extend(merged)
+            refused += refused_amendments
+            records.extend(merged)
+        if refused:
+            dead_letters += [self._refused_letter(r, reason, sources) for r, reason in refused]
+            self.metrics.rows_refused.labels("requests").inc(len(refused))
+            log.error(
+                "the store refused %d request rows (dead-lettered store_rejected): %s", len(refused), refused[0][1]
+            )
         if dead_letters:
             await self._insert("dead_letters", insert_dead_letters, db, dead_letters)
             self.metrics.dead_letters_written.inc(len(dead_letters))
@@ -238,6 +250,29 @@ class StoreWriter:
             if highwater is not None:
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - committed))
         self.metrics.batches.inc()
+
+    def _refused_letter(
+        self,
+        record: dict[str, Any],
+        reason: str,
+        sources: dict[int, tuple[TopicPartition, ConsumerRecord[bytes, bytes]]],
+    ) -> dict[str, Any]:
+        """The ``store_rejected`` dead letter of a record the store refused (its own message's bytes)."""
+        tp, msg = sources[id(record)]
+        letter = make_dead_letter(
+            "store_rejected",
+            f"the store refused the row: {reason}",
+            msg.value or b"",
+            topic=tp.topic,
+            partition=tp.partition,
+            offset=msg.offset,
+            kafka_timestamp_ms=msg.timestamp if msg.timestamp is not None and msg.timestamp >= 0 else None,
+            max_original_bytes=self.settings.caps.dead_letter_bytes,
+            received_at_ms=time.time() * 1000.0,
+            request_id=str(record.get("request_id")),
+            tenant_id=str(record.get("tenant_id")),
+        )
+        return letter.model_dump()
 
     async def _insert(self, table: str, fn: Callable[..., Any], *args: Any) -> Any:
         def call() -> Any:
@@ -273,10 +308,17 @@ class StoreWriter:
 
 
 def _keep_most_complete(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Within one batch, keep one record per request id: the highest record_version."""
-    best: dict[str, dict[str, Any]] = {}
+    """Within one batch, keep one record per (tenant_id, request_id): the highest record_version."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
-        cur = best.get(r["request_id"])
+        key = request_key(r)
+        cur = best.get(key)
         if cur is None or r["record_version"] >= cur["record_version"]:
-            best[r["request_id"]] = r
+            best[key] = r
     return list(best.values())
+
+
+def _without(records: list[dict[str, Any]], refused: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+    """``records`` minus the refused ones (by identity): they are in ``dead_letters``, not in any window."""
+    gone = {id(r) for r, _ in refused}
+    return [r for r in records if id(r) not in gone] if gone else records

@@ -9,6 +9,7 @@ from aiokafka import AIOKafkaProducer
 
 from streams.alerting.alertmanager import AlertmanagerClient
 from streams.alerting.outbox import DeliveryOptions, run_delivery_loop
+from streams.alerting.supervise import supervise
 from streams.app.alerting_hook import AlertingHook
 from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import WindowCloser
@@ -68,9 +69,17 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
         stop = asyncio.Event()
         client = AlertmanagerClient(settings.alertmanager_url.get_secret_value())
         options = DeliveryOptions(paging_muted=settings.paging_muted)
-        task = asyncio.create_task(
-            run_delivery_loop(settings, client, stop, options=options, on_pending=metrics.alerts_pending_delivery.set)
-        )
+
+        def deliver() -> Any:
+            return run_delivery_loop(
+                settings, client, stop, options=options, on_pending=metrics.alerts_pending_delivery.set
+            )
+
+        def restarted(reason: str) -> None:
+            metrics.alert_delivery_restarts.labels(reason).inc()
+            metrics.health["alert_delivery_restarts"] = metrics.health.get("alert_delivery_restarts", 0) + 1
+
+        task = asyncio.create_task(supervise("alert delivery", deliver, stop, on_restart=restarted))
 
         async def stop_delivery() -> None:
             stop.set()

@@ -2,7 +2,7 @@
 
 The file alone is validated (no environment overrides, no other TTFT_CONFIG): the full
 :class:`~streams.settings.Settings`, unknown top-level keys, and the ``rules`` section as a
-:class:`~streams.rules.config.RulesConfig`. Each problem is printed as ``field.path: message``; any
+:class:`~streams.rules_config.RulesConfig`. Each problem is printed as ``field.path: message``; any
 problem exits with status 1.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from streams.rules.config import RulesConfig, rules_config
+from streams.rules_config import RulesConfig, rules_config
 from streams.settings import Settings, read_config_file
 
 

@@ -13,15 +13,16 @@ from rich.table import Table
 from schemas.records import ATTR_COLUMNS, STAGE_COLUMNS
 from streams.settings import SUB_STAGES, load_settings
 from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
-from streams.store.requests_store import fetch_request
+from streams.store.requests_store import fetch_request, fetch_request_all_tenants
 
 _STATUS_STYLE = {"complete": "green", "missing_stage": "yellow", "timed_out": "red", "orphan": "magenta"}
 
 
 @click.command()
 @click.argument("request_id")
+@click.option("--tenant", default=None, help="The tenant whose request it is (needed when several share the id).")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
-def request(request_id: str, as_json: bool) -> None:
+def request(request_id: str, tenant: str | None, as_json: bool) -> None:
     """Show the stored record of REQUEST_ID (exit status 1 if it is not stored)."""
     settings = load_settings()
     try:
@@ -31,7 +32,14 @@ def request(request_id: str, as_json: bool) -> None:
     database = check_identifier(settings.clickhouse_database)
     if not client.command(f"EXISTS TABLE {database}.requests"):
         raise click.ClickException(f"no requests table in {database}: run 'ttft db migrate' first")
-    record = fetch_request(client, database, request_id)
+    if tenant is None:
+        tenants = [r["tenant_id"] for r in fetch_request_all_tenants(client, database, request_id)]
+        if len(tenants) > 1:
+            raise click.ClickException(
+                f"request {request_id!r} exists for {len(tenants)} tenants ({', '.join(map(repr, tenants[:5]))}): "
+                "pass --tenant"
+            )
+    record = fetch_request(client, database, request_id, tenant)
     if record is None:
         click.echo(f"request {request_id!r} not found", err=True)
         raise SystemExit(1)

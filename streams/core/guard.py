@@ -1,14 +1,21 @@
-"""The dead-letter-rate guard: the one deliberate stop of the pipeline.
+"""The dead-letter-rate guard: the one deliberate stop of the pipeline, and the tenant quarantine before it.
 
 When more than ``share`` of the last ``window`` messages were invalid, something upstream is broken (a bad
 deploy, a wrong topic). Dead-lettering the whole topic would bury the real data under noise and let the
 offsets move past it; halting before the commit keeps the input where it is until an operator decides
 (docs/operations.md, "Resuming after TTFTIngestHalted").
+
+But one tenant's bad deploy must not stop every tenant. When the share is passed and removing one tenant's
+dead letters would bring it back under the share, that tenant is *quarantined* instead: its messages
+leave the window (its invalid events keep going to ``dead_letters``, its valid ones keep being joined) and
+the guard watches everyone else. The global halt trips only when dead letters without a tenant (bytes
+that do not even parse), or several tenants at once, pass the share, or when more than
+``max_quarantined`` tenants would be quarantined (then the fault is not one tenant's).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
@@ -18,19 +25,51 @@ class DeadLetterGuard:
 
     window: int
     share: float
-    _seen: deque[bool] = field(default_factory=deque)
+    max_quarantined: int = 10
+    _seen: deque[tuple[bool, str | None]] = field(default_factory=deque)
     _dead: int = 0
+    _dead_by_tenant: Counter[str] = field(default_factory=Counter)
     tripped: bool = False
+    #: Quarantined tenants, in the order they were quarantined.
+    quarantined: dict[str, None] = field(default_factory=dict)
+    #: Tenants quarantined since the caller last cleared this list (to log and count them).
+    newly_quarantined: list[str] = field(default_factory=list)
 
-    def observe(self, dead: bool) -> bool:
-        """Record one message; returns True when the guard trips (and stays tripped)."""
-        self._seen.append(dead)
-        self._dead += dead
-        if len(self._seen) > self.window:
-            self._dead -= self._seen.popleft()
+    def observe(self, dead: bool, tenant: str | None = None) -> bool:
+        """Record one message (``tenant``: its tenant, None when unknown); True once the guard tripped."""
+        if tenant is not None and tenant in self.quarantined:
+            return self.tripped
+        self._push(dead, tenant)
         if len(self._seen) >= self.window and self._dead > self.share * self.window:
-            self.tripped = True
+            self._judge()
         return self.tripped
+
+    def _push(self, dead: bool, tenant: str | None) -> None:
+        self._seen.append((dead, tenant))
+        if dead:
+            self._dead += 1
+            if tenant is not None:
+                self._dead_by_tenant[tenant] += 1
+        if len(self._seen) > self.window:
+            old_dead, old_tenant = self._seen.popleft()
+            if old_dead:
+                self._dead -= 1
+                if old_tenant is not None:
+                    self._dead_by_tenant[old_tenant] -= 1
+
+    def _judge(self) -> None:
+        """Quarantine the one tenant behind the excess, or trip the global halt."""
+        worst, count = self._dead_by_tenant.most_common(1)[0] if self._dead_by_tenant else (None, 0)
+        alone = worst is not None and self._dead - count <= self.share * self.window
+        if not alone or worst is None or len(self.quarantined) >= self.max_quarantined:
+            self.tripped = True
+            return
+        self.quarantined[worst] = None
+        self.newly_quarantined.append(worst)
+        kept = [(d, t) for d, t in self._seen if t != worst]
+        self._seen = deque(kept)
+        self._dead = sum(d for d, _ in kept)
+        del self._dead_by_tenant[worst]
 
     @property
     def dead_share(self) -> float:

@@ -1,4 +1,4 @@
-"""The request join: stage events keyed by ``request_id`` in, request records out (pure; time is injected).
+"""The request join: stage events of ``(tenant_id, request_id)`` in, request records out (pure; time injected).
 
 :class:`RequestJoin` holds the state of the partitions one worker owns. Per partition it keeps an
 event-time watermark, ``max(ts_ms + duration_ms)`` over the accepted events, moved on by an idle tick
@@ -27,17 +27,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from schemas.dead_letter import DeadLetter, make_dead_letter
-from schemas.events import StageEvent
+from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
+from schemas.events import MIN_TS_MS, StageEvent
 from schemas.records import STATUS_ORDER, RequestStatus
 from streams.core.join_record import build_record, merge_records
-from streams.core.join_state import PendingRequest, event_key
+from streams.core.join_state import Conflict, PendingRequest, content_digest, event_key, state_key
 from streams.settings import CapsConfig, JoinConfig
 
 __all__ = [
     "JoinCounters",
     "JoinOutput",
     "PendingRequest",
+    "Refusal",
     "RequestJoin",
     "SourceMessage",
     "TenantMismatch",
@@ -86,8 +87,67 @@ class TenantMismatch:
         )
 
 
-#: What :meth:`RequestJoin.add` returns: record dicts to produce, and tenant mismatches to dead-letter.
-JoinOutput = dict[str, Any] | TenantMismatch
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An event the join refuses, dead-lettered by the adapter with ``reason``.
+
+    ``earlier_offset`` >= 0: the refused copy is an earlier message of the same partition (a conflicting
+    duplicate that lost after it was folded), not the message being folded; its dead letter names that
+    offset and keeps no original bytes (they are in the topic at that offset).
+    """
+
+    reason: DeadLetterReason
+    event: StageEvent
+    detail: str
+    earlier_offset: int = -1
+
+    def to_dead_letter(self, message: SourceMessage, received_at_ms: float, caps: CapsConfig) -> DeadLetter:
+        """The dead letter of the refused copy (``message``: the one being folded)."""
+        earlier = self.earlier_offset >= 0
+        ts = None if earlier else message.timestamp
+        return make_dead_letter(
+            self.reason,
+            self.detail,
+            b"" if earlier else message.value or b"",
+            topic=message.topic,
+            partition=message.partition,
+            offset=self.earlier_offset if earlier else message.offset,
+            kafka_timestamp_ms=None if ts is None else int(ts * 1000),
+            max_original_bytes=caps.dead_letter_bytes,
+            received_at_ms=received_at_ms,
+            request_id=self.event.request_id,
+            tenant_id=self.event.tenant_id,
+        )
+
+
+#: What :meth:`RequestJoin.add` returns: record dicts to produce, and refused events to dead-letter.
+JoinOutput = dict[str, Any] | TenantMismatch | Refusal
+
+
+def _conflict_refusal(event: StageEvent, conflict: Conflict, offset: int | None) -> Refusal:
+    loser = "the earlier copy" if conflict.stored_lost else "this copy"
+    detail = (
+        f"conflicting duplicate of {event.stage} {event.event_id or 'without event_id'} in request "
+        f"{event.request_id!r}: {loser} (ts_ms {conflict.loser_ts!r}, duration_ms {conflict.loser_duration!r}) "
+        "lost to the copy with the smaller (ts_ms, duration_ms, content digest)"
+    )
+    earlier = conflict.loser_offset if conflict.stored_lost else -1
+    if conflict.stored_lost and earlier < 0:
+        earlier = -1 if offset is None else offset  # unknown (old state): named at the winner's offset
+    return Refusal("conflicting_duplicate", event, detail, earlier)
+
+
+#: The bounds the join counts (:attr:`JoinCounters.caps`).
+JOIN_CAPS: tuple[str, ...] = (
+    "events_per_request",
+    "request_state_bytes",
+    "request_lifetime",
+    "late_reemissions",
+    "watermark_step",
+    "watermark_lead",
+    "open_requests_per_tenant",
+    "remembered_requests",
+)
 
 
 @dataclass(slots=True)
@@ -98,6 +158,13 @@ class JoinCounters:
     late_events: int = 0
     evictions: int = 0
     tenant_mismatches: int = 0
+    #: Conflicting duplicates resolved (each dead-letters its losing copy).
+    conflicting_duplicates: int = 0
+    #: Bounds that tripped, by name: ``events_per_request`` and ``request_state_bytes`` (events refused
+    #: ``too_many_events``), ``request_lifetime`` (requests emitted at ``request_timeout_ms`` after their
+    #: first event although events kept moving their deadline), ``late_reemissions`` (late events folded
+    #: without re-emitting the record at once: it is re-emitted when the request is forgotten).
+    caps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(JOIN_CAPS, 0))
     #: Events at or below the request's last folded source offset: replays after a crash, not counted as dups.
     replayed: int = 0
     #: Late events of forgotten requests, emitted as ``amend=True`` records.
@@ -118,7 +185,7 @@ class _Partition:
         self.watermark = 0.0  # 0: no event yet (every valid ts_ms is far above)
         self.idle_base = 0.0
         self.last_wall: float | None = None
-        self.deadlines: list[tuple[float, str]] = []
+        self.deadlines: list[tuple[float, str]] = []  # (deadline, state key)
 
 
 class RequestJoin:
@@ -130,10 +197,16 @@ class RequestJoin:
         self.counters = JoinCounters()
         self._requests: dict[str, PendingRequest] = {}
         self._partitions: dict[int, _Partition] = {}
-        # Open requests by (started_at, request_id) for eviction; lazily deleted like the deadline heaps.
-        self._by_age: list[tuple[float, str]] = []
+        # Requests by state key ((tenant, request id): see join_state.state_key).
+        # Open requests by (started_at, state key) for eviction; lazily deleted like the deadline heaps.
+        self._ages: dict[str, list[tuple[float, str]]] = {}  # per tenant: (started_at, state key), lazy
         self._open = 0
+        self._open_by: dict[str, int] = {}  # open requests per tenant
+        self._forget_order: list[tuple[float, str]] = []  # emitted requests by forget deadline, lazy
         self._dirty: dict[str, int] = {}
+        #: (changelog key, partition) of old-form keys (a bare request id) seen by :meth:`restore`: the
+        #: adapter deletes them once the re-keyed states (marked dirty) are written.
+        self.legacy_keys: list[tuple[str, int]] = []
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -152,20 +225,22 @@ class RequestJoin:
         part = self._partitions.get(partition)
         return 0.0 if part is None else part.watermark
 
-    def get(self, request_id: str) -> PendingRequest | None:
-        """The state of a request held in memory."""
-        return self._requests.get(request_id)
+    def get(self, request_id: str, tenant_id: str | None = None) -> PendingRequest | None:
+        """The state of a request held in memory (of ``tenant_id``; without one, of any tenant: for tests)."""
+        if tenant_id is not None:
+            return self._requests.get(state_key(tenant_id, request_id))
+        return next((p for p in self._requests.values() if p.request_id == request_id), None)
 
     def has_dirty(self) -> bool:
         """True when some request changed since the last :meth:`dirty`."""
         return bool(self._dirty)
 
     def dirty(self) -> dict[str, tuple[int, bytes | None]]:
-        """Return and clear ``{request_id: (partition, packed state, None: delete)}`` since the last call."""
+        """Return and clear ``{state key: (partition, packed state, None: delete)}`` since the last call."""
         out: dict[str, tuple[int, bytes | None]] = {}
-        for request_id, partition in self._dirty.items():
-            pending = self._requests.get(request_id)
-            out[request_id] = (partition, None if pending is None else pending.to_bytes())
+        for key, partition in self._dirty.items():
+            pending = self._requests.get(key)
+            out[key] = (partition, None if pending is None else pending.to_bytes())
         self._dirty = {}
         return out
 
@@ -178,48 +253,67 @@ class RequestJoin:
         part = self._partition(partition)
         part.last_wall = now_wall_ms
         part.idle_base = part.watermark
-        pending = self._requests.get(event.request_id)
-        if pending is None:
-            return self._add_new(event, part, partition, offset)
+        pending = self._requests.get(state_key(event.tenant_id, event.request_id))
+        if pending is None:  # another tenant's request with the same id is another request
+            return self._add_new(event, part, partition, offset, now_wall_ms)
         if pending.partition != partition:  # the key is the request id, so only a misrouted event lands here
             part = self._partition(pending.partition)
         if offset is not None and pending.offset is not None and offset <= pending.offset:
             self.counters.replayed += 1
             return []
-        if event.tenant_id != pending.tenant:
-            self.counters.tenant_mismatches += 1
-            detail = (
-                f"tenant_id {event.tenant_id!r} differs from {pending.tenant!r} established for request "
-                f"{event.request_id!r}"
-            )
-            return [TenantMismatch(event, detail)]
+        refusal = self._over_cap(pending, event)
+        if refusal is not None:
+            self._raise(part, event, now_wall_ms)  # its time is still evidence that the partition moved on
+            return [refusal]
         started_at = pending.started_at
-        folded = pending.fold(event, event_key(event))
+        folded = pending.fold_event(event, event_key(event), content_digest(event), _offset(offset))
         if offset is not None:
             pending.offset = offset
-        self._dirty[pending.request_id] = pending.partition
-        if not folded:
+        self._dirty[pending.key] = pending.partition
+        refused: list[JoinOutput] = []
+        if isinstance(folded, Conflict):
+            self.counters.conflicting_duplicates += 1
+            refused.append(_conflict_refusal(event, folded, offset))
+        if folded is not True:
             pending.duplicates += 1
             self.counters.duplicates += 1
-            return []
-        self._raise(part, event)
+            if not isinstance(folded, Conflict) or not folded.stored_lost:
+                return refused
+        self._raise(part, event, now_wall_ms)
         if pending.emitted:
             pending.late += 1
             self.counters.late_events += 1
+            if pending.late > self.config.max_late_reemissions:
+                self.counters.caps["late_reemissions"] += 1  # re-emitted once more, when forgotten
+                return refused
             self.counters.re_emitted += 1
-            return [build_record(pending, self.config, self.window_ms)]
+            return [*refused, build_record(pending, self.config, self.window_ms)]
         self._schedule(part, pending)
         if pending.started_at != started_at:
             self._push_age(pending)
-        return []
+        return refused
 
-    def _add_new(self, event: StageEvent, part: _Partition, partition: int, offset: int | None) -> list[JoinOutput]:
+    def _over_cap(self, pending: PendingRequest, event: StageEvent) -> Refusal | None:
+        """A ``too_many_events`` refusal when folding ``event`` would pass a per-request bound."""
+        cfg = self.config
+        if pending.event_count >= cfg.max_events_per_request:
+            cap, detail = "events_per_request", f"request already holds {cfg.max_events_per_request} events"
+        elif pending.state_bytes() + 60 + len(event.stage) > cfg.max_request_state_bytes:
+            cap, detail = "request_state_bytes", f"request state would pass {cfg.max_request_state_bytes} bytes"
+        else:
+            return None
+        self.counters.caps[cap] += 1
+        return Refusal("too_many_events", event, f"{detail} (request {event.request_id!r})")
+
+    def _add_new(
+        self, event: StageEvent, part: _Partition, partition: int, offset: int | None, now_wall_ms: float
+    ) -> list[JoinOutput]:
         end = event.ts_ms + (event.duration_ms or 0.0)
         wm = part.watermark
         if wm > 0.0 and end < wm - self.config.forget_after_ms:
             # A late event of a request already forgotten: the writer merges this into the stored record.
             lone = PendingRequest(event.request_id, event.tenant_id, partition, wm)
-            lone.fold(event, event_key(event))
+            lone.fold(event, event_key(event), content_digest(event), _offset(offset))
             lone.late = 1
             self.counters.late_events += 1
             self.counters.amendments += 1
@@ -227,23 +321,21 @@ class RequestJoin:
             record["amend"] = True
             return [record]
         pending = PendingRequest(event.request_id, event.tenant_id, partition, wm)
-        pending.fold(event, event_key(event))
+        pending.fold(event, event_key(event), content_digest(event), _offset(offset))
         pending.offset = offset
-        self._requests[pending.request_id] = pending
-        self._open += 1
-        self._dirty[pending.request_id] = partition
-        self._raise(part, event)
+        self._requests[pending.key] = pending
+        self._count_open(pending.tenant, +1)
+        self._dirty[pending.key] = partition
+        self._raise(part, event, now_wall_ms)
         self._schedule(part, pending)
         self._push_age(pending)
-        outputs: list[JoinOutput] = []
-        while self._open > self.config.max_open_requests:
-            outputs.append(self._evict_oldest())
-        return outputs
+        return self._enforce_open_caps(pending.tenant)
 
     # --- time -----------------------------------------------------------------------------------
 
     def advance(self, partition: int, now_wall_ms: float) -> list[dict[str, Any]]:
-        """Apply the idle tick to a partition and emit (and forget) what its watermark has passed."""
+        """Apply the idle tick to a partition and emit (and forget) what its watermark has passed; then
+        forget the emitted requests past ``max_remembered_requests``, soonest-forgotten first."""
         part = self._partitions.get(partition)
         if part is None:
             return []
@@ -252,7 +344,27 @@ class RequestJoin:
             part.idle_base = part.watermark
         elif now_wall_ms - part.last_wall >= self.config.idle_tick_ms:
             part.watermark = max(part.watermark, part.idle_base + (now_wall_ms - part.last_wall))
-        return self._release(partition, part)
+        return self._release(partition, part) + self._forget_excess()
+
+    def _forget_excess(self) -> list[dict[str, Any]]:
+        """Forget emitted requests early while more than ``max_remembered_requests`` are held (their late
+        events then become amendments); one with late events not yet re-emitted is re-emitted now."""
+        out: list[dict[str, Any]] = []
+        cap = self.config.max_remembered_requests
+        while len(self._requests) - self._open > cap and self._forget_order:
+            forget_at, key = heapq.heappop(self._forget_order)
+            pending = self._requests.get(key)
+            if pending is None or not pending.emitted or pending.deadline != forget_at:
+                continue
+            if pending.late > self.config.max_late_reemissions:
+                out.append(build_record(pending, self.config, self.window_ms))
+            del self._requests[key]
+            self._dirty[key] = pending.partition
+            self.counters.caps["remembered_requests"] += 1
+        if len(self._forget_order) > 2 * (len(self._requests) - self._open) + 1024:
+            self._forget_order = [(p.deadline, p.key) for p in self._requests.values() if p.emitted]
+            heapq.heapify(self._forget_order)
+        return out
 
     def advance_all(self, now_wall_ms: float) -> list[dict[str, Any]]:
         """:meth:`advance` every owned partition, in partition order."""
@@ -266,59 +378,120 @@ class RequestJoin:
         heap = part.deadlines
         forget_after = self.config.forget_after_ms
         while heap and heap[0][0] <= part.watermark:
-            deadline, request_id = heapq.heappop(heap)
-            pending = self._requests.get(request_id)
+            deadline, key = heapq.heappop(heap)
+            pending = self._requests.get(key)
             if pending is None or pending.deadline != deadline or pending.partition != partition:
                 continue
             if pending.emitted:
-                del self._requests[request_id]
-                self._dirty[request_id] = partition
+                if pending.late > self.config.max_late_reemissions:
+                    out.append(build_record(pending, self.config, self.window_ms))  # the late events not yet sent
+                del self._requests[key]
+                self._dirty[key] = partition
                 continue
             record = build_record(pending, self.config, self.window_ms)
+            if self._natural_due(pending) > deadline:
+                self.counters.caps["request_lifetime"] += 1
             self._mark_emitted(pending, record["status"], deadline + forget_after, part)
             out.append(record)
         return out
 
-    def _deadline(self, pending: PendingRequest) -> float:
-        grace = self.config.grace_ms
+    def _natural_due(self, pending: PendingRequest) -> float:
+        """When the request's events say it is done: after first_token and its stragglers, else timed out."""
         if pending.first_token is not None:
-            due = max(pending.first_token, pending.max_end) + grace
-        else:
-            due = pending.started_at + self.config.request_timeout_ms
-        return max(due, pending.first_wm + grace)
+            return max(pending.first_token, pending.max_end) + self.config.grace_ms
+        return pending.started_at + self.config.request_timeout_ms
+
+    def _deadline(self, pending: PendingRequest) -> float:
+        """The natural deadline, but never later than ``request_timeout_ms`` after the first event (so a
+        request id reused forever, e.g. a constant ``"unknown"``, cannot slide its deadline), and never
+        earlier than ``grace_ms`` after the watermark its first event found."""
+        lifetime = pending.first_ts + self.config.request_timeout_ms
+        return max(min(self._natural_due(pending), lifetime), pending.first_wm + self.config.grace_ms)
 
     def _schedule(self, part: _Partition, pending: PendingRequest) -> None:
         deadline = self._deadline(pending)
         if deadline != pending.deadline:
             pending.deadline = deadline
-            heapq.heappush(part.deadlines, (deadline, pending.request_id))
+            heapq.heappush(part.deadlines, (deadline, pending.key))
 
-    def _raise(self, part: _Partition, event: StageEvent) -> None:
+    def _raise(self, part: _Partition, event: StageEvent, now_wall_ms: float) -> None:
+        """Move the watermark to the event's end, within two bounds, so that a skewed event cannot time out
+        the partition's in-flight requests of every tenant:
+
+        * never past the worker's clock + ``max_watermark_lead_ms`` (live traffic has happened already; a
+          producer clock running ahead only delays its own requests). A wall clock before 2000 is a test's
+          relative clock, and this bound is off;
+        * never more than ``max_watermark_step_ms`` in one event (a replay far behind the clock), except
+          for the partition's first event, which sets it.
+        """
         end = event.ts_ms + (event.duration_ms or 0.0)
-        if end > part.watermark:
-            part.watermark = end
-            part.idle_base = end
+        if end <= part.watermark:
+            return
+        cfg = self.config
+        if part.watermark > 0.0 and end - part.watermark > cfg.max_watermark_step_ms:
+            self.counters.caps["watermark_step"] += 1
+            end = part.watermark + cfg.max_watermark_step_ms
+        if now_wall_ms >= MIN_TS_MS and end > now_wall_ms + cfg.max_watermark_lead_ms:
+            self.counters.caps["watermark_lead"] += 1
+            end = max(part.watermark, now_wall_ms + cfg.max_watermark_lead_ms)
+        part.watermark = end
+        part.idle_base = end
 
     def _mark_emitted(self, pending: PendingRequest, status: str, forget_at: float, part: _Partition) -> None:
         pending.emitted = True
         pending.deadline = forget_at
-        heapq.heappush(part.deadlines, (forget_at, pending.request_id))
-        self._open -= 1
+        heapq.heappush(part.deadlines, (forget_at, pending.key))
+        heapq.heappush(self._forget_order, (forget_at, pending.key))
+        self._count_open(pending.tenant, -1)
         self.counters.emitted[status] += 1
-        self._dirty[pending.request_id] = pending.partition
+        self._dirty[pending.key] = pending.partition
 
     # --- eviction -------------------------------------------------------------------------------
 
-    def _push_age(self, pending: PendingRequest) -> None:
-        heapq.heappush(self._by_age, (pending.started_at, pending.request_id))
-        if len(self._by_age) > 2 * self._open + 1024:
-            self._by_age = [(p.started_at, p.request_id) for p in self._requests.values() if not p.emitted]
-            heapq.heapify(self._by_age)
+    def _count_open(self, tenant: str, delta: int) -> None:
+        self._open += delta
+        n = self._open_by.get(tenant, 0) + delta
+        if n > 0:
+            self._open_by[tenant] = n
+        else:
+            self._open_by.pop(tenant, None)
+            self._ages.pop(tenant, None)
 
-    def _evict_oldest(self) -> dict[str, Any]:
+    def _enforce_open_caps(self, tenant: str) -> list[JoinOutput]:
+        """Evict for the caps: the tenant's own oldest past its per-tenant cap; past the global cap, the
+        oldest request of the tenant holding the most (so one tenant's flood evicts its own requests)."""
+        cfg = self.config
+        outputs: list[JoinOutput] = []
+        while self._open_by.get(tenant, 0) > cfg.max_open_requests_per_tenant:
+            self.counters.caps["open_requests_per_tenant"] += 1
+            outputs.append(self._evict_oldest(tenant))
+        while self._open > cfg.max_open_requests:
+            outputs.append(self._evict_oldest(max(self._open_by, key=self._open_by.__getitem__)))
+        return outputs
+
+    def _push_age(self, pending: PendingRequest) -> None:
+        heap = self._ages.setdefault(pending.tenant, [])
+        heapq.heappush(heap, (pending.started_at, pending.key))
+        if len(heap) > 2 * self._open_by.get(pending.tenant, 0) + 64:
+            self._rebuild_ages(pending.tenant)
+
+    def _rebuild_ages(self, tenant: str | None = None) -> None:
+        """Drop stale entries: of one tenant's heap, or (None) rebuild every heap."""
+        if tenant is None:
+            self._ages = {}
+        else:
+            self._ages[tenant] = []
+        for p in self._requests.values():
+            if not p.emitted and (tenant is None or p.tenant == tenant):
+                self._ages.setdefault(p.tenant, []).append((p.started_at, p.key))
+        for heap in self._ages.values():
+            heapq.heapify(heap)
+
+    def _evict_oldest(self, tenant: str) -> dict[str, Any]:
+        heap = self._ages[tenant]
         while True:
-            started_at, request_id = heapq.heappop(self._by_age)
-            pending = self._requests.get(request_id)
+            started_at, key = heapq.heappop(heap)
+            pending = self._requests.get(key)
             if pending is not None and not pending.emitted and pending.started_at == started_at:
                 break
         status: RequestStatus = "orphan" if pending.start is None else "timed_out"
@@ -330,54 +503,72 @@ class RequestJoin:
 
     # --- ownership and recovery ----------------------------------------------------------------
 
-    def restore(self, request_id: str, packed: bytes, partition: int | None = None) -> int:
-        """Load one request from its changelog value; returns its partition (``partition`` overrides).
+    def restore(self, key: str, packed: bytes, partition: int | None = None) -> int:
+        """Load one request from its changelog entry; returns its partition (``partition`` overrides).
 
-        Raises ValueError on a corrupt value. Restoring marks nothing dirty.
+        ``key`` is its :func:`state_key`, or (a changelog written before requests were keyed by tenant)
+        its bare request id: such a request is marked dirty, so the next :meth:`dirty` writes it under its
+        state key, and the old key is listed in :attr:`legacy_keys` for the adapter to delete after that.
+        Raises ValueError on a corrupt value. Restoring otherwise marks nothing dirty.
         """
-        pending = PendingRequest.from_bytes(request_id, packed)
+        pending = PendingRequest.from_bytes(key, packed)
+        prefix = pending.tenant + "\x00"
+        legacy = not key.startswith(prefix)
+        pending.request_id = key if legacy else key[len(prefix) :]
+        pending.key = state_key(pending.tenant, pending.request_id)
         if partition is not None:
             pending.partition = partition
-        previous = self._requests.get(request_id)
+        previous = self._requests.get(pending.key)
         if previous is not None and not previous.emitted:
-            self._open -= 1
-        self._requests[request_id] = pending
+            self._count_open(previous.tenant, -1)
+        self._requests[pending.key] = pending
+        if legacy:
+            self.legacy_keys.append((key, pending.partition))
+            self._dirty[pending.key] = pending.partition
         part = self._partition(pending.partition)
         floor = pending.max_end
         if pending.emitted:
             floor = max(floor, pending.deadline - self.config.forget_after_ms)
         if floor > part.watermark:
             part.watermark = part.idle_base = floor
-        heapq.heappush(part.deadlines, (pending.deadline, request_id))
+        heapq.heappush(part.deadlines, (pending.deadline, pending.key))
         if not pending.emitted:
-            self._open += 1
+            self._count_open(pending.tenant, +1)
             self._push_age(pending)
+        else:
+            heapq.heappush(self._forget_order, (pending.deadline, pending.key))
         return pending.partition
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Drop the state of partitions this worker no longer owns (their pending dirty writes too)."""
         gone = set(partitions)
-        for request_id, pending in list(self._requests.items()):
+        for key, pending in list(self._requests.items()):
             if pending.partition in gone:
-                del self._requests[request_id]
+                del self._requests[key]
                 if not pending.emitted:
-                    self._open -= 1
+                    self._count_open(pending.tenant, -1)
         self._dirty = {r: p for r, p in self._dirty.items() if p not in gone}
         for partition in gone:
             self._partitions.pop(partition, None)
-        self._by_age = [(p.started_at, p.request_id) for p in self._requests.values() if not p.emitted]
-        heapq.heapify(self._by_age)
+        self._rebuild_ages()
 
     def reset(self) -> None:
         """Forget all state (before a full restore); the counters keep running."""
         self._requests.clear()
         self._partitions.clear()
-        self._by_age = []
+        self._ages = {}
+        self._forget_order = []
         self._open = 0
+        self._open_by = {}
         self._dirty = {}
+        self.legacy_keys = []
 
     def _partition(self, partition: int) -> _Partition:
         part = self._partitions.get(partition)
         if part is None:
             part = self._partitions[partition] = _Partition()
         return part
+
+
+def _offset(offset: int | None) -> int:
+    return -1 if offset is None else offset

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from schemas.records import ATTR_COLUMNS, STAGE_COLUMNS, RecallMode, RequestStatus, record_version
+from schemas.vocabulary import KNOWN_STAGES, PARENT_STAGES, REQUIRED_STAGES
 from streams.core.join_state import PendingRequest
-from streams.settings import KNOWN_STAGES, PARENT_STAGES, REQUIRED_STAGES, JoinConfig
+from streams.settings import JoinConfig
 
 _SPAN_STAGES = frozenset(column.removesuffix("_ms") for column in STAGE_COLUMNS)
 _KNOWN = frozenset(KNOWN_STAGES)

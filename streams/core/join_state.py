@@ -2,13 +2,17 @@
 
 It is what the join keeps in memory for every open request and what goes to the changelog of the
 ``join-state`` table, so both forms are compact: the accepted events live in one ``bytes`` blob of fixed
-26-byte records ``(stage code, ts_ms, duration_ms, event-id hash)``, strings (tenant, version, route, stage
-names) are interned, and the serialised form is one orjson array.
+38-byte records ``(stage code, ts_ms, duration_ms, event-id hash, content digest, source offset)``,
+strings (tenant, version, route, stage names) are interned, and the serialised form is one orjson array.
 
 Dedup follows :meth:`schemas.events.StageEvent.dedup_key`: same stage and same ``event_id``, or, without an
 ``event_id``, same stage, ``ts_ms`` and ``duration_ms``. The ``event_id`` is kept as a stable 64-bit hash
 (blake2b), not as the string: it saves ~70 bytes per event, and a collision inside one request is
 ~1e-19 per pair of events.
+
+Conflicting duplicates (same dedup key, different content: :func:`content_digest`) resolve the same
+whatever the arrival order: the copy with the smaller ``(ts_ms, duration_ms, digest)`` is the event,
+and the other is reported as a :class:`Conflict` for the join to dead-letter.
 
 Everything that picks "one of several events" (identity fields, well-known attrs, float summation order)
 ranks events by ``(ts_ms, key, stage, duration_ms)``, so the arrival order never changes a record.
@@ -23,19 +27,29 @@ import math
 import struct
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
 from schemas.events import StageEvent
 from schemas.records import ATTR_COLUMNS
-from streams.settings import KNOWN_STAGES
+from schemas.vocabulary import KNOWN_STAGES
 
-#: Layout of one accepted event in :attr:`PendingRequest.events`.
-EVENT_RECORD: Final = struct.Struct("<Hddq")
-_KEY_AT: Final = EVENT_RECORD.size - 8
+#: Layout of one accepted event in :attr:`PendingRequest.events`: stage code, ts_ms, duration_ms,
+#: event-id hash (0: none), content digest (0: unknown) and source offset (-1: unknown).
+EVENT_RECORD: Final = struct.Struct("<Hddqiq")
+#: The dedup identity is the first ``_IDENT_END`` bytes; the event-id hash starts at ``_KEY_AT``.
+_KEY_AT: Final = 18
+_IDENT_END: Final = 26
+_DIGEST: Final = struct.Struct("<iq")
+#: Format 1 records (before digests and offsets), read when restoring an older changelog.
+_EVENT_RECORD_V1: Final = struct.Struct("<Hddq")
+#: What :meth:`PendingRequest.state_bytes` allows for everything but the events and custom stage names
+#: (ids, version, route, attrs with a 128-character trace id, numbers), JSON escapes included.
+STATE_FIXED_BYTES: Final = 2_048
 #: Serialised-form version: bump it when the array layout of :meth:`PendingRequest.to_bytes` changes.
-STATE_FORMAT: Final = 1
+STATE_FORMAT: Final = 2
 
 STAGE_CODES: Final[dict[str, int]] = {name: code for code, name in enumerate(KNOWN_STAGES)}
 REQUEST_START: Final = STAGE_CODES["request_start"]
@@ -59,6 +73,40 @@ _N_ATTRS: Final = len(ATTR_COLUMNS)
 _ATTR_INDEX: Final[dict[str, int]] = {name: i for i, name in enumerate(ATTR_COLUMNS)}
 
 EventRank = tuple[float, int, str, float]
+
+
+def content_digest(event: StageEvent) -> int:
+    """A stable 32-bit digest of what an event says beyond its dedup identity (never 0).
+
+    Two copies with the same dedup key and different digests are conflicting duplicates.
+    """
+    attrs = event.attrs.model_dump(exclude_unset=True) if event.attrs is not None else None
+    payload = orjson.dumps(
+        [event.ts_ms, event.duration_ms, event.version_id, event.rollout, event.route, event.fallback_level, attrs],
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=4).digest(), "little", signed=True) or 1
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """Two copies of one event (same dedup key) that say different things.
+
+    The copy with the smaller ``(ts_ms, duration_ms, digest)`` wins whatever the arrival order; the
+    other is dead-lettered ``conflicting_duplicate``. ``stored_lost``: the copy folded earlier lost and
+    was replaced (``loser_offset`` is its source offset, -1 when unknown); else the new copy lost.
+    """
+
+    stored_lost: bool
+    loser_offset: int
+    loser_ts: float
+    loser_duration: float
+
+
+def state_key(tenant_id: str, request_id: str) -> str:
+    """The join's key of a request: its tenant, a NUL, its request id (DESIGN.md: a request is identified
+    by ``(tenant_id, request_id)``; two tenants' requests never share state). Also the changelog key."""
+    return f"{tenant_id}\x00{request_id}"
 
 
 def event_key(event: StageEvent) -> int:
@@ -116,6 +164,7 @@ class PendingRequest:
         "first_token",
         "first_wm",
         "ident",
+        "key",
         "late",
         "max_end",
         "min_ts",
@@ -132,6 +181,8 @@ class PendingRequest:
     def __init__(self, request_id: str, tenant: str, partition: int, first_wm: float) -> None:
         self.request_id = request_id
         self.tenant: str = sys.intern(tenant)
+        #: :func:`state_key` of the request (the join's dict key and the changelog key).
+        self.key = state_key(self.tenant, request_id)
         self.partition = partition
         self.first_wm = first_wm
         self.version: str = "unknown"
@@ -161,6 +212,17 @@ class PendingRequest:
         return len(self.events) // EVENT_RECORD.size
 
     @property
+    def first_ts(self) -> float:
+        """``ts_ms`` of the first event folded (arrival order): the request's lifetime runs from here."""
+        return float(EVENT_RECORD.unpack_from(self.events, 0)[1]) if self.events else math.inf
+
+    def state_bytes(self) -> int:
+        """An upper estimate of the changelog value's size (:meth:`to_bytes`), without building it: the
+        base64 of the event records, the custom stage names and a fixed allowance for the other fields."""
+        customs = sum(len(c) + 3 for c in self.customs or ())
+        return 4 * ((len(self.events) + 2) // 3) + customs + STATE_FIXED_BYTES
+
+    @property
     def started_at(self) -> float:
         """``request_start``'s ts, else the earliest event's ts (orphans)."""
         return self.start if self.start is not None else self.min_ts
@@ -174,11 +236,11 @@ class PendingRequest:
 
     def iter_events(self) -> Iterator[tuple[str, float, float, int]]:
         """The accepted events as ``(stage, ts_ms, duration_ms, key)``, in arrival order."""
-        for code, ts, dur, key in EVENT_RECORD.iter_unpack(self.events):
+        for code, ts, dur, key, _, _ in EVENT_RECORD.iter_unpack(self.events):
             yield self.stage_name(code), ts, dur, key
 
     def _rank(self, index: int) -> tuple[str, EventRank]:
-        code, ts, dur, key = EVENT_RECORD.unpack_from(self.events, index * EVENT_RECORD.size)
+        code, ts, dur, key, _, _ = EVENT_RECORD.unpack_from(self.events, index * EVENT_RECORD.size)
         name = self.stage_name(code)
         return name, (ts, key, name, dur)
 
@@ -197,41 +259,89 @@ class PendingRequest:
         self.customs = (*customs, sys.intern(stage))
         return code
 
-    def fold(self, event: StageEvent, key: int) -> bool:
-        """Fold an event in; False (and no change) when it duplicates an accepted one.
+    def fold(self, event: StageEvent, key: int, digest: int = 0, offset: int = -1) -> bool:
+        """Fold an event in; False when it duplicates an accepted one (or lost a conflict to it).
 
         ``key`` is :func:`event_key` of the event. The tenant is checked by the caller.
         """
+        return self.fold_event(event, key, digest, offset) is True
+
+    def fold_event(self, event: StageEvent, key: int, digest: int = 0, offset: int = -1) -> bool | Conflict:
+        """Fold an event in: True when added, False for a duplicate, a :class:`Conflict` when a copy with
+        the same dedup key says something else (``digest``: :func:`content_digest`, 0 = unknown)."""
         code = self._code(event.stage)
         ts = float(event.ts_ms)
         # + 0.0 turns -0.0 into 0.0: equal as floats (dedup_key), so they must be equal as bytes too.
         dur = 0.0 if event.duration_ms is None else float(event.duration_ms) + 0.0
-        record = EVENT_RECORD.pack(code, ts, dur, key)
-        if self._holds(record, key != 0):
-            return False
+        record = EVENT_RECORD.pack(code, ts, dur, key, digest, offset)
+        rank: EventRank = (ts, key, event.stage, dur)
+        index = self._holds(record, key != 0)
+        if index >= 0:
+            return self._resolve(index, event, record, rank)
         index = self.event_count
         self.events += record
         self._account(code, ts, dur)
-        rank: EventRank = (ts, key, event.stage, dur)
         self._fold_identity(event, index, code == REQUEST_START, rank)
+        self._fold_rest(event, index, rank)
+        return True
+
+    def _fold_rest(self, event: StageEvent, index: int, rank: EventRank) -> None:
         if event.fallback_level is not None and event.fallback_level > self.fallback:
             self.fallback = event.fallback_level
         if event.attrs is not None:
             self._fold_attrs(event, index, rank)
-        return True
 
-    def _holds(self, record: bytes, by_id: bool) -> bool:
-        """Is an event with the dedup key of ``record`` accepted? A byte search (C speed) plus an
-        alignment check: with an event id, same stage code and key; without, the identical record."""
+    def _holds(self, record: bytes, by_id: bool) -> int:
+        """The index of an accepted event with the dedup key of ``record``, else -1. A byte search (C
+        speed) plus an alignment check: with an event id, same stage code and key; without, the same
+        stage code, ts, duration and (no) key."""
         events, size = self.events, EVENT_RECORD.size
-        needle, skip = (record[_KEY_AT:], _KEY_AT) if by_id else (record, 0)
+        needle, skip = (record[_KEY_AT:_IDENT_END], _KEY_AT) if by_id else (record[:_IDENT_END], 0)
         at = events.find(needle)
         while at >= 0:
             start = at - skip
             if start % size == 0 and events[start : start + 2] == record[:2]:
-                return True
+                return start // size
             at = events.find(needle, at + 1)
-        return False
+        return -1
+
+    def _resolve(self, index: int, event: StageEvent, record: bytes, rank: EventRank) -> bool | Conflict:
+        """A second copy of event ``index``: a duplicate, or a conflict the smaller copy wins."""
+        at = index * EVENT_RECORD.size
+        stored = self.events[at : at + EVENT_RECORD.size]
+        old_digest, old_offset = _DIGEST.unpack_from(stored, _IDENT_END)
+        new_digest, new_offset = _DIGEST.unpack_from(record, _IDENT_END)
+        if old_digest == new_digest or old_digest == 0 or new_digest == 0:
+            return False
+        _, old_ts, old_dur, _, _, _ = EVENT_RECORD.unpack(stored)
+        if (old_ts, old_dur, old_digest) <= (rank[0], rank[3], new_digest):
+            return Conflict(False, new_offset, rank[0], rank[3])
+        self._replace(index, event, record, rank)
+        return Conflict(True, old_offset, old_ts, old_dur)
+
+    def _replace(self, index: int, event: StageEvent, record: bytes, rank: EventRank) -> None:
+        """Put the winning copy in place of event ``index`` (its identity and attrs now come from it).
+
+        Not undone: a higher ``fallback_level`` of the losing copy, and an attr only the losing copy
+        carried when another event carries it too (that one is not kept, so the attr is dropped).
+        """
+        at = index * EVENT_RECORD.size
+        self.events = self.events[:at] + record + self.events[at + EVENT_RECORD.size :]
+        self.start = self.first_token = None
+        self.min_ts, self.max_end = math.inf, -math.inf
+        for code, ts, dur, _, _, _ in EVENT_RECORD.iter_unpack(self.events):
+            self._account(code, ts, dur)
+        if self.ident == index:
+            self._set_identity(event, index)
+        else:
+            self._fold_identity(event, index, record[:2] == _START_CODE, rank)
+        if self.attrs is not None:
+            merged = list(self.attrs)
+            for i in range(_N_ATTRS):
+                if merged[_N_ATTRS + i] == index:
+                    merged[i], merged[_N_ATTRS + i] = None, -1
+            self.attrs = tuple(merged)
+        self._fold_rest(event, index, rank)
 
     def _account(self, code: int, ts: float, dur: float) -> None:
         if code == REQUEST_START:
@@ -252,6 +362,9 @@ class PendingRequest:
                 return  # the common case, decided without unpacking
             if holds_start == is_start and self._rank(self.ident)[1] <= rank:
                 return
+        self._set_identity(event, index)
+
+    def _set_identity(self, event: StageEvent, index: int) -> None:
         self.ident = index
         self.version = sys.intern(event.version_id)
         self.rollout = event.rollout
@@ -315,7 +428,7 @@ class PendingRequest:
         """Rebuild a request from :meth:`to_bytes`; raises ValueError on an unknown or corrupt form."""
         try:
             fields = orjson.loads(data)
-            if not isinstance(fields, list) or not fields or fields[0] != STATE_FORMAT:
+            if not isinstance(fields, list) or not fields or fields[0] not in (1, STATE_FORMAT):
                 raise ValueError("unknown format")
             (_, partition, tenant, version, rollout, route, ident, fallback, duplicates, late, first_wm) = fields[:11]
             (emitted, deadline, offset, customs, events, attrs) = fields[11:]
@@ -332,7 +445,7 @@ class PendingRequest:
             pending.offset = None if offset is None else _int(offset)
             pending.customs = tuple(sys.intern(c) for c in customs) if customs else None
             pending.attrs = tuple(attrs) if attrs else None
-            pending.events = base64.b64decode(events, validate=True)
+            pending.events = _upgrade_events(base64.b64decode(events, validate=True), fields[0])
             if len(pending.events) % EVENT_RECORD.size or (pending.attrs and len(pending.attrs) != 2 * _N_ATTRS):
                 raise ValueError("bad event or attr records")
             count = pending.event_count
@@ -340,10 +453,21 @@ class PendingRequest:
             if not -1 <= pending.ident < count or any(not -1 <= s < count for s in sources):
                 raise ValueError("event index out of range")
             n_codes = FIRST_CUSTOM_CODE + len(pending.customs or ())
-            for code, ts, dur, _ in EVENT_RECORD.iter_unpack(pending.events):
+            for code, ts, dur, _, _, _ in EVENT_RECORD.iter_unpack(pending.events):
                 if code >= n_codes:
                     raise ValueError(f"unknown stage code {code}")
                 pending._account(code, ts, dur)
         except (orjson.JSONDecodeError, TypeError, ValueError, binascii.Error) as exc:
             raise ValueError(f"corrupt join state for request {request_id!r}: {exc}") from exc
         return pending
+
+
+def _upgrade_events(blob: bytes, state_format: int) -> bytes:
+    """Format 1 event records (no digest, no offset) as current ones: digest and offset unknown."""
+    if state_format != 1:
+        return blob
+    if len(blob) % _EVENT_RECORD_V1.size:
+        raise ValueError("bad event records")
+    return b"".join(
+        EVENT_RECORD.pack(code, ts, dur, key, 0, -1) for code, ts, dur, key in _EVENT_RECORD_V1.iter_unpack(blob)
+    )

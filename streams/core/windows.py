@@ -20,9 +20,10 @@ milliseconds, bins are ``{int: int}``):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -35,9 +36,10 @@ from streams.core.health import (
     series_key,
     window_health_row,
 )
-from streams.core.series import OTHER_SERIES, Series, SeriesAdmission, SeriesAssignment
+from streams.core.series import Series, SeriesAdmission, SeriesAssignment
 from streams.core.sketch import MIN_VALUE, gamma_for, quantile_from_bins
 from streams.core.stages import (
+    RESERVED_STAGE_NAMES,
     TTFT,
     Record,
     cache_state,
@@ -64,6 +66,60 @@ class WindowAggregates:
     llm_signals: list[Row] = field(default_factory=list)
     #: Distinct tenant x version series folded into ``__other__`` in this window (cap tripped if > 0).
     overflow_series: int = 0
+    #: Distinct (tenant, custom stage) and (tenant, route) pairs folded into ``__other__`` (per-tenant caps).
+    folded_custom_stages: int = 0
+    folded_routes: int = 0
+
+
+#: Where a tenant's custom stages and routes past its caps go (not a valid stage name: never a producer's).
+FOLDED: str = "__other__"
+
+
+@dataclass(frozen=True, slots=True)
+class DimensionCaps:
+    """Per tenant, the custom stages and routes kept in one window; the rest fold into ``__other__``.
+
+    Deterministic like the series caps: ranked by a hash of ``tenant\\0name``, never by arrival."""
+
+    stages: Mapping[str, frozenset[str]]
+    routes: Mapping[str, frozenset[str]]
+    folded_stages: int = 0
+    folded_routes: int = 0
+
+    def stage(self, tenant: str, stage: str) -> str:
+        kept = self.stages.get(tenant)
+        return stage if kept is None or stage in kept else FOLDED
+
+    def route(self, tenant: str, route: str) -> str:
+        kept = self.routes.get(tenant)
+        return route if kept is None or route in kept else FOLDED
+
+
+def dimension_caps(records: Sequence[Record], settings: Settings) -> DimensionCaps:
+    """The per-tenant custom-stage and route caps of one window (``windows.max_custom_stages_per_tenant``,
+    ``windows.max_routes_per_tenant``)."""
+    customs: dict[str, set[str]] = defaultdict(set)
+    routes: dict[str, set[str]] = defaultdict(set)
+    for r in records:
+        tenant = str(r["tenant_id"])
+        customs[tenant].update(r.get("custom_stages") or ())
+        routes[tenant].add(route_of(r))
+    w = settings.windows
+    kept_stages, folded_stages = _keep_ranked(customs, w.max_custom_stages_per_tenant)
+    kept_routes, folded_routes = _keep_ranked(routes, w.max_routes_per_tenant)
+    return DimensionCaps(kept_stages, kept_routes, folded_stages, folded_routes)
+
+
+def _keep_ranked(names: Mapping[str, set[str]], cap: int) -> tuple[dict[str, frozenset[str]], int]:
+    kept: dict[str, frozenset[str]] = {}
+    folded = 0
+    for tenant, present in names.items():
+        if len(present) <= cap:
+            continue  # no entry: everything kept
+        ranked = sorted(present, key=lambda n: (hashlib.blake2b(f"{tenant}\0{n}".encode(), digest_size=8).digest(), n))
+        kept[tenant] = frozenset(ranked[:cap])
+        folded += len(ranked) - cap
+    return kept, folded
 
 
 def default_computed_version(records: Sequence[Record]) -> int:
@@ -113,11 +169,16 @@ def aggregate_window(
     for series in (*late_by_series, *dead_by_series):
         groups.setdefault(series, [])
 
-    out = WindowAggregates(overflow_series=assignment.overflow_series)
+    caps = dimension_caps(records, settings)
+    out = WindowAggregates(
+        overflow_series=assignment.overflow_series,
+        folded_custom_stages=caps.folded_stages,
+        folded_routes=caps.folded_routes,
+    )
     for series in sorted(groups):
         group = groups[series]
         version = default_computed_version(group) if computed_version is None else computed_version
-        stage_rows, strata_rows = _stage_rows(window_start, series, group, settings, version)
+        stage_rows, strata_rows = _stage_rows(window_start, series, group, settings, version, caps)
         out.stage_windows.extend(stage_rows)
         out.stage_strata.extend(strata_rows)
         out.tail_attribution.append(tail_attribution_row(window_start, series, group, version))
@@ -138,20 +199,27 @@ def aggregate_window(
 
 
 def _overflow_for(series: Series, assignment: SeriesAssignment) -> int:
-    return assignment.overflow_series if series == OTHER_SERIES else 0
+    return assignment.overflow_into(series)
 
 
 def _stage_rows(
-    window_start: int, series: Series, records: Sequence[Record], settings: Settings, computed_version: int
+    window_start: int,
+    series: Series,
+    records: Sequence[Record],
+    settings: Settings,
+    computed_version: int,
+    caps: DimensionCaps | None = None,
 ) -> tuple[list[Row], list[Row]]:
-    """stage_windows and stage_strata rows of one series."""
+    """stage_windows and stage_strata rows of one series (custom stages and routes past the per-tenant
+    caps folded into ``__other__``)."""
     accuracy = settings.windows.relative_accuracy
     log_gamma = math.log(gamma_for(accuracy))
     slo_ms = {tenant: settings.slo_ms(tenant) for tenant in {str(r["tenant_id"]) for r in records}}
     slo_bad = sum(1 for r in records if is_slo_bad(r, slo_ms[str(r["tenant_id"])]))
     sketched = [r for r in records if is_sketched(r)]
-    cells = [(route_of(r), cache_state(r), prompt_bucket(r)) for r in sketched]
-    samples = stage_samples(sketched)
+    caps = caps or DimensionCaps({}, {})
+    cells = [(caps.route(str(r["tenant_id"]), route_of(r)), cache_state(r), prompt_bucket(r)) for r in sketched]
+    samples = _fold_stages(stage_samples(sketched), caps, series[0])
     if records and TTFT not in samples:
         # A ttft row even without latencies: it carries the SLO-bad count of an outage window.
         samples[TTFT] = []
@@ -196,6 +264,19 @@ def _stage_rows(
                 }
             )
     return stage_rows, strata_rows
+
+
+def _fold_stages(
+    samples: dict[str, list[tuple[int, float]]], caps: DimensionCaps, tenant: str
+) -> dict[str, list[tuple[int, float]]]:
+    """Custom stages past the tenant's cap merged into one ``__other__`` stage (known stages never fold)."""
+    if tenant not in caps.stages:
+        return samples
+    out: dict[str, list[tuple[int, float]]] = {}
+    for stage, pairs in samples.items():
+        name = stage if stage in RESERVED_STAGE_NAMES else caps.stage(tenant, stage)
+        out.setdefault(name, []).extend(pairs)
+    return out
 
 
 def _bin_counts(keys: list[int | None]) -> tuple[dict[int, int], int]:

@@ -3,7 +3,7 @@
 The pipeline's rule engine is the primary alerting path (it pages through Alertmanager). These rules
 exist for teams that prefer Grafana alerting; they are written with ``isPaused: true`` so that enabling
 both paths, and paging twice, takes a deliberate edit (docs/grafana.md: choose one). Thresholds,
-spans and hysteresis come from :class:`streams.rules.config.RulesConfig`, so the two paths never fork.
+spans and hysteresis come from :class:`streams.rules_config.RulesConfig`, so the two paths never fork.
 One difference: these rules use the shortest spans only (``short_windows`` / ``long_windows``); the engine's
 spans grow with a tenant's traffic (``max_span_windows``), so a low-traffic tenant is judged by the engine
 where Grafana's rule stays silent.
@@ -20,7 +20,7 @@ import yaml
 
 from streams.grafana.model import DATASOURCE_UID, FORMAT_TABLE
 from streams.grafana.sql import literal, number, stage_in, string_array
-from streams.rules.config import RulesConfig
+from streams.rules_config import RulesConfig
 from streams.settings import Settings
 from streams.store.sketch_sql import quantile_sql
 

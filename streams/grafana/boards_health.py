@@ -12,7 +12,7 @@ from typing import Final
 from streams.grafana.boards_latency import IN_RANGE, tenant_variable
 from streams.grafana.model import FORMAT_TIME_SERIES, DashboardSpec, PanelSpec
 from streams.grafana.panels_rules import rule_outcomes, undecided_series
-from streams.grafana.sql import TENANT, count_rows, literal, where
+from streams.grafana.sql import TENANT, count_rows, literal, selected, where
 
 #: ``pipeline_stats.metric`` names shown here (streams/store/stats_store.py).
 CONSUMER_LAG: Final = "consumer_lag"
@@ -22,7 +22,7 @@ EVICTIONS: Final = "evictions"
 SERIES_CAP_HITS: Final = "series_cap_hits"
 STATS_METRICS: Final = (CONSUMER_LAG, INSERT_LATENCY_MS, OPEN_REQUESTS, EVICTIONS, SERIES_CAP_HITS)
 STATS_IN_RANGE: Final = "$__timeFilter(ts)"
-DEAD_LETTER_TENANT: Final = "$__conditionalAll(tenant IN (${tenant:singlequote}), $tenant)"
+DEAD_LETTER_TENANT: Final = selected("tenant", "tenant")
 
 
 def _metric_in(metrics: tuple[str, ...]) -> str:
@@ -81,8 +81,8 @@ def _late_and_amendments() -> PanelSpec:
 
 def _series_caps() -> PanelSpec:
     sql = (
-        "SELECT $__timeInterval(window_start) AS time, max(overflow_series) AS series_over_cap,\n"
-        "       sumIf(total, tenant_id = '__other__') AS requests_in_other\n"
+        "SELECT $__timeInterval(window_start) AS time, sum(overflow_series) AS series_over_cap,\n"
+        "       sumIf(total, version_id = '__other__') AS requests_in_other\n"
         "FROM window_health FINAL\n"
         f"{where(IN_RANGE)}\n"
         "GROUP BY time\nORDER BY time"
@@ -94,8 +94,9 @@ def _series_caps() -> PanelSpec:
         fmt=FORMAT_TIME_SERIES,
         columns=("time", "series_over_cap", "requests_in_other"),
         expect_sql=count_rows("window_health"),
-        description="Tenant x version series folded into __other__ because windows.max_series was reached, "
-        "and the requests they carried. Above 0, per-tenant numbers miss those series.",
+        description="Tenant x version series folded into an __other__ row (a tenant's own when it passed "
+        "windows.max_versions_per_tenant, the shared one past windows.max_series), and the requests they "
+        "carried. Above 0, per-version numbers miss those series.",
         unit="short",
     )
 

@@ -17,6 +17,7 @@ from streams.grafana.sql import (
     VERSION,
     count_rows,
     health_share,
+    hex_variable_sql,
     percentiles,
     sketch_quantile,
     slo_expression,
@@ -38,7 +39,7 @@ def tenant_variable() -> VariableSpec:
     return VariableSpec(
         "tenant",
         "Tenant",
-        f"SELECT DISTINCT tenant_id FROM window_health FINAL {where(IN_RANGE)} ORDER BY tenant_id",
+        hex_variable_sql("tenant_id", f"FROM window_health FINAL {where(IN_RANGE)}"),
     )
 
 
@@ -46,7 +47,7 @@ def version_variable() -> VariableSpec:
     return VariableSpec(
         "version",
         "Version",
-        f"SELECT DISTINCT version_id FROM window_health FINAL {where(IN_RANGE, TENANT)} ORDER BY version_id",
+        hex_variable_sql("version_id", f"FROM window_health FINAL {where(IN_RANGE, TENANT)}"),
     )
 
 

@@ -21,7 +21,7 @@ from streams.grafana.model import (
     PercentileCheck,
 )
 from streams.grafana.sql import CANARY_VERSION, STAGE, TENANT, VERSION, count_rows, number, percentiles, where
-from streams.rules.config import RulesConfig
+from streams.rules_config import RulesConfig
 
 
 def threshold_lines(*steps: tuple[str, float | None]) -> dict[str, Any]:

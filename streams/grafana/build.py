@@ -18,7 +18,7 @@ from streams.grafana.boards_latency import overview
 from streams.grafana.boards_levers import canary, llm_levers
 from streams.grafana.boards_stages import stage_drilldown
 from streams.grafana.model import DashboardSpec, dashboard_json, render
-from streams.rules.config import RulesConfig
+from streams.rules_config import RulesConfig
 from streams.settings import Settings, load_settings
 
 REPO: Final = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ A panel's ``rawSql`` reaches ClickHouse after three rewrites, in this order:
    variable's current value is ``''`` or ``$__all``, else ``cond`` verbatim; innermost-last, by
    ``lastIndexOf``;
 2. frontend template variables (Grafana ``templateSrv.replace`` with the plugin's formatter):
-   ``${var:singlequote}`` -> ``'a','b'`` (quotes escaped as ``\\'``), bare ``$var`` / ``${var}`` ->
+   ``${var:singlequote}`` -> ``'a','b'`` (quotes escaped as ``\\'``), ``${var:percentencode}`` ->
+   ``%7Ba%2Cb%7D`` (``encodeURIComponent`` that also escapes ``!'()*``), bare ``$var`` / ``${var}`` ->
    ``'a','b'`` for a multi-value selection (no escaping) or the value itself;
 3. backend macros (plugin ``pkg/macros/macros.go`` on top of ``sqlutil.Interpolate`` of the plugin SDK):
    see :data:`MACROS`. The SDK finds a macro by ``\\$__name\\b`` and then scans forward for the first
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
+from urllib.parse import quote
 
 
 class MacroError(ValueError):
@@ -166,6 +168,9 @@ def _format(values: Sequence[str], fmt: str | None, multi: bool) -> str:
         return ",".join("'" + v.replace("'", "\\'") + "'" for v in values)
     if fmt == "raw":
         return ",".join(values)
+    if fmt == "percentencode":
+        # Grafana's encodeURIComponentStrict over "{a,b}" for an array value, else over the value.
+        return quote("{" + ",".join(values) + "}" if multi else values[0], safe="")
     if fmt is not None:
         raise ValueError(f"variable format {fmt!r} is not reproduced here")
     # The plugin's own formatter for bare $var: a multi-value selection becomes 'a','b' (no escaping).

@@ -21,6 +21,7 @@ from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaServerError
 
 from streams.grafana.model import DATASOURCE_TYPE, DATASOURCE_UID
+from streams.settings import redact_password, redact_url
 
 TOKEN_ENV: Final = "TTFT_GRAFANA_TOKEN"
 USER_ENV: Final = "TTFT_GRAFANA_USER"
@@ -67,10 +68,14 @@ def credentials(env: Mapping[str, str]) -> str | tuple[str, str]:
 
 def connect(url: str, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> GrafanaApi:
     """A grafana-client API for ``url`` with the environment's credentials."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a bad port raises here, not later with the URL in the message
+    except ValueError:
+        raise PushError(f"--url is not a valid URL: {redact_url(url)!r}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PushError(f"--url must be http(s)://host[:port][/path], got {url!r}")
-    if parts.username or parts.password:
+        raise PushError(f"--url must be http(s)://host[:port][/path], got {redact_url(url)!r}")
+    if parts.username or parts.password or redact_url(url) != url:
         raise PushError(f"put Grafana credentials in {TOKEN_ENV} or {USER_ENV}/{PASSWORD_ENV}, not in the URL")
     api: GrafanaApi = GrafanaApi.from_url(url, credential=credentials(env), timeout=timeout_s)
     return api
@@ -78,10 +83,15 @@ def connect(url: str, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> G
 
 def datasource_model(clickhouse_url: str, database: str, password: str | None) -> dict[str, Any]:
     """The data source as the API takes it: the same fields as the provisioning file."""
-    parts = urlsplit(clickhouse_url)
+    try:
+        parts = urlsplit(clickhouse_url)
+        _ = parts.port
+    except ValueError:
+        raise PushError(f"--clickhouse-url is not a valid URL: {redact_url(clickhouse_url)!r}") from None
     if parts.scheme not in ("http", "https", "native") or not parts.hostname:
         raise PushError(
-            f"Grafana needs a ClickHouse server: --clickhouse-url must be http(s)://host:port, got {clickhouse_url!r}"
+            "Grafana needs a ClickHouse server: --clickhouse-url must be http(s)://host:port, "
+            f"got {redact_url(clickhouse_url)!r}"
         )
     default_port = {"http": 8123, "https": 8443, "native": 9000}[parts.scheme]
     model: dict[str, Any] = {
@@ -190,7 +200,8 @@ def push(
     Raises :class:`PushError` with a readable message on refused credentials (401/403), an unreachable
     Grafana or any other API failure.
     """
-    url = api.url or api.client.url
+    raw_url = str(api.url or api.client.url)
+    url = redact_url(raw_url)
     try:
         changes = [
             _push_folder(api, folder_uid, folder_title, force),
@@ -203,13 +214,13 @@ def push(
                 f"Grafana at {url} refused the credentials (HTTP {exc.status_code}): check {TOKEN_ENV} "
                 f"(or {USER_ENV}/{PASSWORD_ENV}) and that it may edit folders, data sources and dashboards"
             ) from None
-        raise PushError(f"Grafana at {url} rejected a request: {exc.message}") from None
+        raise PushError(f"Grafana at {url} rejected a request: {redact_password(str(exc.message), raw_url)}") from None
     except GrafanaServerError as exc:
-        raise PushError(f"Grafana at {url} failed: {exc.message}") from None
+        raise PushError(f"Grafana at {url} failed: {redact_password(str(exc.message), raw_url)}") from None
     except GrafanaException as exc:  # timeouts and transport errors the client wraps
-        raise PushError(f"cannot reach Grafana at {url}: {exc.message}") from None
+        raise PushError(f"cannot reach Grafana at {url}: {redact_password(str(exc.message), raw_url)}") from None
     except OSError as exc:  # niquests' ConnectionError is an OSError the client does not wrap
-        raise PushError(f"cannot reach Grafana at {url}: {exc}") from None
+        raise PushError(f"cannot reach Grafana at {url}: {redact_password(str(exc), raw_url)}") from None
     return changes
 
 

@@ -18,10 +18,34 @@ from streams.store.sketch_sql import quantile_sql
 PARENTS: Final = PARENT_STAGES
 BREAKDOWN_STAGES: Final = (*PARENT_STAGES, "other", "ttft")
 
-TENANT: Final = "$__conditionalAll(tenant_id IN (${tenant:singlequote}), $tenant)"
-VERSION: Final = "$__conditionalAll(version_id IN (${version:singlequote}), $version)"
+
+def selected(column: str, variable: str) -> str:
+    """``column`` is one of the values chosen in ``variable`` (a free-form id: tenant, version).
+
+    Grafana's ``singlequote`` format escapes ``'`` but not ``\\``, so an id ending in a backslash breaks
+    out of its quotes. Here no byte of an id ever reaches the SQL text: the variable's value is the hex of
+    the id (:func:`hex_variable_sql`), and the selection is interpolated ``percentencode``d, whose output
+    is only ``[A-Za-z0-9._~%-]`` whatever the value (even one typed into a URL); ClickHouse decodes it,
+    splits the ``{a,b}`` list on commas (hex has none) and unhexes each item.
+    """
+    chosen = f"decodeURLComponent('${{{variable}:percentencode}}')"
+    items = f"splitByChar(',', trim(BOTH '{{}}' FROM {chosen}))"
+    return f"$__conditionalAll({column} IN (SELECT unhex(arrayJoin({items}))), ${variable})"
+
+
+def hex_variable_sql(column: str, source: str) -> str:
+    """A variable query: value = ``hex(column)`` (what :func:`selected` expects), text = the id itself.
+
+    The plugin takes a two-column result as (value, text): its first column is the value.
+    """
+    return f"SELECT hex({column}) AS value, {column} AS text FROM (SELECT DISTINCT {column} {source}) ORDER BY text"
+
+
+TENANT: Final = selected("tenant_id", "tenant")
+VERSION: Final = selected("version_id", "version")
+#: Stage names are ``[a-z][a-z0-9_]{0,47}`` (contract), so the plain quoted list cannot be broken out of.
 STAGE: Final = "$__conditionalAll(stage IN (${stage:singlequote}), $stage)"
-CANARY_VERSION: Final = "$__conditionalAll(canary_version IN (${version:singlequote}), $version)"
+CANARY_VERSION: Final = selected("canary_version", "version")
 
 
 def literal(text: str) -> str:

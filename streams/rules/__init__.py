@@ -5,7 +5,6 @@ Entry points: :class:`RuleEngine` (``evaluate`` / ``evaluate_window``), :class:`
 :class:`CanaryVerdict`). Nothing here does I/O or reads a clock.
 """
 
-from streams.rules.config import RulesConfig, rules_config
 from streams.rules.engine import RuleEngine
 from streams.rules.model import (
     ALERT_COLUMNS,
@@ -20,6 +19,7 @@ from streams.rules.model import (
     fingerprint,
     ingest_halted_transition,
 )
+from streams.rules_config import RulesConfig, rules_config
 
 __all__ = [
     "ALERT_COLUMNS",

@@ -17,9 +17,9 @@ from streams.rules.canary_stats import (
     compare_naive,
     judge,
 )
-from streams.rules.config import CanaryRule
 from streams.rules.history import WindowHistory, merge_sketches
 from streams.rules.model import CanaryVerdict
+from streams.rules_config import CanaryRule
 
 #: (tenant, version, stage) -> per-window sketch
 ArmHistory = WindowHistory[tuple[str, str, str], LatencySketch]

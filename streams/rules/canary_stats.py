@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from streams.core.sketch import LatencySketch, merge_bins
-from streams.rules.config import CanaryRule
 from streams.rules.model import VerdictValue
+from streams.rules_config import CanaryRule
 
 FIXED_POINT = 64
 #: A stratum slower than this (canary P95 / stable P95) is named as a driver; below it is noise.

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from streams.rules.config import DraftAcceptanceRule
 from streams.rules.lifecycle import Signal
 from streams.rules.model import Outcome
 from streams.rules.snapshot import draft_count
+from streams.rules_config import DraftAcceptanceRule
 
 
 @dataclass(frozen=True, slots=True)

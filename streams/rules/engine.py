@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from streams.core.sketch import LatencySketch
 from streams.rules.canary import ArmHistory, StrataHistory, evaluate_canary
-from streams.rules.config import RulesConfig
 from streams.rules.draft import check_draft
 from streams.rules.history import WindowHistory, merge_sketches, sketch_of_row
 from streams.rules.lifecycle import AlertBook, AlertKey, Signal
@@ -32,8 +31,9 @@ from streams.rules.silence import silence_steps
 from streams.rules.slo import BurnHistory, check_burn
 from streams.rules.snapshot import WindowFacts, stratum_of, window_facts
 from streams.rules.undecidable import UndecidableTracker
+from streams.rules_config import RulesConfig
 
-if TYPE_CHECKING:  # settings.py will import streams.rules.config: no runtime import back
+if TYPE_CHECKING:  # settings.py will import streams.rules_config: no runtime import back
     from streams.settings import Settings
 
 _NOT_SERIES = frozenset({"Watchdog", "TTFTTenantSilent", "TTFTIngestHalted"})

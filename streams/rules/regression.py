@@ -20,13 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from schemas.vocabulary import SUB_STAGES_OF as SUB_STAGES_OF  # re-exported for the engine
 from streams.core.sketch import LatencySketch
-from streams.rules.config import StageRegressionRule
 from streams.rules.history import RollingSum, WindowHistory, merge_sketches
 from streams.rules.lifecycle import Signal
 from streams.rules.model import AlertTransition, Outcome
-
-SUB_STAGES_OF: dict[str, tuple[str, ...]] = {"retrieval": ("vector_recall", "bm25_recall", "rerank")}
+from streams.rules_config import StageRegressionRule
 
 #: (tenant, stage) -> per-window (sketch, degraded)
 StageHistory = WindowHistory[tuple[str, str], tuple[LatencySketch, bool]]

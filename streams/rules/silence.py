@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from streams.rules.config import TenantSilenceRule
 from streams.rules.lifecycle import AlertBook, AlertKey, Signal
 from streams.rules.model import AlertTransition, Outcome
+from streams.rules_config import TenantSilenceRule
 
 
 def silence_steps(

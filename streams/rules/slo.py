@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.rules.config import SLOBurnRule
 from streams.rules.history import WindowHistory
 from streams.rules.lifecycle import Signal
 from streams.rules.model import Outcome
+from streams.rules_config import SLOBurnRule
 
 #: tenant -> per-window (bad, total)
 BurnHistory = WindowHistory[str, tuple[int, int]]

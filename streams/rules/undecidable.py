@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streams.rules.config import RulesConfig
 from streams.rules.lifecycle import AlertBook, AlertKey
 from streams.rules.model import AlertTransition, Outcome, RuleEvaluation
+from streams.rules_config import RulesConfig
 
 #: ``note(key, outcome, span_windows)``: how the engine records an evaluation of this rule.
 Note = Callable[[AlertKey, Outcome, int], None]

@@ -87,6 +87,17 @@ def request_window_fingerprints(client: Client, database: str, since_ms: float) 
     return {int(r[0]): (int(r[1]), int(r[2])) for r in result.result_rows}
 
 
+def stored_window_series(client: Client, database: str, window_start_ms: float) -> list[tuple[str, str]]:
+    """The (tenant, version) series already stored for one window: the series cap keeps their slots, so
+    a re-aggregation never displaces a row that is already written (it would then count twice)."""
+    result = client.query(
+        f"SELECT DISTINCT tenant_id, version_id FROM {check_identifier(database)}.window_health FINAL "
+        "WHERE window_start = fromUnixTimestamp64Milli({ws:Int64}) AND version_id != '__other__'",
+        parameters={"ws": int(window_start_ms)},
+    )
+    return [(str(t), str(v)) for t, v in result.result_rows]
+
+
 def latest_window_start(client: Client, database: str) -> int | None:
     result = client.query(
         f"SELECT toUnixTimestamp64Milli(max(window_start)), count() FROM {check_identifier(database)}.requests"

@@ -15,6 +15,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
@@ -118,7 +119,9 @@ def apply_migrations(client: Client, database: str, directory: Path | None = Non
                 log.warning("migration %s changed after it was applied to %s", migration.name, db)
             continue
         for statement in migration.statements(db):
-            client.command(statement)
+            # A data copy (INSERT ... SELECT) is synchronous like every insert of the project.
+            sync = _SYNC if _first_word(statement) == "INSERT" else None
+            client.command(statement, settings=sync)
         client.insert(
             "schema_migrations",
             [[migration.version, migration.name, migration.checksum]],
@@ -129,6 +132,14 @@ def apply_migrations(client: Client, database: str, directory: Path | None = Non
         log.info("applied migration %s to %s", migration.name, db)
         applied.append(migration.name)
     return applied
+
+
+_SYNC: dict[str, Any] = {"async_insert": 0, "wait_for_async_insert": 1}
+
+
+def _first_word(statement: str) -> str:
+    code = [ln for ln in statement.splitlines() if ln.strip() and not ln.strip().startswith("--")]
+    return code[0].split(None, 1)[0].upper() if code else ""
 
 
 def _ensure_ledger(client: Client, db: str) -> None:

@@ -5,7 +5,7 @@ floats). In ClickHouse the three time fields are ``DateTime64(3, 'UTC')``, so th
 the millisecond. Every write is a synchronous native insert: when it returns, the rows are durable, so a
 caller may acknowledge the Kafka offsets they came from.
 
-Idempotency (see migration 0001): the table keeps, per ``request_id``, the row with the highest
+Idempotency (see migrations 0001 and 0008): the table keeps, per ``(tenant_id, request_id)``, the row with the highest
 ``record_version``. Re-inserting the same records, or older partial versions of them, changes nothing
 after ``FINAL``; every read here uses ``FINAL``.
 """
@@ -21,6 +21,7 @@ from clickhouse_connect.driver.client import Client
 
 from schemas.records import RequestRecord
 from streams.store.client import check_identifier
+from streams.store.reject import isolate
 
 #: (stored, amendment) -> merged record; streams.core.join.merge_records with the window bound.
 MergeFn = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
@@ -99,7 +100,7 @@ def _insert_rows(client: Client, database: str, rows: list[list[Any]]) -> None:
 
 
 def insert_requests(client: Client, database: str, records: Sequence[dict[str, Any]]) -> None:
-    """Insert request records in one synchronous batch. Idempotent per ``request_id`` (see module doc).
+    """Insert request records in one synchronous batch. Idempotent per ``(tenant_id, request_id)``.
 
     Records flagged ``amend`` belong to :func:`apply_amendments`.
     """
@@ -128,22 +129,38 @@ def apply_amendments(
     """
     if not amend_records:
         return []
-    stored = _fetch_with_ids(client, database, {r["request_id"] for r in amend_records})
-    merged: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    stored = _fetch_with_ids(client, database, {request_key(r) for r in amend_records})
+    merged: dict[RequestKey, tuple[dict[str, Any], list[str]]] = {}
     for amendment in amend_records:
-        rid = amendment["request_id"]
+        key = request_key(amendment)  # another tenant's row with the same id is never touched
         ident = amendment_id(amendment)
-        current = merged.get(rid) or stored.get(rid)
+        current = merged.get(key) or stored.get(key)
         if current is None:
-            merged[rid] = ({**amendment, "amend": True}, [ident])
+            merged[key] = ({**amendment, "amend": True}, [ident])
             continue
         record, ids = current
         if ident in ids:
             continue
         result = merge_fn(record, amendment)
-        merged[rid] = ({**result, "amend": bool(record.get("amend"))}, [*ids, ident])
+        merged[key] = ({**result, "amend": bool(record.get("amend"))}, [*ids, ident])
     _insert_rows(client, database, [_row(record, ids) for record, ids in merged.values()])
     return [record for record, _ in merged.values()]
+
+
+def insert_requests_checked(
+    client: Client, database: str, records: Sequence[dict[str, Any]]
+) -> list[tuple[dict[str, Any], str]]:
+    """:func:`insert_requests`, storing every row the store accepts; returns the refused records with the
+    reason (a value the columns cannot hold: :mod:`streams.store.reject`). Infrastructure errors raise."""
+    _, refused = isolate(lambda part: insert_requests(client, database, part), records)
+    return refused
+
+
+def apply_amendments_checked(
+    client: Client, database: str, amend_records: Sequence[dict[str, Any]], merge_fn: MergeFn
+) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+    """:func:`apply_amendments` with refused amendments isolated: (merged records, refused amendments)."""
+    return isolate(lambda part: apply_amendments(client, database, part, merge_fn), amend_records)
 
 
 def final_read_settings(client: Client) -> dict[str, Any]:
@@ -163,27 +180,62 @@ def _query_records(client: Client, sql: str, parameters: dict[str, Any]) -> list
     return [_record(row) for row in result.result_rows]
 
 
+RequestKey = tuple[str, str]
+
+
+def request_key(record: dict[str, Any]) -> RequestKey:
+    """A request's identity: ``(tenant_id, request_id)`` (DESIGN.md: two tenants' ids never collide)."""
+    return str(record["tenant_id"]), str(record["request_id"])
+
+
 def _fetch_with_ids(
-    client: Client, database: str, request_ids: Iterable[str]
-) -> dict[str, tuple[dict[str, Any], list[str]]]:
+    client: Client, database: str, keys: Iterable[RequestKey]
+) -> dict[RequestKey, tuple[dict[str, Any], list[str]]]:
     db = check_identifier(database)
-    ids = sorted(set(request_ids))
-    found: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    wanted = set(keys)
+    ids = sorted({rid for _, rid in wanted})
+    found: dict[RequestKey, tuple[dict[str, Any], list[str]]] = {}
     for start in range(0, len(ids), _FETCH_CHUNK):
         chunk = ids[start : start + _FETCH_CHUNK]
         sql = f"SELECT {_SELECT} FROM {db}.requests FINAL WHERE request_id IN {{ids:Array(String)}}"
         for record, amendment_ids in _query_records(client, sql, {"ids": chunk}):
-            found[record["request_id"]] = (record, amendment_ids)
+            key = request_key(record)
+            if key in wanted:
+                found[key] = (record, amendment_ids)
     return found
 
 
+def fetch_requests_by_key(
+    client: Client, database: str, keys: Iterable[RequestKey]
+) -> dict[RequestKey, dict[str, Any]]:
+    """The stored records of ``(tenant_id, request_id)`` keys (those that exist)."""
+    return {key: record for key, (record, _) in _fetch_with_ids(client, database, keys).items()}
+
+
+def fetch_request_all_tenants(client: Client, database: str, request_id: str) -> list[dict[str, Any]]:
+    """Every tenant's stored record with this request id (ordered by tenant)."""
+    db = check_identifier(database)
+    sql = f"SELECT {_SELECT} FROM {db}.requests FINAL WHERE request_id = {{rid:String}} ORDER BY tenant_id"
+    return [record for record, _ in _query_records(client, sql, {"rid": request_id})]
+
+
 def fetch_requests(client: Client, database: str, request_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """The stored records of ``request_ids`` (those that exist), by request id."""
-    return {rid: record for rid, (record, _) in _fetch_with_ids(client, database, request_ids).items()}
+    """The stored records of ``request_ids`` (those that exist), by request id. When two tenants share an
+    id, the first tenant's record (in tenant order) is returned: use :func:`fetch_requests_by_key`."""
+    out: dict[str, dict[str, Any]] = {}
+    for rid in sorted(set(request_ids)):
+        records = fetch_request_all_tenants(client, database, rid)
+        if records:
+            out[rid] = records[0]
+    return out
 
 
-def fetch_request(client: Client, database: str, request_id: str) -> dict[str, Any] | None:
-    """The stored record of one request, or None."""
+def fetch_request(
+    client: Client, database: str, request_id: str, tenant_id: str | None = None
+) -> dict[str, Any] | None:
+    """The stored record of one request (of ``tenant_id``, when given), or None."""
+    if tenant_id is not None:
+        return fetch_requests_by_key(client, database, [(tenant_id, request_id)]).get((tenant_id, request_id))
     return fetch_requests(client, database, [request_id]).get(request_id)
 
 

@@ -173,7 +173,7 @@ def compute_breakdown(
         attribution_rows=attributions,
         health_rows=reads.health_rows(client, database, span, tenant, version),
         signal_rows=reads.signal_rows(client, database, span, tenant, version),
-        exemplar_ttft=reads.request_ttfts(client, database, exemplar_ids),
+        exemplar_ttft=reads.request_ttfts(client, database, exemplar_ids, tenant),
     )
 
 

@@ -224,8 +224,11 @@ def alert_rows(client: Client, database: str, span: Span, tenant: str | None = N
     return _named(client, sql, params)
 
 
-def request_ttfts(client: Client, database: str, request_ids: Iterable[str]) -> dict[str, float | None]:
-    """``ttft_ms`` of stored requests by id (to rank the span's exemplars)."""
+def request_ttfts(
+    client: Client, database: str, request_ids: Iterable[str], tenant: str | None = None
+) -> dict[str, float | None]:
+    """``ttft_ms`` of stored requests by id (to rank the span's exemplars), of ``tenant`` when given: a
+    request is (tenant_id, request_id), so another tenant's request with the same id is not read."""
     ids = sorted(set(request_ids))
     if not ids:
         return {}
@@ -233,7 +236,11 @@ def request_ttfts(client: Client, database: str, request_ids: Iterable[str]) -> 
         f"SELECT request_id, ttft_ms FROM {check_identifier(database)}.requests FINAL "
         "WHERE request_id IN {ids:Array(String)}"
     )
-    rows = _named(client, sql, {"ids": ids}, settings=final_read_settings(client))
+    params: dict[str, Any] = {"ids": ids}
+    if tenant is not None:
+        sql += " AND tenant_id = {tenant:String}"
+        params["tenant"] = tenant
+    rows = _named(client, sql, params, settings=final_read_settings(client))
     return {str(r["request_id"]): (None if r["ttft_ms"] is None else float(r["ttft_ms"])) for r in rows}
 
 

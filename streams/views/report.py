@@ -203,7 +203,7 @@ def collect_report(
             attribution_rows=attributions,
             health_rows=[r for r in health_series if r["tenant_id"] == tenant],
             signal_rows=reads.signal_rows(client, database, span, tenant),
-            exemplar_ttft=reads.request_ttfts(client, database, ids),
+            exemplar_ttft=reads.request_ttfts(client, database, ids, tenant),
         )
         arms = version_arms(tenant, rollouts, verdicts, settings.tenants.get(tenant), bd.versions)
         out[tenant] = TenantReport(

@@ -15,13 +15,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
+from schemas.vocabulary import PARENT_STAGES, SUB_STAGE_PARENT
 from streams.core.attribution import EXEMPLARS, OK, SHARE_STAGES
 from streams.core.rollup import SketchRollup, rollup_rows
 from streams.core.stages import OTHER, TTFT
-from streams.settings import PARENT_STAGES, SUB_STAGES
 
 #: Sub-stages belong to a parent: they are parts of its time, never extra time.
-SUB_STAGE_PARENT: Final = dict.fromkeys(SUB_STAGES, "retrieval")
 HEALTH_COUNTS: Final = (
     "total",
     "complete",

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -17,10 +18,11 @@ from streams.alerting.outbox import (
     read_outbox_state,
     run_delivery_loop,
 )
+from streams.alerting.supervise import supervise
 from streams.kafka.topics import kafka_client_kwargs
 from streams.rules import AlertTransition
 from streams.settings import Settings
-from tests.fixtures.alertmanager import AlertmanagerServer, wait_for
+from tests.fixtures.alertmanager import AlertmanagerServer, require_binary, wait_for
 
 pytestmark = [pytest.mark.alertmanager, pytest.mark.timeout(120)]
 
@@ -68,9 +70,8 @@ def test_firing_twice_notifies_once_and_the_resolution_arrives(alertmanager: Ale
 
 
 def test_sample_config_passes_amtool_check_config() -> None:
-    amtool = shutil.which("amtool")
-    if amtool is None:
-        pytest.skip("amtool not installed (ships with Debian's prometheus-alertmanager)")
+    require_binary("amtool")  # ships with Debian's prometheus-alertmanager
+    amtool = str(shutil.which("amtool"))
     result = subprocess.run(
         [amtool, "check-config", str(REPO / "deploy" / "alertmanager" / "alertmanager.yml")],
         capture_output=True,
@@ -135,3 +136,51 @@ def test_delivery_loop_survives_alertmanager_down_and_a_restart(
     assert state.stats.replayed == 1  # the firing message sits below the committed offset
     assert wait_for(lambda: server.webhook.alerts("resolved"), timeout_s=10)
     assert len(server.webhook.alerts("firing")) == 1
+
+
+class _DiesOnce:
+    """An AlertSink whose first post raises (a bug in delivery), then delegates to the real client."""
+
+    def __init__(self, client: AlertmanagerClient) -> None:
+        self.client = client
+        self.posts = 0
+
+    async def post(self, alerts: Any) -> bool:
+        self.posts += 1
+        if self.posts == 1:
+            raise RuntimeError("delivery bug")
+        return await self.client.post(alerts)
+
+
+@pytest.mark.kafka
+def test_supervised_delivery_restarts_after_the_loop_dies(
+    kafka_settings: Settings, alertmanager: AlertmanagerServer
+) -> None:
+    """The loop dies on its first post; the supervisor counts it, restarts it, and the page still arrives."""
+    asyncio.run(_produce(kafka_settings, [transition("firing", 120_000.0, tenant="t-supervised")]))
+    reasons: list[str] = []
+
+    async def go() -> int:
+        options = DeliveryOptions(resend_interval_s=60.0, poll_timeout_ms=200, retry_initial_s=0.2)
+        stop = asyncio.Event()
+        async with AlertmanagerClient(alertmanager.url, attempts=1, timeout_s=2.0) as client:
+            sink = _DiesOnce(client)
+            task = asyncio.create_task(
+                supervise(
+                    "alert delivery",
+                    lambda: run_delivery_loop(kafka_settings, sink, stop, options=options),
+                    stop,
+                    on_restart=reasons.append,
+                    backoff_initial_s=0.2,
+                )
+            )
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not alertmanager.webhook.alerts("firing"):
+                await asyncio.sleep(0.1)
+            stop.set()
+            return await asyncio.wait_for(task, timeout=15)
+
+    restarts = asyncio.run(go())
+    assert restarts == 1 and reasons == ["RuntimeError"]
+    firing = alertmanager.webhook.alerts("firing")
+    assert [a["labels"]["tenant"] for a in firing] == ["t-supervised"]

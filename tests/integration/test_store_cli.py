@@ -81,3 +81,17 @@ def test_request_before_migrate_says_what_to_do(tmp_path: Path) -> None:
     result = _run([TTFT, "request", "x"], tmp_path)
     assert result.returncode == 1
     assert "ttft db migrate" in result.stderr
+
+
+def test_request_shared_by_two_tenants_needs_tenant(tmp_path: Path) -> None:
+    """Issue 14: a request is (tenant_id, request_id); the CLI asks which one when an id is shared."""
+    assert _run([TTFT, "db", "migrate"], tmp_path).returncode == 0
+    second = _INSERT.replace('tenant_id="租户"', 'tenant_id="other"').replace("ttft_ms=1500.0", "ttft_ms=900.0")
+    for script in (_INSERT, second):
+        inserted = _run([sys.executable, "-c", script], tmp_path)
+        assert inserted.returncode == 0, inserted.stderr
+    ambiguous = _run([TTFT, "request", "req 'ü' 1"], tmp_path)
+    assert ambiguous.returncode == 1 and "pass --tenant" in ambiguous.stderr
+    chosen = _run([TTFT, "request", "--json", "--tenant", "other", "req 'ü' 1"], tmp_path)
+    assert chosen.returncode == 0, chosen.stderr
+    assert json.loads(chosen.stdout)["ttft_ms"] == 900.0

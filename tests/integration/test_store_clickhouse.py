@@ -83,7 +83,7 @@ def test_migrations_from_empty_twice(ch_client: Client) -> None:
             " AND name = 'requests'",
             parameters={"d": database},
         ).result_rows
-        assert engine == [("ReplacingMergeTree", "request_id", "")]
+        assert engine == [("ReplacingMergeTree", "tenant_id, request_id", "")]  # migration 0008
     finally:
         ch_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
 

@@ -149,7 +149,8 @@ def test_store_works_over_http_with_synchronous_inserts(stand_in: _StandIn, ch_c
         assert "0001_requests" in apply_migrations(client, database)
         assert apply_migrations(client, database) == []
         record = full_record("it's 'quoted'", "租户")
-        insert_requests(client, database, [make_record("it's 'quoted'", status="orphan", event_count=1)])
+        first = make_record("it's 'quoted'", status="orphan", event_count=1, tenant_id=record["tenant_id"])
+        insert_requests(client, database, [first])  # the same (tenant, request id): replaced by the next one
         insert_requests(client, database, [record])
         assert fetch_request(client, database, "it's 'quoted'") == record
         assert count_requests(client, database) == 1

@@ -19,7 +19,7 @@ from typing import Any
 
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
-from streams.core.join import RequestJoin, TenantMismatch
+from streams.core.join import Refusal, RequestJoin, TenantMismatch
 from streams.core.windows import aggregate_window
 from streams.rules.engine import RuleEngine
 from streams.rules.model import WindowSnapshot
@@ -48,7 +48,7 @@ def join_traffic(
             letters.append(decoded)
             continue
         for out in join.add(decoded, 0, ts, offset):
-            if isinstance(out, TenantMismatch):
+            if isinstance(out, TenantMismatch | Refusal):
                 continue
             records.append(out)
         if offset % 500 == 0:

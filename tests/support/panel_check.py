@@ -37,6 +37,17 @@ from streams.store.shutdown import exit_process  # noqa: E402
 STAGE_FIELDS = ("retrieval", "vector_recall", "bm25_recall", "rerank", "prompt_assemble", "llm_ttft")
 SKETCHED = ("complete", "missing_stage")
 REL_TOL = 0.01
+#: Variables whose values are the hex of the id (``streams.grafana.sql.hex_variable_sql``).
+HEX_VARIABLES = ("tenant", "version")
+
+
+def hex_value(text: str) -> str:
+    """The value a hex variable holds for ``text`` (ClickHouse ``hex()``: upper case)."""
+    return text.encode("utf-8").hex().upper()
+
+
+def unhex_value(value: str) -> str:
+    return bytes.fromhex(value).decode("utf-8")
 
 
 def _plain(value: Any) -> Any:
@@ -86,7 +97,7 @@ class Reference:
         step = max(ctx.interval_ms // 1000, 1)
         labels = [g for g in check.group if g != check.stage_column]
         wanted = {
-            name: set(variables[name].values)
+            name: {unhex_value(v) if name in HEX_VARIABLES else v for v in variables[name].values}
             for name in ("tenant", "version", "stage")
             if name in variables and not variables[name].is_all
         }
@@ -198,9 +209,10 @@ def selection(client: Any) -> dict[str, Variable]:
             parameters={"t": tenant},
         ).result_rows
     ]
+    hexed = tuple(hex_value(v) for v in versions)
     return {
-        "tenant": Variable("tenant", tuple(tenants), (tenant,)),
-        "version": Variable("version", tuple(versions), tuple(versions)),
+        "tenant": Variable("tenant", tuple(hex_value(t) for t in tenants), (hex_value(tenant),)),
+        "version": Variable("version", hexed, hexed),
         "stage": Variable("stage", ("llm_ttft", "ttft"), ("llm_ttft", "ttft")),
     }
 
@@ -249,7 +261,10 @@ def main() -> None:
     }
     specs = {(d.uid, p.title): p for d in dashboard_specs(repo_settings()) for p in d.panels}
     reference = Reference(client)
-    report: dict[str, Any] = {"runs": {}, "selected": {k: list(v.values) for k, v in selected.items()}}
+    report: dict[str, Any] = {
+        "runs": {},
+        "selected": {k: [unhex_value(x) if k in HEX_VARIABLES else x for x in v.values] for k, v in selected.items()},
+    }
     for run, (from_ms, to_ms, chosen) in runs.items():
         out: dict[str, Any] = {}
         for path in sorted((REPO / "dashboards").glob("*.json")):

@@ -53,7 +53,7 @@ def test_examples_exist_for_every_stage_and_reason_producible_from_bytes() -> No
     assert set(KNOWN_STAGES) <= stages
     assert stages - set(KNOWN_STAGES), "a custom stage example is missing"
     reasons = {_expected_reason(p) for p in INVALID}
-    assert reasons == {"invalid_json", "schema", "too_large", "not_utf8"}
+    assert reasons == {"invalid_json", "schema", "too_large", "not_utf8", "duplicate_key"}
     assert reasons <= set(DEAD_LETTER_REASONS)
 
 
@@ -119,24 +119,33 @@ def test_key_must_be_the_request_id() -> None:
         assert letter.request_id == request_id
 
 
+TS = 1_761_300_000_000  # minimal_instant.json's ts_ms
+
+
 @pytest.mark.parametrize(
-    ("kafka_ts", "reason"),
+    ("received_at", "append_time", "kafka_ts", "reason"),
     [
-        (1_761_300_000_000, None),
-        (1_761_300_000_000 + CAPS.skew_limit_ms, None),
-        (1_761_300_000_000 + CAPS.skew_limit_ms + 1, "timestamp_skew"),
-        (1_761_300_000_000 - CAPS.skew_limit_ms - 1, "timestamp_skew"),
-        (-1, None),  # Kafka's "no timestamp"
-        (None, None),
+        (TS, None, None, None),
+        (TS - CAPS.skew_limit_ms, None, None, None),  # exactly at the bound
+        (TS - CAPS.skew_limit_ms - 1, None, None, "timestamp_skew"),  # ahead of the worker's clock
+        (TS - CAPS.skew_limit_ms - 1, None, TS, "timestamp_skew"),  # the producer's CreateTime is not trusted
+        (TS - 10 * 86_400_000, TS - 1_000, None, None),  # the broker appended it in time (a replay today)
+        (TS, TS - CAPS.skew_limit_ms - 1, None, "timestamp_skew"),  # ahead of the broker's append time
+        (TS + 365 * 86_400_000, None, TS - 86_400_000, None),  # a year in the past: never refused
     ],
 )
-def test_timestamp_skew_against_the_kafka_timestamp(kafka_ts: int | None, reason: str | None) -> None:
-    raw = (STAGE_EVENTS / "valid" / "minimal_instant.json").read_bytes()  # ts_ms 1_761_300_000_000
-    result = _decode(raw, b"r", kafka_ts)
+def test_timestamp_skew_only_bounds_the_future(
+    received_at: float, append_time: float | None, kafka_ts: int | None, reason: str | None
+) -> None:
+    raw = (STAGE_EVENTS / "valid" / "minimal_instant.json").read_bytes()
+    result = decode_stage_event(
+        raw, b"r", "ttft.stage-events", 2, 41, kafka_ts, CAPS, received_at, append_time_ms=append_time
+    )
     if reason is None:
-        assert isinstance(result, StageEvent)
+        assert isinstance(result, StageEvent), result
     else:
         assert isinstance(result, DeadLetter) and result.reason_code == reason
+        assert "past times are never refused" in result.detail
 
 
 def test_dead_letter_truncates_the_original_but_hashes_all_of_it() -> None:

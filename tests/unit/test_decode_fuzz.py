@@ -5,6 +5,7 @@ import math
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,8 +40,14 @@ BASE_EVENT: dict[str, Any] = {
 }
 
 
-def decode(raw: bytes, key: bytes | None = b"req-1", kafka_ts: int | None = None) -> StageEvent | DeadLetter:
-    return decode_stage_event(raw, key, "ttft.stage-events", 0, 0, kafka_ts, CAPS, 0.0)
+#: The worker's clock in these tests: after every valid time, so only the skew tests meet the future bound.
+LATE_CLOCK_MS = MAX_TS_MS + 86_400_000
+
+
+def decode(
+    raw: bytes, key: bytes | None = b"req-1", kafka_ts: int | None = None, received_at: float = LATE_CLOCK_MS
+) -> StageEvent | DeadLetter:
+    return decode_stage_event(raw, key, "ttft.stage-events", 0, 0, kafka_ts, CAPS, received_at)
 
 
 def reason(result: StageEvent | DeadLetter) -> str:
@@ -203,11 +210,12 @@ def test_deep_nesting_is_invalid_json_and_never_overflows_the_stack(levels: int,
 
 
 @FUZZ
-@given(st.integers(-int(BASE_EVENT["ts_ms"]), 10**13))  # Kafka timestamps are >= 0 (-1: none)
-def test_timestamp_skew_beyond_the_limit_is_dead_lettered(offset: int) -> None:
-    ts = int(BASE_EVENT["ts_ms"])
-    result = decode(orjson.dumps(BASE_EVENT), kafka_ts=ts + offset)
-    assert reason(result) == ("timestamp_skew" if abs(offset) > CAPS.skew_limit_ms else "ok")
+@given(st.integers(-(10**13), 10**13), st.integers(0, 10**13) | st.none())
+def test_only_times_in_the_future_of_the_workers_clock_are_dead_lettered(offset: int, kafka_ts: int | None) -> None:
+    """The event ends ``offset`` ms before the worker's clock; the producer's Kafka timestamp is ignored."""
+    end = BASE_EVENT["ts_ms"] + BASE_EVENT["duration_ms"]
+    result = decode(orjson.dumps(BASE_EVENT), kafka_ts=kafka_ts, received_at=end + offset)
+    assert reason(result) == ("timestamp_skew" if -offset > CAPS.skew_limit_ms else "ok")
 
 
 # --- oracle 2: valid but odd input is stored exactly ----------------------------------------------
@@ -303,3 +311,44 @@ def test_valid_odd_events_round_trip_exactly(event: dict[str, Any], encoding: st
     # and what the pipeline re-serialises decodes to the same event again
     again = decode(orjson.dumps(result.model_dump(mode="json", exclude_unset=True)), event["request_id"].encode())
     assert again == result
+
+
+# --- duplicate keys (issue 14) --------------------------------------------------------------------
+
+
+def _event_bytes(**extra: Any) -> bytes:
+    event = {"request_id": "r1", "tenant_id": "acme", "stage": "retrieval", "ts_ms": 1_761_300_000_000.0}
+    return orjson.dumps({**event, "duration_ms": 10.0, **extra})
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (_event_bytes()[:-1] + b',"tenant_id":"globex"}', "tenant_id"),
+        (_event_bytes()[:-1] + b', "ts_ms" : 1761300000001}', "ts_ms"),
+        (_event_bytes(attrs={"trace_id": "a:b"})[:-2] + b',"trace_id":"c"}}', "trace_id"),
+        (_event_bytes()[:-1] + b',"attrs":{"x":1},"attrs":{"x":2}}', "attrs"),
+    ],
+)
+def test_duplicate_keys_are_refused(raw: bytes, key: str) -> None:
+    result = decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, LATE_CLOCK_MS)
+    assert isinstance(result, DeadLetter) and result.reason_code == "duplicate_key", result
+    assert repr(key) in result.detail
+
+
+def test_colons_inside_strings_are_not_duplicates() -> None:
+    raw = _event_bytes(route="a:b:c", attrs={"trace_id": "x:y", "note": 'k:v, "q":1'})
+    assert isinstance(decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, LATE_CLOCK_MS), StageEvent)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(
+    name=st.sampled_from(["request_id", "tenant_id", "stage", "ts_ms", "duration_ms", "route"]),
+    spaces=st.sampled_from(["", " ", "\n\t"]),
+    colon_text=st.text(alphabet=":ab", max_size=6),
+)
+def test_any_repeated_top_level_key_is_refused(name: str, spaces: str, colon_text: str) -> None:
+    base = _event_bytes(route="r" + colon_text)
+    raw = base[:-1] + f',{spaces}"{name}"{spaces}:{spaces}"x"{spaces}}}'.encode()
+    result = decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, LATE_CLOCK_MS)
+    assert isinstance(result, DeadLetter) and result.reason_code == "duplicate_key"

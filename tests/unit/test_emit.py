@@ -50,7 +50,7 @@ def _emitter(port: int, **kwargs: object) -> StageEmitter:
 def _decoded(emitter: StageEmitter) -> list[StageEvent]:
     events = []
     for key, value in emitter.buffered():
-        event = decode_stage_event(value, key, "ttft.stage-events", 0, 0, None, CapsConfig(), 0.0)
+        event = decode_stage_event(value, key, "ttft.stage-events", 0, 0, None, CapsConfig(), 9e12)
         assert isinstance(event, StageEvent), event
         events.append(event)
     return events
@@ -176,7 +176,7 @@ def test_event_json_is_the_contract() -> None:
         "route": "fast",
         "attrs": {"trace_id": "x"},
     }
-    event = decode_stage_event(raw, b'r"1', "ttft.stage-events", 0, 0, None, CapsConfig(), 0.0)
+    event = decode_stage_event(raw, b'r"1', "ttft.stage-events", 0, 0, None, CapsConfig(), 9e12)
     assert isinstance(event, StageEvent)
     instant = orjson.loads(event_json("r", "t", "first_token", 1_761_300_000_000))
     assert "duration_ms" not in instant and "version_id" not in instant

@@ -10,10 +10,12 @@ import pytest
 from schemas.events import StageEvent
 from schemas.records import RequestRecord
 from streams.core.join import RequestJoin, TenantMismatch
+from streams.core.join_state import state_key
 from streams.settings import CapsConfig, JoinConfig
 
 T0 = 1_700_000_000_000.0
 W = 60_000
+K1 = state_key("acme", "r1")
 CFG = JoinConfig(grace_ms=2_000, request_timeout_ms=30_000, forget_after_ms=120_000, idle_tick_ms=1_000)
 
 
@@ -110,17 +112,17 @@ def test_idle_tick_does_not_move_the_watermark_back() -> None:
     assert j.watermark(0) == wm
 
 
-def test_tenant_mismatch_is_rejected_and_not_folded() -> None:
+def test_another_tenants_event_with_the_same_id_is_another_request() -> None:
+    """DESIGN.md: a request is (tenant_id, request_id); one tenant can never merge into another's record."""
     j = RequestJoin(CFG, W)
     feed(j, request()[:2])
-    bad = ev("prompt_assemble", 320, 80.0, tenant_id="globex")
-    (out,) = j.add(bad, 0, 0.0)
-    assert isinstance(out, TenantMismatch) and out.event is bad
-    assert "globex" in out.detail and "acme" in out.detail
-    assert j.counters.tenant_mismatches == 1
+    other = ev("prompt_assemble", 320, 80.0, tenant_id="globex")
+    assert j.add(other, 0, 0.0) == []
+    assert j.counters.tenant_mismatches == 0
     feed(j, request()[3:])
-    (r,) = tick(j, 0, 10_000)
-    assert r["prompt_assemble_ms"] is None and r["status"] == "missing_stage" and r["tenant_id"] == "acme"
+    records = {r["tenant_id"]: r for r in tick(j, 0, 40_000)}
+    assert records["acme"]["prompt_assemble_ms"] is None and records["acme"]["status"] == "missing_stage"
+    assert records["globex"]["prompt_assemble_ms"] == 80.0 and records["globex"]["status"] == "orphan"
 
 
 def test_tenant_mismatch_dead_letter_keeps_the_source() -> None:
@@ -170,7 +172,7 @@ def test_emitted_request_is_forgotten_after_forget_after() -> None:
     assert j.get("r1") is not None
     tick(j, 0, 3_350 + 120_000)
     assert j.get("r1") is None
-    assert j.dirty()["r1"] == (0, None)
+    assert j.dirty()[K1] == (0, None)
 
 
 def test_late_event_of_a_forgotten_request_is_an_amendment_without_state() -> None:
@@ -223,11 +225,11 @@ def test_dirty_holds_one_write_per_request_per_batch() -> None:
     j = RequestJoin(CFG, W)
     feed(j, request("a") + request("b"))
     dirty = j.dirty()
-    assert set(dirty) == {"a", "b"}
+    assert set(dirty) == {state_key("acme", "a"), state_key("acme", "b")}
     assert all(p == 0 and packed for p, packed in dirty.values())
     assert j.dirty() == {} and not j.has_dirty()
     feed(j, [ev("retrieval", 10, 300.0, rid="a")])  # a duplicate changes the duplicate count
-    assert set(j.dirty()) == {"a"}
+    assert set(j.dirty()) == {state_key("acme", "a")}
 
 
 def test_revoke_drops_state_and_pending_writes() -> None:
@@ -236,7 +238,7 @@ def test_revoke_drops_state_and_pending_writes() -> None:
     feed(j, request("b"), partition=1)
     j.revoke({1})
     assert j.get("b") is None and j.get("a") is not None and j.open_requests == 1
-    assert set(j.dirty()) == {"a"}
+    assert set(j.dirty()) == {state_key("acme", "a")}
     assert j.advance(1, 10**9) == []
 
 
@@ -280,17 +282,17 @@ def test_restored_emitted_request_is_not_emitted_again() -> None:
     for offset, e in enumerate(request()):
         j.add(e, 0, 0.0, offset=offset)
     tick(j, 0, 5_000)
-    packed = j.dirty()["r1"][1]
+    packed = j.dirty()[K1][1]
     assert packed is not None
     recovered = RequestJoin(CFG, W)
-    recovered.restore("r1", packed)
+    recovered.restore(K1, packed)
     assert recovered.open_requests == 0
     assert recovered.watermark(0) >= T0 + 3_350
     assert recovered.advance(0, 0.0) == []
     for offset, e in enumerate(request()):
         assert recovered.add(e, 0, 0.0, offset=offset) == []
     assert recovered.advance(0, 10**9) == []  # forgotten, never re-emitted
-    assert recovered.dirty() == {"r1": (0, None)}
+    assert recovered.dirty() == {K1: (0, None)}
 
 
 def test_restore_rejects_corrupt_state() -> None:
@@ -303,11 +305,11 @@ def test_restore_rejects_corrupt_state() -> None:
 def test_restore_with_partition_override_and_reset() -> None:
     j = RequestJoin(CFG, W)
     feed(j, request())
-    packed = j.dirty()["r1"][1]
+    packed = j.dirty()[K1][1]
     assert packed is not None
     other = RequestJoin(CFG, W)
-    assert other.restore("r1", packed, partition=5) == 5
-    assert other.restore("r1", packed, partition=5) == 5  # restoring twice does not double count
+    assert other.restore(K1, packed, partition=5) == 5
+    assert other.restore(K1, packed, partition=5) == 5  # restoring twice does not double count
     assert other.open_requests == 1
     assert ids(tick(other, 5, 10_000)) == ["r1"]
     other.reset()
@@ -324,3 +326,21 @@ def test_request_first_seen_behind_the_watermark_gets_a_grace_period() -> None:
     assert j.advance(0, 0.0) == []
     (r,) = [r for r in tick(j, 0, 102_000) if r["request_id"] == "lagging"]
     assert r["status"] == "complete"
+
+
+def test_a_changelog_keyed_by_bare_request_id_is_rekeyed() -> None:
+    """A changelog written before issue 14 (key = request id): restored, then rewritten under the
+    (tenant, request id) key, and its old key listed for deletion."""
+    j = RequestJoin(CFG, W)
+    feed(j, request()[:3])
+    packed = j.dirty()[K1][1]
+    assert packed is not None
+    recovered = RequestJoin(CFG, W)
+    assert recovered.restore("r1", packed) == 0
+    assert recovered.legacy_keys == [("r1", 0)]
+    assert set(recovered.dirty()) == {K1}
+    pending = recovered.get("r1", "acme")
+    assert pending is not None and pending.request_id == "r1" and pending.key == K1
+    feed(recovered, request()[3:])
+    (record,) = tick(recovered, 0, 40_000)
+    assert record["request_id"] == "r1" and record["status"] == "complete"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import struct
 from typing import Any
 
 import orjson
@@ -10,7 +11,7 @@ import pytest
 
 from schemas.events import StageEvent
 from streams.core.join import build_record
-from streams.core.join_state import EVENT_RECORD, PendingRequest, event_key
+from streams.core.join_state import EVENT_RECORD, Conflict, PendingRequest, content_digest, event_key
 from streams.settings import JoinConfig
 
 T0 = 1_700_000_000_000.0
@@ -85,12 +86,57 @@ def test_fold_dedup_agrees_with_the_contract_dedup_key(first: StageEvent, second
     assert p.fold(second, event_key(second)) is (first.dedup_key() != second.dedup_key())
 
 
-def test_conflicting_copies_keep_the_first_arrival() -> None:
-    # Same event id, different content: a producer bug. The first copy is the event; the other is a dup.
-    a = ev("llm_ttft", 1, 2.0, event_id="x", attrs={"draft_accept_rate": 0.5}, version_id="v1")
-    b = ev("llm_ttft", 7, 9.0, event_id="x", attrs={"draft_accept_rate": 0.9}, version_id="v2")
-    p = folded([a, b])
-    assert (next(p.iter_events())[1:3], p.attr_values()[3], p.version) == ((T0 + 1, 2.0), 0.5, "v1")
+def folded_with_digests(events: list[StageEvent]) -> tuple[PendingRequest, list[bool | Conflict]]:
+    p = PendingRequest("req-0001", "acme", 3, T0 - 5.0)
+    return p, [p.fold_event(e, event_key(e), content_digest(e), offset) for offset, e in enumerate(events)]
+
+
+CONFLICTS = [
+    # Same event id, different content: a producer bug. The smaller (ts, duration, digest) copy wins.
+    (
+        ev("llm_ttft", 1, 2.0, event_id="x", attrs={"draft_accept_rate": 0.5}, version_id="v1"),
+        ev("llm_ttft", 7, 9.0, event_id="x", attrs={"draft_accept_rate": 0.9}, version_id="v2"),
+    ),
+    (ev("retrieval", 1, 2.0, event_id="x", route="a"), ev("retrieval", 1, 2.0, event_id="x", route="b")),
+    (ev("retrieval", 1, 2.0, version_id="v1"), ev("retrieval", 1, 2.0, version_id="v2")),  # no event id
+    (ev("request_start", 0, event_id="s", version_id="v1"), ev("request_start", 3, event_id="s", version_id="v2")),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), CONFLICTS)
+def test_conflicting_copies_resolve_the_same_in_either_order(a: StageEvent, b: StageEvent) -> None:
+    others = [ev("request_start", -1, version_id="v0"), ev("first_token", 50), ev("prompt_assemble", 2, 1.0)]
+    if a.stage == "request_start":
+        others = others[1:]
+    p, outcomes = folded_with_digests([*others, a, b])
+    q, outcomes_rev = folded_with_digests([*others, b, a])
+    assert build_record(p, CFG, 60_000) == build_record(q, CFG, 60_000)
+    assert sorted(p.iter_events()) == sorted(q.iter_events())
+    conflict, conflict_rev = outcomes[-1], outcomes_rev[-1]
+    assert isinstance(conflict, Conflict) and isinstance(conflict_rev, Conflict)
+    assert conflict.stored_lost != conflict_rev.stored_lost  # one order replaces, the other refuses
+    n = len(others)
+    # The same copy loses both times; its offset differs with its place in each log.
+    assert {conflict.loser_offset, conflict_rev.loser_offset} == {n, n + 1}
+
+
+def test_an_identical_copy_is_a_plain_duplicate() -> None:
+    a = ev("retrieval", 1, 2.0, event_id="x", attrs={"rerank_top_k": 3})
+    _, outcomes = folded_with_digests([a, ev("retrieval", 1, 2.0, event_id="x", attrs={"rerank_top_k": 3})])
+    assert outcomes == [True, False]
+
+
+def test_state_format_1_is_still_read() -> None:
+    p = folded(typical())
+    fields = orjson.loads(p.to_bytes())
+    blob = base64.b64decode(fields[15])
+    v1 = b"".join(
+        struct.pack("<Hddq", code, ts, dur, key) for code, ts, dur, key, _, _ in EVENT_RECORD.iter_unpack(blob)
+    )
+    fields[0], fields[15] = 1, base64.b64encode(v1).decode()
+    q = PendingRequest.from_bytes("req-0001", orjson.dumps(fields))
+    assert build_record(q, CFG, 60_000) == build_record(p, CFG, 60_000)
+    assert q.fold(typical()[1], event_key(typical()[1])) is False  # dedup still works on upgraded records
 
 
 def test_event_key_is_stable_across_processes() -> None:
@@ -144,7 +190,7 @@ def _corrupt(index: int, value: Any) -> bytes:
         _corrupt(13, "12"),  # offset not a number
         _corrupt(15, "!!!"),  # events not base64
         _corrupt(15, base64.b64encode(b"x" * 25).decode()),  # not whole records
-        _corrupt(15, base64.b64encode(EVENT_RECORD.pack(40, T0, 1.0, 0)).decode()),  # unknown stage code
+        _corrupt(15, base64.b64encode(EVENT_RECORD.pack(40, T0, 1.0, 0, 0, -1)).decode()),  # unknown stage code
         _corrupt(16, [None] * 3),  # attrs of the wrong shape
     ],
 )

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from streams.rules import RulesConfig
-from streams.rules.config import BurnWindowPair, SLOBurnRule
+from streams.rules_config import BurnWindowPair, SLOBurnRule
 from tests.unit.rules_synth import Scenario, Traffic, make_engine
 
 

@@ -4,9 +4,9 @@ import numpy as np
 
 from streams.core.sketch import LatencySketch
 from streams.rules import RulesConfig
-from streams.rules.config import StageRegressionRule
 from streams.rules.history import WindowHistory, merge_sketches
 from streams.rules.regression import Baselines, StageHistory, choose_spans
+from streams.rules_config import StageRegressionRule
 from tests.unit.rules_synth import W_MS, Scenario, Traffic, make_engine, sketch
 
 

@@ -232,3 +232,39 @@ def test_tiny_values_go_to_the_zero_count(value: float) -> None:
     row = _by_stage(aggregate_window([_record("a", prompt_assemble_ms=value)], 0, Settings()).stage_windows)
     assert row["prompt_assemble"]["zero_count"] == 1
     assert row["prompt_assemble"]["bins"] == {}
+
+
+def test_a_tenants_excess_versions_fold_into_its_own_other_row() -> None:
+    """Issue 14 item 5: the per-tenant version cap folds into (tenant, __other__), not the shared row."""
+    records = [_record(f"n{i}", tenant_id="noisy", version_id=f"v{i}") for i in range(8)]
+    records += [_record("g1", tenant_id="good", version_id="v1")]
+    settings = Settings(windows={"max_versions_per_tenant": 3})
+    agg = aggregate_window(records, 0, settings)
+    health = {(r["tenant_id"], r["version_id"]): r for r in agg.window_health}
+    assert ("good", "v1") in health and ("__other__", "__other__") not in health
+    assert health[("noisy", "__other__")]["overflow_series"] == 5
+    assert health[("noisy", "__other__")]["total"] == 5
+    assert sum(1 for t, _ in health if t == "noisy") == 4  # three versions and its own __other__
+
+
+def test_a_tenants_custom_stages_and_routes_past_its_caps_fold_into_other() -> None:
+    """Issue 14 item 5: custom stages and routes are capped per tenant; known stages never fold."""
+    noisy = [
+        _record(f"n{i}", tenant_id="noisy", route=f"route-{i}", custom_stages={f"step_{i}": 10.0 + i})
+        for i in range(12)
+    ]
+    good = [_record("g1", tenant_id="good", route="main", custom_stages={"my_step": 5.0})]
+    settings = Settings(windows={"max_custom_stages_per_tenant": 4, "max_routes_per_tenant": 3})
+    agg = aggregate_window(noisy + good, 0, settings)
+    noisy_stages = {r["stage"] for r in agg.stage_windows if r["tenant_id"] == "noisy"}
+    customs = noisy_stages - {"retrieval", "prompt_assemble", "llm_ttft", "other", "ttft"}
+    assert len(customs) == 5 and "__other__" in customs  # four kept, the rest merged
+    folded = next(r for r in agg.stage_windows if r["tenant_id"] == "noisy" and r["stage"] == "__other__")
+    assert folded["count"] == 8
+    assert {r["stage"] for r in agg.stage_windows if r["tenant_id"] == "good"} >= {"my_step", "ttft"}
+    routes = {r["route"] for r in agg.stage_strata if r["tenant_id"] == "noisy"}
+    assert len(routes) == 4 and "__other__" in routes
+    assert {r["route"] for r in agg.stage_strata if r["tenant_id"] == "good"} == {"main"}
+    assert (agg.folded_custom_stages, agg.folded_routes) == (8, 9)
+    shuffled = aggregate_window(list(reversed(noisy + good)), 0, settings)
+    assert shuffled.stage_windows == agg.stage_windows  # deterministic, whatever the order
