@@ -25,7 +25,7 @@ from pathlib import Path
 
 from streams.rules import AlertTransition, RuleEngine, RulesConfig, WindowEvaluation
 from streams.rules.model import Arm
-from streams.settings import Settings
+from streams.settings import Settings, WindowConfig
 from streams.sim.rule_windows import WINDOW_MS, ArmTraffic, WindowSource
 
 RATES: tuple[float, ...] = (0.5, 2.0, 6.0, 20.0, 100.0)
@@ -58,7 +58,9 @@ class RunResult:
 
 def make_engine() -> RuleEngine:
     """The engine with the shipped rules and SLO (2 s), as a fresh deployment has it."""
-    return RuleEngine(RulesConfig(), Settings(default_slo_ms=2_000.0, tenants={}))
+    # Every field the engine reads is given here, so no TTFT_* variable or config file can change the table.
+    settings = Settings(default_slo_ms=2_000.0, default_slo_target=0.99, tenants={}, windows=WindowConfig())
+    return RuleEngine(RulesConfig(), settings)
 
 
 def run(seed: int, windows: int, arms: Mapping[tuple[str, str], Arm], traffic: Callable[[int], Traffic]) -> RunResult:

@@ -52,7 +52,7 @@ table{border-collapse:collapse;margin:.6em 0}
 td,th{padding:.25em .8em;border-bottom:1px solid #eee;text-align:right}
 td:first-child,th:first-child{text-align:left}tr.sub td:first-child{padding-left:2em;color:#666}
 tr.ttft td{font-weight:bold;border-top:2px solid #999}img{max-width:100%;border:1px solid #eee}
-.fail{color:#c00;font-weight:bold}.pass{color:#080}.note{color:#666;font-size:.9em}
+.fail{color:#c00;font-weight:bold}.pass{color:#080}.insufficient_traffic{color:#a60}.note{color:#666;font-size:.9em}
 """
 
 
