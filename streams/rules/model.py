@@ -242,7 +242,7 @@ class RuleEvaluation:
         return f"{self.tenant}|{self.rule}|{self.stage}|{self.version}"
 
     def to_row(self) -> dict[str, Any]:
-        """Column values for the ``rule_evaluations`` table (migration 0008)."""
+        """Column values for the ``rule_evaluations`` table (migration 0009)."""
         return {
             "window_start": ms_to_datetime(self.window_start),
             "tenant_id": self.tenant,

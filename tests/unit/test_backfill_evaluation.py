@@ -11,7 +11,7 @@ from streams.app.alerting_hook import AlertingHook
 from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import WindowCloser
 from streams.settings import Settings, WindowConfig
-from streams.store.aggregates_store import dead_letter_counts, insert_rows
+from streams.store.aggregates_store import dead_letter_counts, insert_rows, stored_window_series
 from streams.store.requests_store import fetch_window_records
 from tests.support.records import WINDOW_MS, make_record
 
@@ -33,6 +33,8 @@ class FakeStore:
             return list(self.records[int(args[1])])
         if fn is dead_letter_counts:
             return {}
+        if fn is stored_window_series:
+            return []
         if fn is insert_rows:
             self.rows[args[1]] += list(args[2])
         return None
@@ -128,7 +130,7 @@ def test_a_replay_over_stored_windows_evaluates_each_of_them_once() -> None:
             if fn is fetch_window_rows:
                 return {}
             if fn is stored_alert_keys:
-                return set()
+                return []
             return await store.call(fn, *args)
 
         async def publish(topic: str, key: bytes, value: bytes) -> None:

@@ -13,7 +13,7 @@ from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import WindowCloser
 from streams.app.writer import StoreWriter
 from streams.settings import Settings, WindowConfig
-from streams.store.aggregates_store import dead_letter_counts
+from streams.store.aggregates_store import dead_letter_counts, stored_window_series
 from streams.store.requests_store import fetch_window_records
 from tests.support.records import make_record
 
@@ -36,6 +36,8 @@ async def fake_store_call(fn: Callable[..., Any], *args: Any) -> Any:
         return []
     if fn is dead_letter_counts:
         return {}
+    if fn is stored_window_series:
+        return []
     return None
 
 
