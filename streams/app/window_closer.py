@@ -182,7 +182,7 @@ class WindowCloser:
     async def _compute(self, ws: int, *, first_close: bool) -> WindowAggregates:
         records = await self.store_call(fetch_window_records, self.db, ws, self.window_ms)
         dead = await self.store_call(dead_letter_counts, self.db, ws, ws + self.window_ms)
-        pinned = await self.store_call(stored_window_series, self.db, ws)  # keep their slots (series caps)
+        pinned = await self.store_call(stored_window_series, self.db, ws) or []  # they keep their slots
         agg = aggregate_window(
             records,
             ws,

@@ -31,7 +31,15 @@ from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
 from schemas.events import MIN_TS_MS, StageEvent
 from schemas.records import STATUS_ORDER, RequestStatus
 from streams.core.join_record import build_record, merge_records
-from streams.core.join_state import Conflict, PendingRequest, content_digest, event_key, state_key
+from streams.core.join_state import (
+    EVENT_RECORD,
+    STATE_FIXED_BYTES,
+    Conflict,
+    PendingRequest,
+    content_digest,
+    event_key,
+    state_key,
+)
 from streams.settings import CapsConfig, JoinConfig
 
 __all__ = [
@@ -207,6 +215,9 @@ class RequestJoin:
         #: (changelog key, partition) of old-form keys (a bare request id) seen by :meth:`restore`: the
         #: adapter deletes them once the re-keyed states (marked dirty) are written.
         self.legacy_keys: list[tuple[str, int]] = []
+        # Event-record bytes below which one more event (a known stage) passes both per-request bounds.
+        by_bytes = (config.max_request_state_bytes - STATE_FIXED_BYTES - 128) * 3 // 4 - 3
+        self._fast_events_bytes = min((config.max_events_per_request - 1) * EVENT_RECORD.size, by_bytes)
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -261,7 +272,7 @@ class RequestJoin:
         if offset is not None and pending.offset is not None and offset <= pending.offset:
             self.counters.replayed += 1
             return []
-        refusal = self._over_cap(pending, event)
+        refusal = None if self._surely_under_caps(pending) else self._over_cap(pending, event)
         if refusal is not None:
             self._raise(part, event, now_wall_ms)  # its time is still evidence that the partition moved on
             return [refusal]
@@ -292,6 +303,11 @@ class RequestJoin:
         if pending.started_at != started_at:
             self._push_age(pending)
         return refused
+
+    def _surely_under_caps(self, pending: PendingRequest) -> bool:
+        """The hot path's shortcut: no custom stage names and few enough event records that neither
+        per-request bound can trip with one more event."""
+        return not pending.customs and len(pending.events) < self._fast_events_bytes
 
     def _over_cap(self, pending: PendingRequest, event: StageEvent) -> Refusal | None:
         """A ``too_many_events`` refusal when folding ``event`` would pass a per-request bound."""

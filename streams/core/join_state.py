@@ -26,6 +26,7 @@ import hashlib
 import math
 import struct
 import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -80,12 +81,25 @@ def content_digest(event: StageEvent) -> int:
 
     Two copies with the same dedup key and different digests are conflicting duplicates.
     """
-    attrs = event.attrs.model_dump(exclude_unset=True) if event.attrs is not None else None
+    attrs = event.attrs
+    # The fields' and extras' dicts, not model_dump (5x slower): an attr left unset and one set to null
+    # both read None, and say the same thing.
+    known, extra = (None, None) if attrs is None else (attrs.__dict__, attrs.__pydantic_extra__)
     payload = orjson.dumps(
-        [event.ts_ms, event.duration_ms, event.version_id, event.rollout, event.route, event.fallback_level, attrs],
+        [
+            event.ts_ms,
+            event.duration_ms,
+            event.version_id,
+            event.rollout,
+            event.route,
+            event.fallback_level,
+            known,
+            extra,
+        ],
         option=orjson.OPT_SORT_KEYS,
     )
-    return int.from_bytes(hashlib.blake2b(payload, digest_size=4).digest(), "little", signed=True) or 1
+    digest = zlib.crc32(payload)
+    return (digest - (1 << 32) if digest >= 1 << 31 else digest) or 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +176,7 @@ class PendingRequest:
         "events",
         "fallback",
         "first_token",
+        "first_ts",
         "first_wm",
         "ident",
         "key",
@@ -203,6 +218,8 @@ class PendingRequest:
         self.first_token: float | None = None
         self.min_ts = math.inf
         self.max_end = -math.inf
+        #: ``ts_ms`` of the first event folded (arrival order): the request's lifetime runs from here.
+        self.first_ts = math.inf
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -211,9 +228,7 @@ class PendingRequest:
         """Distinct accepted events."""
         return len(self.events) // EVENT_RECORD.size
 
-    @property
-    def first_ts(self) -> float:
-        """``ts_ms`` of the first event folded (arrival order): the request's lifetime runs from here."""
+    def _first_ts(self) -> float:
         return float(EVENT_RECORD.unpack_from(self.events, 0)[1]) if self.events else math.inf
 
     def state_bytes(self) -> int:
@@ -279,6 +294,8 @@ class PendingRequest:
         if index >= 0:
             return self._resolve(index, event, record, rank)
         index = self.event_count
+        if not index:
+            self.first_ts = ts
         self.events += record
         self._account(code, ts, dur)
         self._fold_identity(event, index, code == REQUEST_START, rank)
@@ -327,6 +344,7 @@ class PendingRequest:
         """
         at = index * EVENT_RECORD.size
         self.events = self.events[:at] + record + self.events[at + EVENT_RECORD.size :]
+        self.first_ts = self._first_ts()
         self.start = self.first_token = None
         self.min_ts, self.max_end = math.inf, -math.inf
         for code, ts, dur, _, _, _ in EVENT_RECORD.iter_unpack(self.events):
@@ -457,6 +475,7 @@ class PendingRequest:
                 if code >= n_codes:
                     raise ValueError(f"unknown stage code {code}")
                 pending._account(code, ts, dur)
+            pending.first_ts = pending._first_ts()
         except (orjson.JSONDecodeError, TypeError, ValueError, binascii.Error) as exc:
             raise ValueError(f"corrupt join state for request {request_id!r}: {exc}") from exc
         return pending
