@@ -36,15 +36,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
-from streams.alerting.outbox import alert_message
 from streams.app.join_changelog import restore_partitions
+from streams.app.join_guard import halt_alert, report_quarantines, sync_counter
 from streams.app.metrics import WorkerMetrics
 from streams.app.partition_reader import PartitionReader
 from streams.core.guard import DeadLetterGuard
 from streams.core.join import Refusal, RequestJoin, TenantMismatch
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.topics import ensure_named_topics, kafka_client_kwargs
-from streams.rules import ingest_halted_transition
 from streams.settings import Settings
 
 log = logging.getLogger("ttft.join")
@@ -231,7 +230,7 @@ class BatchJoin:
         if self.guard.observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
             self._halt(decoded, record)
         if self.guard.newly_quarantined:
-            self._quarantined()
+            report_quarantines(self.settings, self.guard, self.metrics)
         if isinstance(decoded, DeadLetter):
             self._add_dead_letter(outputs, p, decoded)
             return
@@ -240,20 +239,6 @@ class BatchJoin:
                 self._add_dead_letter(outputs, p, out.to_dead_letter(_Source(record), now, caps))
             else:
                 self._add_record(outputs, p, out)
-
-    def _quarantined(self) -> None:
-        """The guard quarantined a tenant instead of halting: say so loudly, keep going for everyone."""
-        for tenant in self.guard.newly_quarantined:
-            log.error(
-                "tenant %r quarantined: its invalid events passed %.0f%% of the last %d messages; its dead letters "
-                "no longer count towards the ingest halt (docs/operations.md)",
-                tenant,
-                self.settings.caps.halt_dead_letter_share * 100,
-                self.settings.caps.halt_window_messages,
-            )
-            self.metrics.caps_tripped.labels("tenant_quarantine").inc()
-        self.metrics.health["quarantined_tenants"] = list(self.guard.quarantined)
-        self.guard.newly_quarantined.clear()
 
     def _refetch_later(self, tp: TopicPartition, offset: int) -> None:
         """Records of a partition whose state is not restored yet: never fold them, never skip them. The
@@ -295,12 +280,12 @@ class BatchJoin:
         await self._produce(state)
         c, m = self.core.counters, self.metrics
         m.open_requests.set(self.core.open_requests)
-        _sync_counter(m.duplicates, c.duplicates)
-        _sync_counter(m.late_events, c.late_events)
-        _sync_counter(m.evictions, c.evictions)
-        _sync_counter(m.replayed_events, c.replayed)
+        sync_counter(m.duplicates, c.duplicates)
+        sync_counter(m.late_events, c.late_events)
+        sync_counter(m.evictions, c.evictions)
+        sync_counter(m.replayed_events, c.replayed)
         for cap, total in c.caps.items():
-            _sync_counter(m.caps_tripped.labels(cap), total)
+            sync_counter(m.caps_tripped.labels(cap), total)
 
     async def _produce(self, outputs: Outputs) -> None:
         """One producer batch per (topic, partition), all sent, then all acknowledgements awaited."""
@@ -354,22 +339,8 @@ class BatchJoin:
 
     def _halt(self, decoded: Any, record: ConsumerRecord[Any, Any]) -> None:
         """The dead-letter guard tripped: page (best effort), then exit with nothing of this batch committed."""
-        caps = self.settings.caps
-        detail = (
-            f"{self.guard.dead_letters} of the last {caps.halt_window_messages} messages on {record.topic} were "
-            f"invalid (limit {caps.halt_dead_letter_share:.0%}); halted at partition {record.partition} offset "
-            f"{record.offset}. Fix the producer, then resume (docs/operations.md)."
-        )
-        log.critical("TTFTIngestHalted: %s", detail)
-        at_ms = float(getattr(decoded, "ts_ms", None) or self._wall() * 1000.0)
-        transition = ingest_halted_transition(
-            "firing",
-            at_ms,
-            detail=detail,
-            numbers={"dead_share": self.guard.dead_share, "partition": record.partition, "offset": record.offset},
-            runbook_base_url=self.settings.rules.runbook_base_url,
-        )
-        key, value = alert_message(transition)
+        where = (record.topic, record.partition, record.offset)
+        key, value = halt_alert(self.settings, self.guard, decoded, where, self._wall() * 1000.0)
         raise _Halted(self.settings.topic("alerts"), key, value)
 
     async def _page_and_exit(self, halted: _Halted) -> None:
@@ -457,10 +428,3 @@ class _Source:
         self.partition: int = record.partition
         self.offset: int = record.offset
         self.timestamp: float | None = None if record.timestamp is None else record.timestamp / 1000.0
-
-
-def _sync_counter(counter: Any, total: int) -> None:
-    """Move a Prometheus counter up to a running total kept by the core."""
-    current = counter._value.get()
-    if total > current:
-        counter.inc(total - current)

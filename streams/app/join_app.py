@@ -34,7 +34,7 @@ from faust.types import TP, EventT
 
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
-from streams.alerting.outbox import alert_message
+from streams.app.join_guard import halt_alert, report_quarantines, sync_counter
 from streams.app.metrics import WorkerMetrics
 from streams.app.partition_reader import PartitionReader, RawRecord
 from streams.core.cursors import OffsetCursors
@@ -42,7 +42,6 @@ from streams.core.guard import DeadLetterGuard
 from streams.core.join import Refusal, RequestJoin, TenantMismatch
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.topics import faust_broker_kwargs
-from streams.rules import ingest_halted_transition
 from streams.settings import Settings
 
 log = logging.getLogger("ttft.join")
@@ -253,7 +252,7 @@ class JoinAdapter:
         if self.guard.observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
             await self._halt(decoded, msg)  # never returns: nothing of this batch is acked
         if self.guard.newly_quarantined:
-            self._quarantined()
+            report_quarantines(self.settings, self.guard, self.metrics)
         self.cursors.advance(msg.partition, msg.offset)
         if isinstance(decoded, DeadLetter):
             outputs.append(self._dead_letter_output(decoded))
@@ -354,38 +353,10 @@ class JoinAdapter:
             except Exception:  # a rebalance took the partition meanwhile: the next recovery restarts it
                 log.warning("could not seek partition %d", tp.partition, exc_info=True)
 
-    def _quarantined(self) -> None:
-        """The guard quarantined a tenant instead of halting: say so loudly, keep going for everyone."""
-        for tenant in self.guard.newly_quarantined:
-            log.error(
-                "tenant %r quarantined: its invalid events passed %.0f%% of the last %d messages; its dead letters "
-                "no longer count towards the ingest halt (docs/operations.md)",
-                tenant,
-                self.settings.caps.halt_dead_letter_share * 100,
-                self.settings.caps.halt_window_messages,
-            )
-            self.metrics.caps_tripped.labels("tenant_quarantine").inc()
-        self.metrics.health["quarantined_tenants"] = list(self.guard.quarantined)
-        self.guard.newly_quarantined.clear()
-
     async def _halt(self, decoded: Any, msg: Any) -> None:
         """The dead-letter guard tripped: page, then exit before anything of this batch is acknowledged."""
-        caps = self.settings.caps
-        detail = (
-            f"{self.guard.dead_letters} of the last {caps.halt_window_messages} messages on {msg.topic} were "
-            f"invalid (limit {caps.halt_dead_letter_share:.0%}); halted at partition {msg.partition} offset "
-            f"{msg.offset}. Fix the producer, then resume (docs/operations.md)."
-        )
-        log.critical("TTFTIngestHalted: %s", detail)
-        at_ms = float(getattr(decoded, "ts_ms", None) or time.time() * 1000.0)
-        transition = ingest_halted_transition(
-            "firing",
-            at_ms,
-            detail=detail,
-            numbers={"dead_share": self.guard.dead_share, "partition": msg.partition, "offset": msg.offset},
-            runbook_base_url=self.settings.rules.runbook_base_url,
-        )
-        key, value = alert_message(transition)
+        where = (msg.topic, msg.partition, msg.offset)
+        key, value = halt_alert(self.settings, self.guard, decoded, where, time.time() * 1000.0)
         try:
             fut = await self.app.producer.send(
                 self.settings.topic("alerts"), key, value, partition=None, timestamp=None, headers=None
@@ -512,11 +483,11 @@ class JoinAdapter:
         c = self.core.counters
         m = self.metrics
         m.open_requests.set(self.core.open_requests)
-        _sync_counter(m.duplicates, c.duplicates)
-        _sync_counter(m.late_events, c.late_events)
-        _sync_counter(m.evictions, c.evictions)
+        sync_counter(m.duplicates, c.duplicates)
+        sync_counter(m.late_events, c.late_events)
+        sync_counter(m.evictions, c.evictions)
         for cap, total in c.caps.items():
-            _sync_counter(m.caps_tripped.labels(cap), total)
+            sync_counter(m.caps_tripped.labels(cap), total)
 
 
 def _log_failure(fut: asyncio.Future[Any]) -> None:
@@ -536,10 +507,3 @@ def _append_time_ms(message: Any) -> int | None:
     if getattr(message, "timestamp_type", None) != 1:
         return None
     return _ts_ms(message)
-
-
-def _sync_counter(counter: Any, total: int) -> None:
-    """Move a Prometheus counter up to a running total kept by the core."""
-    current = counter._value.get()
-    if total > current:
-        counter.inc(total - current)
