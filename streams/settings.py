@@ -60,6 +60,15 @@ class JoinConfig(_Section):
     max_watermark_lead_ms: int = Field(
         10_000, gt=0, description="No event moves a watermark further than this past the worker's clock."
     )
+    max_tenant_lag_ms: int = Field(
+        900_000,
+        ge=0,
+        description=(
+            "A tenant's watermark trails its partition's leading tenant by at most this much (event time); "
+            "within it, another tenant's clock never moves it. Above max_watermark_step_ms, so no single "
+            "event of one tenant drags another."
+        ),
+    )
     max_late_reemissions: int = Field(
         10,
         ge=0,

@@ -199,8 +199,9 @@ class BatchJoin:
         m.events_consumed.inc(count)
         m.unacked_events.set(count)
         for partition in sorted(self.owned):
-            if TopicPartition(self.topic, partition) in commits or self._idle(partition):
-                for record in self.core.advance(partition, now):
+            caught_up = self._idle(partition)
+            if caught_up or TopicPartition(self.topic, partition) in commits:
+                for record in self.core.advance(partition, now, caught_up):
                     self._add_record(outputs, partition, record)
         if outputs or self.core.has_dirty() or self._heartbeat_due(now):
             await self._flush(outputs, now)
@@ -257,6 +258,15 @@ class BatchJoin:
         done = self._next.get(partition)
         return highwater is None or (done is not None and done >= highwater)
 
+    def _unread_backlog(self, partition: int) -> bool:
+        """Records are known to wait on ``partition`` and none was folded yet: its heartbeat (watermark 0)
+        holds the writer's windows until they are, or a catch-up would close windows before this
+        partition's share of them is read."""
+        assert self.consumer is not None
+        highwater = self.consumer.highwater(TopicPartition(self.topic, partition))
+        done = self._next.get(partition)
+        return highwater is not None and done is not None and done < highwater
+
     # --- outputs ----------------------------------------------------------------------------------
 
     def _add_record(self, outputs: Outputs, source: int, record: dict[str, Any]) -> None:
@@ -310,7 +320,8 @@ class BatchJoin:
 
     def _add_heartbeats(self, outputs: Outputs, now_ms: float) -> None:
         """Each owned partition's watermark, on every requests partition, after the records it vouches for
-        (the writer closes windows on the minimum; a partition without events sends nothing)."""
+        (the writer closes windows on the minimum; a partition without events sends nothing, one whose
+        backlog is not read yet sends 0)."""
         if not self._heartbeat_due(now_ms):
             return
         self._last_heartbeat_ms = now_ms
@@ -321,8 +332,8 @@ class BatchJoin:
         }
         for partition in sorted(self.owned):
             watermark = self.core.watermark(partition)
-            if not watermark:
-                continue
+            if not watermark and not self._unread_backlog(partition):
+                continue  # never carried an event: holds nobody back
             value = orjson.dumps(
                 {"watermark_ms": watermark, "source_partition": partition, "lag": self._lag.get(partition), **stats}
             )

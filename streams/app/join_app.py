@@ -215,7 +215,7 @@ class JoinAdapter:
                         await self._repair_gap(msg.partition, msg.offset, now, outputs, touched)
                     await self._fold(msg, now, outputs, touched)
                 for partition in touched:
-                    for record in self.core.advance(partition, now):
+                    for record in self.core.advance(partition, now, caught_up=False):
                         outputs.append(self._record_output(record))
                 await self._flush(outputs)
         except Exception:

@@ -1,9 +1,13 @@
 """The request join: stage events of ``(tenant_id, request_id)`` in, request records out (pure; time injected).
 
 :class:`RequestJoin` holds the state of the partitions one worker owns. Per partition it keeps an
-event-time watermark, ``max(ts_ms + duration_ms)`` over the accepted events, moved on by an idle tick
-when no event arrived for ``idle_tick_ms`` of wall time (live traffic finalises; a replay at full speed
-never idles, so it is deterministic). A request is emitted once the watermark passes its deadline:
+event-time watermark **per tenant**, ``max(ts_ms + duration_ms)`` over the tenant's accepted events on that
+partition, moved on by an idle tick when the partition is caught up and the tenant sent nothing for
+``idle_tick_ms`` of wall time (live traffic finalises; a replay at full speed never idles, so it is
+deterministic). One tenant's clock therefore never times out another tenant's requests: a tenant's watermark
+follows the partition's leading tenant only when it trails it by more than ``max_tenant_lag_ms`` (a quiet
+tenant during a backlog). The partition's watermark the writer sees (:meth:`RequestJoin.watermark`) is the
+lowest of its tenants'. A request is emitted once its tenant's watermark passes its deadline:
 
 * with ``first_token``: ``max(first_token_at, latest event end) + grace_ms``;
 * without: ``started_at + request_timeout_ms`` (timed_out, or orphan without request_start);
@@ -183,8 +187,8 @@ class JoinCounters:
     emitted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUS_ORDER, 0))
 
 
-class _Partition:
-    """Watermark and deadline heap of one partition. Heap entries are ``(deadline, request_id)``;
+class _TenantClock:
+    """One tenant's watermark and deadline heap on one partition. Heap entries are ``(deadline, state key)``;
     an entry whose request no longer has that deadline is stale and skipped (lazy deletion)."""
 
     __slots__ = ("deadlines", "idle_base", "last_wall", "watermark")
@@ -193,7 +197,23 @@ class _Partition:
         self.watermark = 0.0  # 0: no event yet (every valid ts_ms is far above)
         self.idle_base = 0.0
         self.last_wall: float | None = None
-        self.deadlines: list[tuple[float, str]] = []  # (deadline, state key)
+        self.deadlines: list[tuple[float, str]] = []
+
+
+class _Partition:
+    """The tenants' clocks of one partition and the highest watermark among them (``lead``)."""
+
+    __slots__ = ("lead", "tenants")
+
+    def __init__(self) -> None:
+        self.lead = 0.0
+        self.tenants: dict[str, _TenantClock] = {}
+
+    def clock(self, tenant: str) -> _TenantClock:
+        clock = self.tenants.get(tenant)
+        if clock is None:
+            clock = self.tenants[tenant] = _TenantClock()
+        return clock
 
 
 class RequestJoin:
@@ -232,9 +252,25 @@ class RequestJoin:
         return len(self._requests)
 
     def watermark(self, partition: int) -> float:
-        """The event-time watermark of a partition (0.0 before its first event)."""
+        """How far every tenant of a partition has progressed: the lowest tenant watermark (each at least
+        ``max_tenant_lag_ms`` behind the leading one), or the leading one when no tenant holds state. The
+        writer closes windows on it, so a tenant running ahead never closes another's windows early.
+        0.0 before the partition's first event."""
         part = self._partitions.get(partition)
-        return 0.0 if part is None else part.watermark
+        if part is None:
+            return 0.0
+        if not part.tenants:
+            return part.lead
+        return min(self._effective(part, clock) for clock in part.tenants.values())
+
+    def tenant_watermark(self, partition: int, tenant: str) -> float:
+        """The watermark a tenant's requests on ``partition`` are emitted by (0.0 before its first event)."""
+        part = self._partitions.get(partition)
+        clock = None if part is None else part.tenants.get(tenant)
+        return 0.0 if part is None or clock is None else self._effective(part, clock)
+
+    def _effective(self, part: _Partition, clock: _TenantClock) -> float:
+        return max(clock.watermark, part.lead - self.config.max_tenant_lag_ms)
 
     def get(self, request_id: str, tenant_id: str | None = None) -> PendingRequest | None:
         """The state of a request held in memory (of ``tenant_id``; without one, of any tenant: for tests)."""
@@ -261,20 +297,21 @@ class RequestJoin:
         """Fold one event; returns records due now (late re-emissions, amendments, evictions) and
         tenant mismatches. ``offset`` (the source offset, optional) lets a replay after a crash be told
         from a genuine duplicate: replayed events change nothing."""
-        part = self._partition(partition)
-        part.last_wall = now_wall_ms
-        part.idle_base = part.watermark
         pending = self._requests.get(state_key(event.tenant_id, event.request_id))
+        if pending is not None and pending.partition != partition:
+            partition = pending.partition  # the key is the request id, so only a misrouted event lands here
+        part = self._partition(partition)
+        clock = part.clock(event.tenant_id)
+        clock.last_wall = now_wall_ms
+        clock.idle_base = clock.watermark
         if pending is None:  # another tenant's request with the same id is another request
-            return self._add_new(event, part, partition, offset, now_wall_ms)
-        if pending.partition != partition:  # the key is the request id, so only a misrouted event lands here
-            part = self._partition(pending.partition)
+            return self._add_new(event, part, clock, partition, offset, now_wall_ms)
         if offset is not None and pending.offset is not None and offset <= pending.offset:
             self.counters.replayed += 1
             return []
         refusal = None if self._surely_under_caps(pending) else self._over_cap(pending, event)
         if refusal is not None:
-            self._raise(part, event, now_wall_ms)  # its time is still evidence that the partition moved on
+            self._raise(part, clock, event, now_wall_ms)  # its time is still evidence that the tenant moved on
             return [refusal]
         started_at = pending.started_at
         folded = pending.fold_event(event, event_key(event), content_digest(event), _offset(offset))
@@ -290,7 +327,7 @@ class RequestJoin:
             self.counters.duplicates += 1
             if not isinstance(folded, Conflict) or not folded.stored_lost:
                 return refused
-        self._raise(part, event, now_wall_ms)
+        self._raise(part, clock, event, now_wall_ms)
         if pending.emitted:
             pending.late += 1
             self.counters.late_events += 1
@@ -299,7 +336,7 @@ class RequestJoin:
                 return refused
             self.counters.re_emitted += 1
             return [*refused, build_record(pending, self.config, self.window_ms)]
-        self._schedule(part, pending)
+        self._schedule(clock, pending)
         if pending.started_at != started_at:
             self._push_age(pending)
         return refused
@@ -322,10 +359,16 @@ class RequestJoin:
         return Refusal("too_many_events", event, f"{detail} (request {event.request_id!r})")
 
     def _add_new(
-        self, event: StageEvent, part: _Partition, partition: int, offset: int | None, now_wall_ms: float
+        self,
+        event: StageEvent,
+        part: _Partition,
+        clock: _TenantClock,
+        partition: int,
+        offset: int | None,
+        now_wall_ms: float,
     ) -> list[JoinOutput]:
         end = event.ts_ms + (event.duration_ms or 0.0)
-        wm = part.watermark
+        wm = self._effective(part, clock)
         if wm > 0.0 and end < wm - self.config.forget_after_ms:
             # A late event of a request already forgotten: the writer merges this into the stored record.
             lone = PendingRequest(event.request_id, event.tenant_id, partition, wm)
@@ -342,24 +385,31 @@ class RequestJoin:
         self._requests[pending.key] = pending
         self._count_open(pending.tenant, +1)
         self._dirty[pending.key] = partition
-        self._raise(part, event, now_wall_ms)
-        self._schedule(part, pending)
+        self._raise(part, clock, event, now_wall_ms)
+        self._schedule(clock, pending)
         self._push_age(pending)
         return self._enforce_open_caps(pending.tenant)
 
     # --- time -----------------------------------------------------------------------------------
 
-    def advance(self, partition: int, now_wall_ms: float) -> list[dict[str, Any]]:
-        """Apply the idle tick to a partition and emit (and forget) what its watermark has passed; then
-        forget the emitted requests past ``max_remembered_requests``, soonest-forgotten first."""
+    def advance(self, partition: int, now_wall_ms: float, caught_up: bool = True) -> list[dict[str, Any]]:
+        """Emit (and forget) what each tenant's watermark on a partition has passed; then forget the emitted
+        requests past ``max_remembered_requests``, soonest-forgotten first.
+
+        ``caught_up``: nothing is left to read on the partition, so the idle tick applies: the watermark of a
+        tenant that sent nothing for ``idle_tick_ms`` of wall time moves on by the wall time since its last
+        event. The adapter passes False while a backlog remains, so a replay never depends on its speed."""
         part = self._partitions.get(partition)
         if part is None:
             return []
-        if part.last_wall is None:
-            part.last_wall = now_wall_ms  # restored: start the idle clock now
-            part.idle_base = part.watermark
-        elif now_wall_ms - part.last_wall >= self.config.idle_tick_ms:
-            part.watermark = max(part.watermark, part.idle_base + (now_wall_ms - part.last_wall))
+        tick = self.config.idle_tick_ms
+        for clock in part.tenants.values():
+            if clock.last_wall is None:
+                clock.last_wall = now_wall_ms  # restored: start the idle clock now
+                clock.idle_base = clock.watermark
+            elif caught_up and now_wall_ms - clock.last_wall >= tick:
+                clock.watermark = max(clock.watermark, clock.idle_base + (now_wall_ms - clock.last_wall))
+                part.lead = max(part.lead, clock.watermark)
         return self._release(partition, part) + self._forget_excess()
 
     def _forget_excess(self) -> list[dict[str, Any]]:
@@ -390,10 +440,20 @@ class RequestJoin:
         return out
 
     def _release(self, partition: int, part: _Partition) -> list[dict[str, Any]]:
+        """Every tenant's due requests, tenants in name order; a tenant left without state is dropped."""
         out: list[dict[str, Any]] = []
-        heap = part.deadlines
+        for tenant in sorted(part.tenants):
+            clock = part.tenants[tenant]
+            out.extend(self._release_tenant(partition, clock, self._effective(part, clock)))
+            if not clock.deadlines:
+                del part.tenants[tenant]
+        return out
+
+    def _release_tenant(self, partition: int, clock: _TenantClock, watermark: float) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        heap = clock.deadlines
         forget_after = self.config.forget_after_ms
-        while heap and heap[0][0] <= part.watermark:
+        while heap and heap[0][0] <= watermark:
             deadline, key = heapq.heappop(heap)
             pending = self._requests.get(key)
             if pending is None or pending.deadline != deadline or pending.partition != partition:
@@ -407,7 +467,7 @@ class RequestJoin:
             record = build_record(pending, self.config, self.window_ms)
             if self._natural_due(pending) > deadline:
                 self.counters.caps["request_lifetime"] += 1
-            self._mark_emitted(pending, record["status"], deadline + forget_after, part)
+            self._mark_emitted(pending, record["status"], deadline + forget_after, clock)
             out.append(record)
         return out
 
@@ -424,39 +484,40 @@ class RequestJoin:
         lifetime = pending.first_ts + self.config.request_timeout_ms
         return max(min(self._natural_due(pending), lifetime), pending.first_wm + self.config.grace_ms)
 
-    def _schedule(self, part: _Partition, pending: PendingRequest) -> None:
+    def _schedule(self, clock: _TenantClock, pending: PendingRequest) -> None:
         deadline = self._deadline(pending)
         if deadline != pending.deadline:
             pending.deadline = deadline
-            heapq.heappush(part.deadlines, (deadline, pending.key))
+            heapq.heappush(clock.deadlines, (deadline, pending.key))
 
-    def _raise(self, part: _Partition, event: StageEvent, now_wall_ms: float) -> None:
-        """Move the watermark to the event's end, within two bounds, so that a skewed event cannot time out
-        the partition's in-flight requests of every tenant:
+    def _raise(self, part: _Partition, clock: _TenantClock, event: StageEvent, now_wall_ms: float) -> None:
+        """Move the tenant's watermark to the event's end, within two bounds, so that a skewed event cannot
+        time out the tenant's own in-flight requests (other tenants have their own watermarks):
 
         * never past the worker's clock + ``max_watermark_lead_ms`` (live traffic has happened already; a
           producer clock running ahead only delays its own requests). A wall clock before 2000 is a test's
           relative clock, and this bound is off;
         * never more than ``max_watermark_step_ms`` in one event (a replay far behind the clock), except
-          for the partition's first event, which sets it.
+          for the tenant's first event on the partition, which sets it.
         """
         end = event.ts_ms + (event.duration_ms or 0.0)
-        if end <= part.watermark:
+        if end <= clock.watermark:
             return
         cfg = self.config
-        if part.watermark > 0.0 and end - part.watermark > cfg.max_watermark_step_ms:
+        if clock.watermark > 0.0 and end - clock.watermark > cfg.max_watermark_step_ms:
             self.counters.caps["watermark_step"] += 1
-            end = part.watermark + cfg.max_watermark_step_ms
+            end = clock.watermark + cfg.max_watermark_step_ms
         if now_wall_ms >= MIN_TS_MS and end > now_wall_ms + cfg.max_watermark_lead_ms:
             self.counters.caps["watermark_lead"] += 1
-            end = max(part.watermark, now_wall_ms + cfg.max_watermark_lead_ms)
-        part.watermark = end
-        part.idle_base = end
+            end = max(clock.watermark, now_wall_ms + cfg.max_watermark_lead_ms)
+        clock.watermark = end
+        clock.idle_base = end
+        part.lead = max(part.lead, end)
 
-    def _mark_emitted(self, pending: PendingRequest, status: str, forget_at: float, part: _Partition) -> None:
+    def _mark_emitted(self, pending: PendingRequest, status: str, forget_at: float, clock: _TenantClock) -> None:
         pending.emitted = True
         pending.deadline = forget_at
-        heapq.heappush(part.deadlines, (forget_at, pending.key))
+        heapq.heappush(clock.deadlines, (forget_at, pending.key))
         heapq.heappush(self._forget_order, (forget_at, pending.key))
         self._count_open(pending.tenant, -1)
         self.counters.emitted[status] += 1
@@ -513,7 +574,8 @@ class RequestJoin:
         status: RequestStatus = "orphan" if pending.start is None else "timed_out"
         record = build_record(pending, self.config, self.window_ms, status_override=status)
         part = self._partitions[pending.partition]
-        self._mark_emitted(pending, status, part.watermark + self.config.forget_after_ms, part)
+        clock = part.clock(pending.tenant)
+        self._mark_emitted(pending, status, self._effective(part, clock) + self.config.forget_after_ms, clock)
         self.counters.evictions += 1
         return record
 
@@ -542,12 +604,14 @@ class RequestJoin:
             self.legacy_keys.append((key, pending.partition))
             self._dirty[pending.key] = pending.partition
         part = self._partition(pending.partition)
+        clock = part.clock(pending.tenant)
         floor = pending.max_end
         if pending.emitted:
             floor = max(floor, pending.deadline - self.config.forget_after_ms)
-        if floor > part.watermark:
-            part.watermark = part.idle_base = floor
-        heapq.heappush(part.deadlines, (pending.deadline, pending.key))
+        if floor > clock.watermark:
+            clock.watermark = clock.idle_base = floor
+            part.lead = max(part.lead, floor)
+        heapq.heappush(clock.deadlines, (pending.deadline, pending.key))
         if not pending.emitted:
             self._count_open(pending.tenant, +1)
             self._push_age(pending)

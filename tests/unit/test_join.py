@@ -41,10 +41,10 @@ def feed(j: RequestJoin, events: list[StageEvent], partition: int = 0, now: floa
     return out
 
 
-def tick(j: RequestJoin, partition: int, at: float, now: float = 0.0) -> list[dict[str, Any]]:
-    """Push the partition's watermark to T0 + at with a span event of another request, then advance."""
-    j.add(ev("custom_clock", at, 0.0, rid=f"clock-{at}"), partition, now)
-    return j.advance(partition, now)
+def tick(j: RequestJoin, partition: int, at: float, now: float = 0.0, tenant_id: str = "acme") -> list[dict[str, Any]]:
+    """Push a tenant's watermark to T0 + at with a span event of another request, then advance."""
+    j.add(ev("custom_clock", at, 0.0, rid=f"clock-{at}", tenant_id=tenant_id), partition, now)
+    return j.advance(partition, now, caught_up=False)
 
 
 def ids(records: list[dict[str, Any]]) -> list[str]:
@@ -120,7 +120,7 @@ def test_another_tenants_event_with_the_same_id_is_another_request() -> None:
     assert j.add(other, 0, 0.0) == []
     assert j.counters.tenant_mismatches == 0
     feed(j, request()[3:])
-    records = {r["tenant_id"]: r for r in tick(j, 0, 40_000)}
+    records = {r["tenant_id"]: r for r in tick(j, 0, 40_000) + tick(j, 0, 40_000, tenant_id="globex")}
     assert records["acme"]["prompt_assemble_ms"] is None and records["acme"]["status"] == "missing_stage"
     assert records["globex"]["prompt_assemble_ms"] == 80.0 and records["globex"]["status"] == "orphan"
 

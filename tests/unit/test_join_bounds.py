@@ -86,17 +86,37 @@ def test_a_normal_request_is_unchanged_by_the_lifetime_bound() -> None:
 
 
 def test_a_skewed_event_cannot_move_the_watermark_past_the_workers_clock() -> None:
-    """A valid event 24 h ahead must not time out the partition's other requests (live: a real wall clock)."""
+    """A valid event 24 h ahead must not time out its own tenant's requests, and never touches another
+    tenant's watermark (live: a real wall clock)."""
     join = RequestJoin(CFG, W)
     now = T0 + 2_000.0
     for i, event in enumerate([ev("request_start", 0, rid="g"), ev("retrieval", 1, 100.0, rid="g")]):
         join.add(event, 0, now, offset=i)
+    join.add(ev("retrieval", 0, 5.0, rid="h", tenant_id="hostile"), 0, now, offset=9)
     join.add(ev("retrieval", 86_400_000, 5.0, rid="skewed", tenant_id="hostile"), 0, now, offset=10)
-    assert join.watermark(0) == now + CFG.max_watermark_lead_ms
+    assert join.tenant_watermark(0, "hostile") == now + CFG.max_watermark_lead_ms
     assert join.counters.caps["watermark_step"] == 1 and join.counters.caps["watermark_lead"] == 1
+    assert join.tenant_watermark(0, "acme") == T0 + 101  # the good tenant's clock: its own events only
+    assert join.watermark(0) == T0 + 101  # the writer closes windows on the slowest tenant
     assert join.advance(0, now) == []  # the good request (30 s timeout) is still open
     pending = join.get("g")
     assert pending is not None and not pending.emitted
+
+
+def test_a_tenant_trails_the_leading_tenant_by_at_most_the_lag_bound() -> None:
+    """A quiet tenant during a backlog is carried along once the leader is max_tenant_lag_ms ahead."""
+    join = RequestJoin(CFG, W)
+    join.add(ev("request_start", 0, rid="quiet", tenant_id="quiet"), 0, 0.0, offset=0)
+    for i in range(1, 12):  # the busy tenant moves on a minute per event (a backlog: never caught up)
+        join.add(ev("retrieval", i * 60_000, 5.0, rid=f"b{i}", tenant_id="busy"), 0, 0.0, offset=i)
+        out = join.advance(0, 0.0, caught_up=False)
+        lead = T0 + i * 60_000 + 5.0
+        assert join.tenant_watermark(0, "quiet") == max(T0, lead - CFG.max_tenant_lag_ms)
+        if any(r["request_id"] == "quiet" for r in out):
+            assert lead - CFG.max_tenant_lag_ms >= T0 + CFG.request_timeout_ms
+            break
+    else:
+        raise AssertionError("the quiet tenant's request was never timed out")
 
 
 def test_one_event_moves_the_watermark_at_most_one_step() -> None:
@@ -149,3 +169,22 @@ def test_emitted_requests_are_not_remembered_past_the_cap() -> None:
     assert join.remembered_requests - join.open_requests == 5
     assert join.counters.caps["remembered_requests"] == 15
     assert join.get("r0") is None and join.get("r19") is not None  # the soonest-forgotten went first
+
+
+def test_a_tenant_running_ahead_never_emits_another_tenants_requests() -> None:
+    """Per-tenant watermarks: within the lag bound, one tenant's clock changes nothing for another."""
+    alone, mixed = RequestJoin(CFG, W), RequestJoin(CFG, W)
+    good = [ev("request_start", i * 1_000, rid=f"g{i}") for i in range(20)]
+    good += [ev("first_token", i * 1_000 + 500, rid=f"g{i}") for i in range(20)]
+    good.sort(key=lambda e: e.ts_ms)
+    ahead = [ev("retrieval", 200_000 + i, 1.0, rid=f"h{i}", tenant_id="hostile") for i in range(20)]
+    out_alone: list[Any] = []
+    out_mixed: list[Any] = []
+    for i, event in enumerate(good):
+        out_alone += alone.add(event, 0, 0.0, offset=i) + alone.advance(0, 0.0, caught_up=False)
+        out_mixed += mixed.add(ahead[i % 20], 0, 0.0, offset=2 * i) + mixed.add(event, 0, 0.0, offset=2 * i + 1)
+        out_mixed += mixed.advance(0, 0.0, caught_up=False)
+    good_mixed = [r for r in out_mixed if r["tenant_id"] == "acme"]
+    assert [r["request_id"] for r in good_mixed] == [r["request_id"] for r in out_alone]
+    assert all(r["status"] != "timed_out" for r in good_mixed)
+    assert mixed.watermark(0) == alone.watermark(0)  # the writer's view: the slowest tenant
