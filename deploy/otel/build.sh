@@ -18,6 +18,8 @@ if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
 fi
 command -v go >/dev/null || { echo "otelcol build: go is not installed (Go 1.26+ needed)" >&2; exit 1; }
 
+trap 'echo "otelcol build: FAILED (the error is above); no binary was installed" >&2' ERR
+
 mkdir -p "$out/bin"
 export GOBIN="$out/bin"
 start=$(date +%s)
