@@ -1,7 +1,8 @@
-"""``ttft otel``: the clear errors that need no Collector, and the port settings."""
+"""``ttft otel``: the clear errors that need no Collector, the port settings and the config's defaults."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,8 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from streams.cli.main import main
-from streams.settings import OtelCollectorConfig, load_settings
+from streams.otel.collector import DEFAULT_CONFIG, LocalCollector
+from streams.settings import OtelCollectorConfig, Settings, load_settings
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -35,3 +37,16 @@ def test_ports_come_from_env_and_must_differ(monkeypatch: pytest.MonkeyPatch) ->
     assert load_settings().otel.http_port == 4318
     with pytest.raises(ValidationError, match="must differ"):
         OtelCollectorConfig(grpc_port=4318)
+
+
+def test_collector_config_defaults_are_the_settings_defaults() -> None:
+    """deploy/otel/collector.yaml's ``${env:TTFT_OTEL__*:-default}`` and the broker default match Settings,
+    and ``LocalCollector`` sets every ``TTFT_OTEL__`` variable the config reads."""
+    text = DEFAULT_CONFIG.read_text(encoding="utf-8")
+    defaults = dict(re.findall(r"\$\{env:(TTFT_[A-Z_]+):-([^}]*)\}", text))
+    settings = Settings()
+    ours = {name: value for name, value in defaults.items() if name.startswith("TTFT_OTEL__")}
+    assert ours == {f"TTFT_OTEL__{k.upper()}": str(v) for k, v in settings.otel.model_dump().items()}
+    assert defaults["TTFT_KAFKA_BOOTSTRAP"] == settings.kafka_bootstrap
+    collector = LocalCollector(Path("x"), ports=settings.otel, kafka_bootstrap=settings.kafka_bootstrap)
+    assert set(ours) <= set(collector.environment())
