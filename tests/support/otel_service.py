@@ -2,9 +2,10 @@
 
 Each trace is a root ``rag.request`` span with a ``retrieve`` child (OpenInference ``RETRIEVER``) and a
 ``chat`` child (GenAI ``chat``, with a ``gen_ai.first_chunk`` event); durations of 100 ms–5 s are set by
-explicit timestamps, so nothing sleeps. Every ``--split-every``-th trace is flushed after its retrieval span,
-so it reaches the Collector in two exports. The spans it made are written to ``--out`` as JSON, the ground
-truth the test compares with what reaches Kafka::
+explicit timestamps. Every ``--split-every``-th trace is split the way real ones are (the LLM and root spans
+end last): its retrieval span is exported with the other traces, its LLM and root spans only after a pause
+longer than the Collector's batch timeout, so the trace reaches Kafka in two messages. The spans it made are
+written to ``--out`` as JSON, the ground truth the test compares with what reaches Kafka::
 
     {"traces": {trace_id_hex: [span_id_hex, ...]}, "split": [trace_id_hex, ...]}
 
@@ -62,11 +63,17 @@ def _one_trace(
     return trace_id, span_ids, ends
 
 
+def _flush(provider: TracerProvider) -> None:
+    if not provider.force_flush(timeout_millis=30_000):
+        raise SystemExit("otel_service: the exporter did not flush within 30 s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--endpoint", required=True, help="OTLP/gRPC host:port of the Collector")
     parser.add_argument("--traces", type=int, default=200)
     parser.add_argument("--split-every", type=int, default=4)
+    parser.add_argument("--pause-s", type=float, default=1.0, help="between a split trace's two exports")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -78,17 +85,22 @@ def main() -> None:
     rng = random.Random(args.seed)
     traces: dict[str, list[str]] = {}
     split: list[str] = []
+    later: list[tuple[Span, int]] = []
     now = time.time_ns()
     for i in range(args.traces):
         trace_id, span_ids, ends = _one_trace(tracer, rng, now + i * 10 * _MS, f"tenant-{i % 2}")
         traces[trace_id] = span_ids
-        for n, (span, end_ns) in enumerate(ends):
+        if args.split_every and i % args.split_every == 0:
+            split.append(trace_id)
+            ends, deferred = ends[:1], ends[1:]
+            later += deferred
+        for span, end_ns in ends:
             span.end(end_time=end_ns)
-            if n == 0 and args.split_every and i % args.split_every == 0:
-                provider.force_flush()  # the retrieval span goes out alone; the rest of the trace follows
-                split.append(trace_id)
-    if not provider.force_flush(timeout_millis=30_000):
-        raise SystemExit("otel_service: the exporter did not flush within 30 s")
+    _flush(provider)
+    time.sleep(args.pause_s)  # past the Collector's batch timeout: the second halves go in other batches
+    for span, end_ns in later:
+        span.end(end_time=end_ns)
+    _flush(provider)
     provider.shutdown()
     args.out.write_text(json.dumps({"traces": traces, "split": split}))
 
