@@ -4,8 +4,8 @@ Each trace is a root ``rag.request`` span with a ``retrieve`` child (OpenInferen
 ``chat`` child (GenAI ``chat``, with a ``gen_ai.first_chunk`` event); durations of 100 ms–5 s are set by
 explicit timestamps. Every ``--split-every``-th trace is split the way real ones are (the LLM and root spans
 end last): its retrieval span is exported with the other traces, its LLM and root spans only after a pause
-longer than the Collector's batch timeout, so the trace reaches Kafka in two messages. The spans it made are
-written to ``--out`` as JSON, the ground truth the test compares with what reaches Kafka::
+longer than the Collector's batch timeout, so the trace reaches Kafka in two messages or more. The spans it
+made are written to ``--out`` as JSON, the ground truth the test compares with what reaches Kafka::
 
     {"traces": {trace_id_hex: [span_id_hex, ...]}, "split": [trace_id_hex, ...]}
 
