@@ -165,6 +165,25 @@ class TenantConfig(_Section):
     canary_version: str | None = None
 
 
+class OtelCollectorConfig(_Section):
+    """The local OpenTelemetry Collector of ``ttft otel up`` (deploy/otel/collector.yaml): its loopback ports.
+
+    Passed to the Collector as ``TTFT_OTEL__*`` variables, the names its config reads.
+    """
+
+    grpc_port: int = Field(4317, gt=0, le=65535, description="OTLP/gRPC receiver (services export here).")
+    http_port: int = Field(4318, gt=0, le=65535, description="OTLP/HTTP receiver (POST /v1/traces).")
+    prometheus_port: int = Field(8889, gt=0, le=65535, description="/metrics of the spanmetrics histograms.")
+    telemetry_port: int = Field(8888, gt=0, le=65535, description="/metrics of the Collector's own telemetry.")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> OtelCollectorConfig:
+        ports = (self.grpc_port, self.http_port, self.prometheus_port, self.telemetry_port)
+        if len(set(ports)) != len(ports):
+            raise ValueError("otel: the four Collector ports must differ")
+        return self
+
+
 class Settings(BaseSettings):
     """Everything a ttft process needs. Frozen; validated once at start-up."""
 
@@ -211,6 +230,9 @@ class Settings(BaseSettings):
     default_slo_ms: float = Field(2_000.0, gt=0)
     default_slo_target: float = Field(0.99, gt=0, lt=1)
     rules: RulesConfig = Field(default_factory=RulesConfig, description="Alert rules (streams.rules_config).")
+    otel: OtelCollectorConfig = Field(
+        default_factory=OtelCollectorConfig, description="The local Collector's ports (ttft otel up)."
+    )
     paging_muted: bool = Field(False, description="Replay/backfill: store alerts, never page (counted).")
     replay: bool = Field(
         False,

@@ -10,6 +10,7 @@ pytest_plugins = [
     "tests.fixtures.alertmanager",
     "tests.fixtures.pipeline_run",
     "tests.fixtures.store_exit",
+    "tests.fixtures.otel",
 ]
 
 

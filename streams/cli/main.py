@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "config": "streams.cli.config_cmd:config",
     "grafana": "streams.cli.grafana_cmd:grafana",
     "rules": "streams.cli.rules_cmd:rules",
+    "otel": "streams.cli.otel_cmd:otel",
 }
 
 

@@ -92,7 +92,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def _port_is_free(host: str, port: int) -> bool:
+def port_is_free(host: str, port: int) -> bool:
+    """True if nothing listens on ``host:port`` (a bind succeeds)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -110,7 +111,7 @@ def _new_cluster_id() -> str:
             return cid
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """True for a live, non-zombie process (a zombie has exited and only awaits its parent's wait)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -119,8 +120,8 @@ def _pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _set_parent_death_signal() -> None:
-    # Runs in the child before exec: SIGTERM the broker if the test process dies without stopping it.
+def set_parent_death_signal() -> None:
+    """``preexec_fn`` of a child: SIGTERM it if the (test) process that started it dies without stopping it."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -202,7 +203,7 @@ class LocalBroker:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return None
         # Guard against PID reuse: the process must be a JVM running this data dir's config.
         try:
@@ -293,11 +294,11 @@ class LocalBroker:
     def _choose_ports(self) -> None:
         # A recorded controller port may have been taken since; the static voter set only names the node
         # id, so moving the controller to another port keeps the data usable.
-        if not self.controller_port or not _port_is_free(self.host, self.controller_port):
+        if not self.controller_port or not port_is_free(self.host, self.controller_port):
             self.controller_port = free_port(self.host)
-        if not _port_is_free(self.host, self.port):
+        if not port_is_free(self.host, self.port):
             raise BrokerError(f"port {self.bootstrap} is in use by another process")
-        if self.sasl_port and not _port_is_free(self.host, self.sasl_port):
+        if self.sasl_port and not port_is_free(self.host, self.sasl_port):
             raise BrokerError(f"SASL port {self.sasl_bootstrap} is in use by another process")
         state: dict[str, int | str] = {
             "port": self.port,
@@ -403,7 +404,7 @@ class LocalBroker:
         # The parent-death signal fires when the *thread* that forked exits, so only tie the broker to
         # the main thread; a broker started from a worker thread must be stopped explicitly.
         tie = not self.detach and threading.current_thread() is threading.main_thread()
-        preexec: Callable[[], None] | None = _set_parent_death_signal if tie else None
+        preexec: Callable[[], None] | None = set_parent_death_signal if tie else None
         with open(self.log_file, "ab") as log:
             self._proc = subprocess.Popen(
                 cmd,
@@ -436,7 +437,7 @@ class LocalBroker:
             if self._proc is not None and self._proc.pid == pid:
                 if self._proc.poll() is not None:
                     return True
-            elif not _pid_alive(pid):
+            elif not pid_alive(pid):
                 return True
             time.sleep(0.1)
         return False

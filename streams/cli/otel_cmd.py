@@ -1,0 +1,79 @@
+"""``ttft otel up/down/status``: the local OpenTelemetry Collector, in front of the local broker.
+
+The Collector (``make otelcol``) receives OTLP on ``127.0.0.1`` (ports ``TTFT_OTEL__GRPC_PORT`` 4317 and
+``TTFT_OTEL__HTTP_PORT`` 4318), writes spans to Kafka at ``TTFT_KAFKA_BOOTSTRAP`` (topic ``otlp_spans``) and
+serves the spanmetrics histograms on ``TTFT_OTEL__PROMETHEUS_PORT`` (8889). ``up`` leaves it running in the
+background with its pid and log in ``$TTFT_HOME/otel``; ``down`` stops it by its recorded PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from streams.kafka.topics import wait_for_broker
+from streams.otel.collector import CollectorError, LocalCollector, missing_binary
+from streams.settings import Settings, load_settings
+
+
+def _collector(settings: Settings) -> LocalCollector:
+    return LocalCollector(
+        Path(settings.home) / "otel", ports=settings.otel, kafka_bootstrap=settings.kafka_bootstrap, detach=True
+    )
+
+
+@click.group()
+def otel() -> None:
+    """Run the local OpenTelemetry Collector (built by `make otelcol`) in front of the local broker."""
+
+
+@otel.command()
+@click.option("--timeout", "timeout_s", default=30.0, show_default=True, help="Seconds to wait for readiness.")
+def up(timeout_s: float) -> None:
+    """Start the Collector in the background, wait until its OTLP ports accept connections."""
+    settings = load_settings()
+    collector = _collector(settings)
+    state = collector.status()
+    if state.running:
+        click.echo(f"{state}; already up")
+        return
+    problem = missing_binary(collector.binary)
+    if problem:
+        raise click.ClickException(problem)
+    try:
+        asyncio.run(wait_for_broker(settings.kafka_bootstrap, timeout_s=5.0))
+    except TimeoutError as exc:
+        raise click.ClickException(
+            f"kafka does not answer at {settings.kafka_bootstrap} (start it with `ttft kafka up`): {exc}"
+        ) from exc
+    try:
+        seconds = collector.start(timeout_s=timeout_s)
+    except CollectorError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"otel collector started in {seconds:.1f}s (pid {collector.pid}, log {collector.log_file})")
+    click.echo(f"  OTLP gRPC    {collector.grpc_endpoint}")
+    click.echo(f"  OTLP HTTP    {collector.http_endpoint}")
+    click.echo(f"  spans to     kafka {settings.kafka_bootstrap}")
+    click.echo(f"  spanmetrics  {collector.metrics_url}")
+    click.echo(f"  telemetry    {collector.telemetry_url}")
+
+
+@otel.command()
+@click.option("--timeout", "timeout_s", default=10.0, show_default=True, help="Seconds before SIGKILL.")
+def down(timeout_s: float) -> None:
+    """Stop the Collector started by `ttft otel up` (SIGTERM, then SIGKILL after the timeout)."""
+    if _collector(load_settings()).stop(timeout_s=timeout_s):
+        click.echo("otel collector stopped")
+    else:
+        click.echo("otel collector was not running")
+
+
+@otel.command()
+def status() -> None:
+    """Exit 0 if the Collector runs, else exit 1."""
+    state = _collector(load_settings()).status()
+    click.echo(str(state))
+    if not state.running:
+        raise SystemExit(1)

@@ -1,0 +1,1 @@
+"""The OpenTelemetry Collector that feeds spans into the pipeline (``ttft otel up/down``)."""
