@@ -146,6 +146,27 @@ class CapsConfig(_Section):
     )
 
 
+class OtlpConfig(_Section):
+    """The OpenTelemetry input: Collector ``kafkaexporter`` messages mapped to stage events (DESIGN.md,
+    "OpenTelemetry spans"). It runs inside the join process, with its own consumer group."""
+
+    enabled: bool = Field(True, description="Consume the OTLP span topic in the join process.")
+    topic: str = Field(
+        "otlp_spans",
+        pattern=r"^[A-Za-z0-9._-]{1,249}$",
+        description="The Collector kafkaexporter's topic; its default name, never prefixed.",
+    )
+    encoding: Literal["otlp_proto", "otlp_json"] = Field(
+        "otlp_proto", description="The exporter's encoding: one ExportTraceServiceRequest per message."
+    )
+    max_traces: int = Field(
+        100_000, gt=0, description="Traces held or remembered; past it the oldest is resolved early (counted)."
+    )
+    max_spans_per_trace: int = Field(
+        512, gt=0, le=10_000, description="Spans held per trace; more are dead-lettered too_many_events."
+    )
+
+
 class TenantConfig(_Section):
     """Per-tenant overrides."""
 
@@ -198,6 +219,7 @@ class Settings(BaseSettings):
     join: JoinConfig = JoinConfig()
     windows: WindowConfig = WindowConfig()
     caps: CapsConfig = CapsConfig()
+    otlp: OtlpConfig = OtlpConfig()
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     default_slo_ms: float = Field(2_000.0, gt=0)
     default_slo_target: float = Field(0.99, gt=0, lt=1)
