@@ -33,6 +33,14 @@ Attributes = dict[str, AttrValue]
 
 _TRACE_ID_BYTES: Final = 16
 _SPAN_ID_BYTES: Final = 8
+_JSON_ERRORS: Final = (
+    orjson.JSONDecodeError,
+    json_format.ParseError,
+    RecursionError,
+    TypeError,
+    ValueError,
+    AttributeError,
+)
 _HEX_ID_KEYS: Final = frozenset({"traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id"})
 
 
@@ -109,7 +117,14 @@ def parse_spans(raw: bytes, encoding: OtlpEncoding) -> list[OtlpSpan]:
         try:
             document = _hex_ids_to_base64(orjson.loads(raw))
             json_format.ParseDict(document, request, ignore_unknown_fields=True)
-        except (orjson.JSONDecodeError, json_format.ParseError, RecursionError, TypeError, ValueError, AttributeError) as exc:
+        except (
+            orjson.JSONDecodeError,
+            json_format.ParseError,
+            RecursionError,
+            TypeError,
+            ValueError,
+            AttributeError,
+        ) as exc:
             raise OtlpDecodeError(f"not OTLP/JSON: {str(exc)[:200]}") from None
     return _flatten(request)
 
@@ -124,9 +139,7 @@ def _flatten(request: ExportTraceServiceRequest) -> list[OtlpSpan]:
                 trace_id = _hex_id(span.trace_id, _TRACE_ID_BYTES, f"{where}: trace_id")
                 span_id = _hex_id(span.span_id, _SPAN_ID_BYTES, f"{where}: span_id")
                 parent = _hex_id(span.parent_span_id, _SPAN_ID_BYTES, f"{where}: parent_span_id", optional=True)
-                events = tuple(
-                    OtlpSpanEvent(e.name, e.time_unix_nano, _attributes(e.attributes)) for e in span.events
-                )
+                events = tuple(OtlpSpanEvent(e.name, e.time_unix_nano, _attributes(e.attributes)) for e in span.events)
                 spans.append(
                     OtlpSpan(
                         trace_id=trace_id,

@@ -70,14 +70,16 @@ class TraceState:
 
     def trace_context(self) -> TraceContext:
         """The context the trace's events are mapped with."""
-        explicit_start = [n for n in self.notes.values() if n.stage == "request_start"]
+        held = self.notes.values()
+        explicit_start = [n for n in held if n.stage == "request_start"]
         start = min(explicit_start, key=lambda n: (n.start_ns, n.span_id)) if explicit_start else self.root
         return TraceContext(
             trace_id=self.trace_id,
             values={name: value for name, (_, value) in self.context.items()},
             request_start_span=None if start is None else start.span_id,
             request_start_ns=None if start is None else start.start_ns,
-            explicit_first_token=self.first_token_explicit or any(n.stage == "first_token" for n in self.notes.values()),
+            explicit_first_token=self.first_token_explicit
+            or any(n.stage == "first_token" for n in self.notes.values()),
             retrievers=frozenset(self.retrievers),
             parents=self.parents,
         )
