@@ -218,11 +218,8 @@ class TraceAssembler:
         """Map every held span of ``state``, then remember it (context, handled span ids) until forgotten."""
         ctx = state.trace_context()
         out: list[Output] = []
-        if (
-            ctx.request_start_span is not None
-            and state.root is not None
-            and ctx.request_start_span == state.root.span_id
-        ):
+        root = state.root
+        if root is not None and ctx.request_start_span == root.span_id:
             out.extend(self._start_events(state, root, ctx, now_ms))
         for note in sorted(state.notes.values(), key=lambda n: (n.start_ns, n.span_id)):
             out.extend(self._map(state, note, ctx, now_ms))
