@@ -177,6 +177,11 @@ class TraceContext:
         return False
 
 
+def ns_to_ms(ns: int) -> float:
+    """Epoch ns as epoch ms, rounded once (``ns / 1e6`` would first round ns, past 2**53, to 256 ns)."""
+    return ns // 1_000_000 + (ns % 1_000_000) / 1e6
+
+
 class Unmappable(ValueError):
     """A stage span that cannot become a stage event; ``reason`` is its dead-letter reason code."""
 
@@ -195,14 +200,14 @@ def stage_of(note: SpanNote, ctx: TraceContext) -> str | None:
 def stage_events(note: SpanNote, stage: str, ctx: TraceContext) -> list[dict[str, Any]]:
     """The stage events of one stage span (an ``llm_ttft`` span also gives ``first_token``, unless a span
     of the trace sets it explicitly); raises :class:`Unmappable`."""
-    ms = note.start_ns / 1e6
+    ms = ns_to_ms(note.start_ns)
     if stage == "llm_ttft":
         if note.first_chunk_ns is None:
             raise Unmappable("no_first_chunk", "LLM span without time_to_first_chunk or a first-chunk event")
         ttfc = (note.first_chunk_ns - note.start_ns) / 1e6
         events = [_event(note, ctx, stage, ms, ttfc)]
         if not ctx.explicit_first_token:
-            events.append(_event(note, ctx, "first_token", note.first_chunk_ns / 1e6, None))
+            events.append(_event(note, ctx, "first_token", ns_to_ms(note.first_chunk_ns), None))
         return events
     if stage in ("request_start", "first_token"):
         return [_event(note, ctx, stage, ms, None)]
@@ -211,7 +216,7 @@ def stage_events(note: SpanNote, stage: str, ctx: TraceContext) -> list[dict[str
 
 def request_start_event(note: SpanNote, ctx: TraceContext) -> dict[str, Any]:
     """The ``request_start`` instant at the start of the root span ``note``."""
-    return _event(note, ctx, "request_start", note.start_ns / 1e6, None)
+    return _event(note, ctx, "request_start", ns_to_ms(note.start_ns), None)
 
 
 def _event(note: SpanNote, ctx: TraceContext, stage: str, ts_ms: float, duration_ms: float | None) -> dict[str, Any]:
