@@ -39,7 +39,7 @@ class TraceState:
     parents: dict[str, str] = field(default_factory=dict)
     retrievers: set[str] = field(default_factory=set)
     context: dict[str, tuple[Rank, AttrValue]] = field(default_factory=dict)
-    #: Spans whose outcome (events or a dead letter) went out; only filled once resolved.
+    #: Spans whose outcome went out (events, a dead letter, or counted as no stage), so a replay is skipped.
     handled: set[str] = field(default_factory=set)
     #: The partition's watermark when the state was last changed: the floor a restore starts from.
     watermark_ns: int = 0

@@ -184,6 +184,9 @@ class TraceAssembler:
         self, state: TraceState, note: SpanNote, is_root: bool, part: _Partition, out: list[Output], now_ms: float
     ) -> bool:
         """Keep ``note`` in a held trace; False when the per-trace cap refused it."""
+        if note.span_id in state.handled:  # a replayed span that is no stage
+            self.counters.spans["replayed"] += 1
+            return False
         known = note.span_id in state.notes or (state.root is not None and state.root.span_id == note.span_id)
         if not known and state.span_count >= self.otlp.max_spans_per_trace:
             self.counters.caps["otlp_spans_per_trace"] += 1
@@ -201,6 +204,7 @@ class TraceAssembler:
             state.notes[note.span_id] = note
         elif not is_root:
             self.counters.spans["not_stage"] += 1
+            state.handled.add(note.span_id)
         if note.end_ns > state.last_end_ns or state.deadline_ns == 0:
             state.last_end_ns = max(state.last_end_ns, note.end_ns)
             state.deadline_ns = state.last_end_ns + self.join.grace_ms * _NS_PER_MS
