@@ -31,6 +31,8 @@ class TraceState:
     trace_id: str
     partition: int
     last_end_ns: int = 0
+    #: The earliest span start seen (0: none yet): a trace without its first token waits from here.
+    first_start_ns: int = 0
     #: Held: when the watermark resolves it; remembered: when it is forgotten (epoch ns).
     deadline_ns: int = 0
     resolved: bool = False
@@ -47,6 +49,11 @@ class TraceState:
     first_token_explicit: bool = False
     #: A request_start event went out (from the root or a ``ttft.stage = request_start`` span).
     started: bool = False
+
+    @property
+    def first_token_known(self) -> bool:
+        """A held span tells the first token (an LLM span, or ``ttft.stage = first_token``)."""
+        return any(n.stage in ("llm_ttft", "first_token") for n in self.notes.values())
 
     @property
     def span_count(self) -> int:
@@ -102,6 +109,7 @@ class TraceState:
                 self.watermark_ns,
                 self.first_token_explicit,
                 self.started,
+                self.first_start_ns,
             ]
         )
 
@@ -128,6 +136,7 @@ class TraceState:
                 watermark_ns=row[11],
                 first_token_explicit=row[12],
                 started=row[13],
+                first_start_ns=row[14],
             )
         except (IndexError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"unreadable trace state: {exc}") from None

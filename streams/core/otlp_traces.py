@@ -5,10 +5,12 @@ root spans last. The assembler holds each trace's stage spans and the context an
 (:mod:`streams.core.otlp_state`) until the trace is *resolved*:
 
 - when its root span (no parent) arrives, at the end of the message that carried it; or
-- when the input partition's watermark passes the trace's last span end plus the join's grace. The
-  watermark is the latest span end seen on the partition, moved on by an idle tick (wall time) when the
-  partition has no backlog, as the join does; no span moves it further than the join's lead past the
-  clock.
+- when the input partition's watermark passes the trace's last span end plus the join's grace, once a
+  span told the first token; a trace whose LLM span has not come yet (it ends, and is exported, only when
+  it stops streaming) waits until the join's request timeout after its first span start, when the join
+  would call it timed out anyway. The watermark is the latest span end seen on the partition, moved on
+  by an idle tick (wall time) when the partition has no backlog, as the join does; no span moves it
+  further than the join's lead past the clock.
 
 Resolving maps every held stage span (DESIGN.md table, :mod:`streams.core.otlp_mapping`) and validates
 each event as the join will (:func:`schemas.decode.decode_stage_event`). A stage span that cannot map is
@@ -205,12 +207,24 @@ class TraceAssembler:
         elif not is_root:
             self.counters.spans["not_stage"] += 1
             state.handled.add(note.span_id)
-        if note.end_ns > state.last_end_ns or state.deadline_ns == 0:
-            state.last_end_ns = max(state.last_end_ns, note.end_ns)
-            state.deadline_ns = state.last_end_ns + self.join.grace_ms * _NS_PER_MS
-            heapq.heappush(part.deadlines, (state.deadline_ns, state.trace_id))
+        state.last_end_ns = max(state.last_end_ns, note.end_ns)
+        state.first_start_ns = min(state.first_start_ns or note.start_ns, note.start_ns)
+        due = self._due(state)
+        if due != state.deadline_ns:
+            state.deadline_ns = due
+            heapq.heappush(part.deadlines, (due, state.trace_id))
         self._touch(state, part)
         return True
+
+    def _due(self, state: TraceState) -> int:
+        """When the watermark resolves a held trace without its root: its last span end plus the join's
+        grace once the first token is known. Before that (its LLM span may still be streaming, and spans
+        are exported when they end) no earlier than the join's request timeout after its first start: the
+        join would call the request timed out then anyway."""
+        due = state.last_end_ns + self.join.grace_ms * _NS_PER_MS
+        if state.first_token_known:
+            return due
+        return max(due, state.first_start_ns + self.join.request_timeout_ms * _NS_PER_MS)
 
     def _touch(self, state: TraceState, part: _Partition) -> None:
         state.watermark_ns = part.watermark_ns

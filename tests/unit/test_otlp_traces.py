@@ -278,3 +278,31 @@ def test_embedding_outside_a_retriever_is_no_stage() -> None:
             s.parent = root.span_id
     stages = [e["stage"] for e in _events(_feed(_assembler(), spec, [spec.spans]))]
     assert "vector_recall" not in stages
+
+
+def test_trace_whose_llm_span_is_still_streaming_waits_up_to_the_request_timeout() -> None:
+    spec = _spec(i=2)
+    asm = _assembler()
+    early = [s for s in spec.spans if s.parent and s.name != "llm"]
+    asm.add_message(_spans(spec, early), 0, 0, NOW_MS)
+    last_end_ms = max(s.end_us for s in early) / 1000
+    asm.advance(0, NOW_MS)
+    assert asm.advance(0, NOW_MS + JOIN.grace_ms + 10) == []  # grace passed, no first token yet: held
+    llm = [s for s in spec.spans if s.name == "llm"]
+    asm.add_message(_spans(spec, llm), 0, 1, NOW_MS + JOIN.grace_ms + 20)
+    assert asm.held_traces == 1
+    out = asm.advance(0, NOW_MS + 2 * JOIN.grace_ms + 2 * JOIN.idle_tick_ms + 6_000)
+    assert {e["stage"] for e in _events(out)} >= {"retrieval", "llm_ttft", "first_token"}
+    assert last_end_ms < spec.start_us / 1000 + JOIN.request_timeout_ms
+
+
+def test_trace_without_any_llm_span_resolves_at_the_request_timeout() -> None:
+    spec = next(s for s in (_spec(seed, i=2 * seed) for seed in range(1, 80)) if s.llm is None)
+    asm = _assembler()
+    children = [s for s in spec.spans if s.parent]
+    asm.add_message(_spans(spec, children), 0, 0, NOW_MS)
+    asm.advance(0, NOW_MS)
+    lag_ms = JOIN.request_timeout_ms - (max(s.end_us for s in children) - spec.start_us) / 1000
+    assert asm.advance(0, NOW_MS + lag_ms - 50) == []
+    out = asm.advance(0, NOW_MS + lag_ms + 50)
+    assert {e["stage"] for e in _events(out)} == NO_LLM_STAGES - {"request_start"}
