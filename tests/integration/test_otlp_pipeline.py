@@ -31,6 +31,8 @@ TENANTS = ("acme", "globex")
 INGESTION_FIELDS = frozenset({"inserted_at", "record_version", "duplicate_events", "late_events", "event_count"})
 SPAN_OUTCOMES = ("stage", "not_stage", "dead_letter")
 DEAD_REASONS = ("missing_tenant", "otlp_decode")
+#: Epoch-ms floats near 1.8e12 are spaced 2.4e-4 ms apart, so a difference of two (ttft_ms) is exact to that.
+TIME_TOLERANCE_MS = 1e-3
 STAGE_SPANS = frozenset({"POST /ask", "retrieve", "embed", "rerank", "assemble", "llm"})
 
 
@@ -66,14 +68,12 @@ def _traces(n: int, *, no_tenant: int = 0) -> tuple[list[TraceSpec], list[tuple[
 
 
 def _env(settings: Settings, home: Path, **extra: str) -> dict[str, str]:
-    return pipeline_env(
-        settings,
-        home,
-        TTFT_OTLP__TOPIC=f"{settings.topic_prefix}-otlp_spans",
-        TTFT_JOIN__REQUEST_TIMEOUT_MS="8000",
-        TTFT_JOIN__CONSUMER="batch",
-        **extra,
-    )
+    base = {
+        "TTFT_OTLP__TOPIC": f"{settings.topic_prefix}-otlp_spans",
+        "TTFT_JOIN__REQUEST_TIMEOUT_MS": "8000",
+        "TTFT_JOIN__CONSUMER": "batch",
+    }
+    return pipeline_env(settings, home, **{**base, **extra})
 
 
 def _start(pipe: Pipeline) -> tuple[WorkerProcess, WorkerProcess]:
@@ -113,7 +113,7 @@ def _check_truth(rows: dict[tuple[str, str], dict[str, Any]], specs: list[TraceS
         for key, want in truth_row(spec).items():
             have = got[key]
             ok = (
-                math.isclose(have, want, rel_tol=1e-12, abs_tol=1e-6)
+                math.isclose(have, want, rel_tol=1e-12, abs_tol=TIME_TOLERANCE_MS)
                 if isinstance(want, float) and have is not None
                 else have == want
             )
