@@ -148,7 +148,8 @@ class CapsConfig(_Section):
 
 class OtlpConfig(_Section):
     """The OpenTelemetry input: Collector ``kafkaexporter`` messages mapped to stage events (DESIGN.md,
-    "OpenTelemetry spans"). It runs inside the join process, with its own consumer group."""
+    "OpenTelemetry spans"). It runs inside the join process of ``join.consumer: batch`` (the default), with
+    its own consumer group (streams/app/otlp_bridge.py); the Faust join does not run it."""
 
     enabled: bool = Field(True, description="Consume the OTLP span topic in the join process.")
     topic: str = Field(
