@@ -145,7 +145,6 @@ class TraceContext:
     trace_id: str
     values: dict[str, AttrValue]
     request_start_span: str | None
-    request_start_ns: int | None
     explicit_first_token: bool
     retrievers: frozenset[str]
     parents: dict[str, str]

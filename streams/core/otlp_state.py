@@ -84,7 +84,6 @@ class TraceState:
             trace_id=self.trace_id,
             values={name: value for name, (_, value) in self.context.items()},
             request_start_span=None if start is None else start.span_id,
-            request_start_ns=None if start is None else start.start_ns,
             explicit_first_token=self.first_token_explicit
             or any(n.stage == "first_token" for n in self.notes.values()),
             retrievers=frozenset(self.retrievers),

@@ -88,15 +88,13 @@ class TraceAssembler:
 
     @property
     def held_traces(self) -> int:
+        """Traces waiting for their root or the watermark (a scan: read once per batch, for the gauge)."""
         return sum(1 for t in self._traces.values() if not t.resolved)
 
     @property
     def held_spans(self) -> int:
+        """Span notes held in those traces."""
         return sum(len(t.notes) + (t.root is not None) for t in self._traces.values() if not t.resolved)
-
-    def watermark_ns(self, partition: int) -> int:
-        part = self._partitions.get(partition)
-        return 0 if part is None else part.watermark_ns
 
     def dirty(self) -> dict[str, tuple[int, bytes | None]]:
         """Trace id -> (partition, packed state or ``None`` for a forgotten trace) changed since the last
@@ -109,6 +107,7 @@ class TraceAssembler:
         return out
 
     def has_dirty(self) -> bool:
+        """Some trace changed since :meth:`dirty` was last called."""
         return bool(self._dirty)
 
     # --- folding ----------------------------------------------------------------------------------
