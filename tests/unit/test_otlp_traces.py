@@ -306,3 +306,13 @@ def test_trace_without_any_llm_span_resolves_at_the_request_timeout() -> None:
     assert asm.advance(0, NOW_MS + lag_ms - 50) == []
     out = asm.advance(0, NOW_MS + lag_ms + 50)
     assert {e["stage"] for e in _events(out)} == NO_LLM_STAGES - {"request_start"}
+
+
+def test_spans_of_several_traces_in_one_message_map_per_trace() -> None:
+    specs = [_spec(seed, i=seed) for seed in (21, 22, 23)]
+    mixed = [span for spec in specs for span in _spans(spec, spec.spans)]
+    random.Random(7).shuffle(mixed)
+    mixed.sort(key=lambda s: s.is_root)  # the roots end last
+    events = _events(_assembler().add_message(mixed, 0, 0, NOW_MS))
+    want = sorted((e for spec in specs for e in _expected(spec)), key=lambda e: (e["stage"], e["event_id"]))
+    assert events == want
