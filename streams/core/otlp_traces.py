@@ -192,9 +192,8 @@ class TraceAssembler:
         if not known and state.span_count >= self.otlp.max_spans_per_trace:
             self.counters.caps["otlp_spans_per_trace"] += 1
             if note.stage is not None:
-                out.append(
-                    self._dead_letter(state, note, "too_many_events", "trace over otlp.max_spans_per_trace", now_ms)
-                )
+                self.counters.spans["dead_letter"] += 1
+                out.append(self._dead_letter(state, note, "too_many_events", _OVER_SPAN_CAP, now_ms))
             else:
                 self.counters.spans["not_stage"] += 1
             return False
@@ -264,6 +263,7 @@ class TraceAssembler:
             if note.stage is None:
                 self.counters.spans["not_stage"] += 1
                 return []
+            self.counters.spans["dead_letter"] += 1
             return [self._dead_letter(state, note, "too_many_events", _OVER_SPAN_CAP, now_ms)]
         state.learn(note, is_root)
         ctx = state.trace_context()
@@ -288,7 +288,6 @@ class TraceAssembler:
         except Unmappable as exc:
             self.counters.spans["dead_letter"] += 1
             return [self._dead_letter(state, note, _reason(exc.reason), str(exc), now_ms, ctx)]
-        self.counters.spans["stage"] += 1
         return self._validated(state, note, [event], ctx, now_ms)
 
     def _map(self, state: TraceState, note: SpanNote, ctx: TraceContext, now_ms: float) -> list[Output]:
@@ -305,13 +304,13 @@ class TraceAssembler:
         except Unmappable as exc:
             self.counters.spans["dead_letter"] += 1
             return [self._dead_letter(state, note, _reason(exc.reason), str(exc), now_ms, ctx)]
-        self.counters.spans["stage"] += 1
         return self._validated(state, note, events, ctx, now_ms)
 
     def _validated(
         self, state: TraceState, note: SpanNote, events: list[dict[str, object]], ctx: TraceContext, now_ms: float
     ) -> list[Output]:
-        """Each event as the join will decode it; one that fails is dead-lettered with the span's ids."""
+        """Each event as the join will decode it; one that fails is dead-lettered with the span's ids. The
+        span counts as a stage span, or as dead-lettered when any of its events failed."""
         out: list[Output] = []
         for event in events:
             value = orjson.dumps(event)
@@ -321,6 +320,8 @@ class TraceAssembler:
                 out.append(decoded.model_copy(update={"trace_id": state.trace_id, "span_id": note.span_id}))
             else:
                 out.append(ForwardedEvent(ctx.request_id, value))
+        failed = any(isinstance(o, DeadLetter) for o in out)
+        self.counters.spans["dead_letter" if failed else "stage"] += 1
         return out
 
     def _dead_letter(

@@ -316,3 +316,24 @@ def test_spans_of_several_traces_in_one_message_map_per_trace() -> None:
     events = _events(_assembler().add_message(mixed, 0, 0, NOW_MS))
     want = sorted((e for spec in specs for e in _expected(spec)), key=lambda e: (e["stage"], e["event_id"]))
     assert events == want
+
+
+def test_a_span_whose_event_breaks_the_contract_is_dead_lettered_with_its_ids() -> None:
+    spec = _spec()
+    assemble = next(s for s in spec.spans if s.name == "assemble")
+    assemble.attributes["ttft.prompt_cache_hit"] = "yes"  # the contract wants a boolean
+    asm = _assembler()
+    out = _feed(asm, spec, [spec.spans])
+    (dead,) = [o for o in out if isinstance(o, DeadLetter)]
+    assert (dead.reason_code, dead.span_id, dead.trace_id) == ("schema", assemble.span_id.hex(), spec.trace_id.hex())
+    assert "prompt_cache_hit" in dead.detail
+    assert asm.counters.spans["dead_letter"] == 1
+    assert "prompt_assemble" not in {e["stage"] for e in _events(out)}
+
+
+def test_ttft_attributes_reach_the_event_attrs_by_name() -> None:
+    spec = _spec()
+    assemble = next(s for s in spec.spans if s.name == "assemble")
+    assemble.attributes.update({"ttft.prompt_cache_hit": True, "ttft.rerank_top_k": 20})
+    (event,) = [e for e in _events(_feed(_assembler(), spec, [spec.spans])) if e["stage"] == "prompt_assemble"]
+    assert event["attrs"] == {"prompt_cache_hit": True, "rerank_top_k": 20, "trace_id": spec.trace_id.hex()}
