@@ -21,7 +21,15 @@ import pytest
 from streams.emit import StageEmitter
 from streams.kafka.topics import ensure_named_topics, ensure_topics
 from streams.settings import Settings
-from tests.support.otlp_traffic import TraceSpec, build_trace, emitter_events, exports, request_message, truth_row
+from tests.support.otlp_traffic import (
+    TraceSpec,
+    build_trace,
+    emitter_events,
+    exports,
+    otlp_json,
+    request_message,
+    truth_row,
+)
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, produce_sync
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
@@ -43,7 +51,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _traces(n: int, *, no_tenant: int = 0) -> tuple[list[TraceSpec], list[tuple[bytes | None, bytes]], int]:
+def _traces(
+    n: int, *, no_tenant: int = 0, as_json: bool = False
+) -> tuple[list[TraceSpec], list[tuple[bytes | None, bytes]], int]:
     """Traces, their OTLP messages in export order (several per trace for some), and how many are split."""
     rng = random.Random(15)
     start = int(time.time() * 1e6) - 300_000_000
@@ -62,7 +72,8 @@ def _traces(n: int, *, no_tenant: int = 0) -> tuple[list[TraceSpec], list[tuple[
         parts = exports(spec, rng, pieces)
         split += len(parts) > 1
         for part in parts:
-            value = request_message(spec, part).SerializeToString()
+            msg = request_message(spec, part)
+            value = otlp_json(msg) if as_json else msg.SerializeToString()
             timed.append((max(s.end_us for s in part), k, spec.trace_id.hex().encode(), value))
     timed.sort()
     return specs, [(key, value) for _, _, key, value in timed], split
@@ -235,4 +246,21 @@ def test_join_restart_mid_stream_loses_and_duplicates_nothing(
     _check_truth(rows, specs)
     if sig == signal.SIGTERM:
         assert all(r["duplicate_events"] == 0 for r in rows.values())
+    assert pipe.query("SELECT count() AS n FROM {db}.dead_letters")[0]["n"] == 0
+
+
+def test_otlp_json_encoding_gives_the_same_rows(kafka_settings: Settings, tmp_path: Path) -> None:
+    specs, messages, _ = _traces(60, as_json=True)
+    pipe = Pipeline(_env(kafka_settings, tmp_path, TTFT_OTLP__ENCODING="otlp_json"), tmp_path)
+    topic = f"{kafka_settings.topic_prefix}-otlp_spans"
+    asyncio.run(ensure_named_topics(kafka_settings, {topic: {}}))
+    produce_sync(kafka_settings.kafka_bootstrap, topic, messages)
+    try:
+        join, writer = _start(pipe)
+        pipe.wait_for(lambda: _drained(kafka_settings, join), 180, "the OTLP/JSON pipeline to drain")
+        assert pipe.stop(join) == 0
+        assert pipe.stop(writer) == 0
+    finally:
+        pipe.stop_all()
+    _check_truth(_rows(pipe), specs)
     assert pipe.query("SELECT count() AS n FROM {db}.dead_letters")[0]["n"] == 0

@@ -9,10 +9,13 @@ emitter would send for the same request, and as the ``requests`` row DESIGN.md's
 
 from __future__ import annotations
 
+import base64
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
+from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
@@ -171,6 +174,18 @@ def request_message(spec: TraceSpec, spans: list[SpanSpec]) -> ExportTraceServic
     rs.scope_spans.append(scope)
     msg.resource_spans.append(rs)
     return msg
+
+
+def otlp_json(msg: ExportTraceServiceRequest) -> bytes:
+    """OTLP/JSON as the Collector writes it: camelCase, hex ids, int64 as strings, enums as integers."""
+    doc = json_format.MessageToDict(msg, use_integers_for_enums=True)
+    for rs in doc.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for span in ss.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return orjson.dumps(doc)
 
 
 def _kvs(attrs: dict[str, Any]) -> list[KeyValue]:

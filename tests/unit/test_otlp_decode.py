@@ -1,16 +1,15 @@
 from __future__ import annotations
 
-import base64
 import random
 
 import orjson
 import pytest
-from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import OtlpSpan, decode_otlp_message
 from streams.settings import CapsConfig
-from tests.support.otlp_traffic import build_trace, request_message
+from tests.support.otlp_traffic import build_trace, otlp_json, request_message
 
 CAPS = CapsConfig()
 START_US = 1_764_000_000_000_000
@@ -36,19 +35,9 @@ def _trace() -> tuple[bytes, list[bytes]]:
 
 
 def _otlp_json(raw: bytes) -> bytes:
-    """OTLP/JSON as the Collector writes it: camelCase, hex ids, int64 as strings, enums as integers."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
     msg = ExportTraceServiceRequest()
     msg.ParseFromString(raw)
-    doc = json_format.MessageToDict(msg, use_integers_for_enums=True)
-    for rs in doc["resourceSpans"]:
-        for ss in rs["scopeSpans"]:
-            for span in ss["spans"]:
-                for key in ("traceId", "spanId", "parentSpanId"):
-                    if key in span:
-                        span[key] = base64.b64decode(span[key]).hex()
-    return orjson.dumps(doc)
+    return otlp_json(msg)
 
 
 def test_proto_message_decodes_to_flat_spans() -> None:
