@@ -333,8 +333,21 @@ class TraceAssembler:
         now_ms: float,
         ctx: TraceContext | None = None,
     ) -> DeadLetter:
+        """A dead letter for one span; its ``original`` is the span as the mapping read it (JSON)."""
         tenant = None if ctx is None else ctx.lookup(note, "tenant_id")
-        original = orjson.dumps({"trace_id": state.trace_id, "span": note.pack()})
+        original = orjson.dumps(
+            {
+                "trace_id": state.trace_id,
+                "span_id": note.span_id,
+                "parent_span_id": note.parent,
+                "start_time_unix_nano": note.start_ns,
+                "end_time_unix_nano": note.end_ns,
+                "stage": note.stage,
+                "first_chunk_unix_nano": note.first_chunk_ns,
+                "context_attributes": note.context,
+                "attrs": note.attrs,
+            }
+        )
         return make_dead_letter(
             reason,
             f"trace {state.trace_id} span {note.span_id}: {detail}",
