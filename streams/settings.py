@@ -419,4 +419,5 @@ def settings_summary(settings: Settings) -> Mapping[str, str]:
         "topic_prefix": settings.topic_prefix,
         "partitions": str(settings.partitions),
         "alertmanager": redact_url(settings.alertmanager_url.get_secret_value() if settings.alertmanager_url else "-"),
+        "otlp": f"{settings.otlp.topic} ({settings.otlp.encoding})" if settings.otlp.enabled else "off",
     }

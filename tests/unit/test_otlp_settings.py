@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from streams.settings import OtlpConfig, load_settings
+from streams.settings import OtlpConfig, load_settings, settings_summary
 
 
 def test_defaults_are_the_collectors_topic_and_protobuf() -> None:
@@ -35,3 +35,8 @@ def test_environment_selects_the_encoding_and_topic(monkeypatch: pytest.MonkeyPa
 def test_invalid_otlp_sections_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         OtlpConfig.model_validate(bad)
+
+
+def test_config_summary_names_the_otlp_input() -> None:
+    assert settings_summary(load_settings())["otlp"] == "otlp_spans (otlp_proto)"
+    assert settings_summary(load_settings(otlp={"enabled": False}))["otlp"] == "off"
