@@ -126,7 +126,7 @@ class TraceAssembler:
             elif state.resolved:
                 out.extend(self._late(state, note, span.is_root, now_ms))
                 continue
-            if self._hold(state, note, span.is_root, part, out, now_ms) and span.is_root:
+            if self._hold(state, note, span.is_root, out, now_ms) and span.is_root:
                 roots.append(span.trace_id)
         for trace_id in roots:
             state = self._traces.get(trace_id)
@@ -181,9 +181,7 @@ class TraceAssembler:
         state = self._traces[trace_id] = TraceState(trace_id, partition)
         return state
 
-    def _hold(
-        self, state: TraceState, note: SpanNote, is_root: bool, part: _Partition, out: list[Output], now_ms: float
-    ) -> bool:
+    def _hold(self, state: TraceState, note: SpanNote, is_root: bool, out: list[Output], now_ms: float) -> bool:
         """Keep ``note`` in a held trace; False when the per-trace cap refused it."""
         if note.span_id in state.handled:  # a replayed span that is no stage
             self.counters.spans["replayed"] += 1
@@ -208,10 +206,12 @@ class TraceAssembler:
         state.last_end_ns = max(state.last_end_ns, note.end_ns)
         state.first_start_ns = min(state.first_start_ns or note.start_ns, note.start_ns)
         due = self._due(state)
+        # A trace lives on the partition it was first seen on (the Collector partitions by trace id).
+        home = self._partition(state.partition)
         if due != state.deadline_ns:
             state.deadline_ns = due
-            heapq.heappush(part.deadlines, (due, state.trace_id))
-        self._touch(state, part)
+            heapq.heappush(home.deadlines, (due, state.trace_id))
+        self._touch(state, home)
         return True
 
     def _due(self, state: TraceState) -> int:
