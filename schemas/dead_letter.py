@@ -30,6 +30,9 @@ DeadLetterReason = Literal[
     "conflicting_duplicate",
     "too_many_events",
     "store_rejected",
+    "otlp_decode",
+    "missing_tenant",
+    "no_first_chunk",
 ]
 #: The closed set of reason codes, in contract order.
 DEAD_LETTER_REASONS: Final[tuple[str, ...]] = get_args(DeadLetterReason)
@@ -72,6 +75,14 @@ class DeadLetter(BaseModel):
     request_id: str | None = Field(None, max_length=MAX_ID_CHARS, description="When it could be read.")
     tenant_id: str | None = Field(None, max_length=MAX_ID_CHARS, description="When it could be read.")
     received_at: float = Field(description="Epoch ms at which the pipeline read the message.")
+    trace_id: str | None = Field(
+        None, max_length=MAX_ID_CHARS, description="An OTLP span's trace id (32 lowercase hex), when one failed."
+    )
+    span_id: str | None = Field(
+        None,
+        max_length=MAX_ID_CHARS,
+        description="An OTLP span's span id (16 lowercase hex): one message may dead-letter several spans.",
+    )
 
     @property
     def truncated(self) -> bool:
@@ -97,6 +108,8 @@ def make_dead_letter(
     received_at_ms: float,
     request_id: str | None = None,
     tenant_id: str | None = None,
+    trace_id: str | None = None,
+    span_id: str | None = None,
 ) -> DeadLetter:
     """Build a dead letter for ``raw_value``; bounds the detail, the ids and the kept bytes.
 
@@ -115,4 +128,6 @@ def make_dead_letter(
         request_id=None if request_id is None else bounded_text(request_id, MAX_ID_CHARS),
         tenant_id=None if tenant_id is None else bounded_text(tenant_id, MAX_ID_CHARS),
         received_at=received_at_ms,
+        trace_id=None if trace_id is None else bounded_text(trace_id, MAX_ID_CHARS),
+        span_id=None if span_id is None else bounded_text(span_id, MAX_ID_CHARS),
     )

@@ -155,6 +155,28 @@ class CapsConfig(_Section):
     )
 
 
+class OtlpConfig(_Section):
+    """The OpenTelemetry input: Collector ``kafkaexporter`` messages mapped to stage events (DESIGN.md,
+    "OpenTelemetry spans"). It runs inside the join process of ``join.consumer: batch`` (the default), with
+    its own consumer group (streams/app/otlp_bridge.py); the Faust join does not run it."""
+
+    enabled: bool = Field(True, description="Consume the OTLP span topic in the join process.")
+    topic: str = Field(
+        "otlp_spans",
+        pattern=r"^[A-Za-z0-9._-]{1,249}$",
+        description="The Collector kafkaexporter's topic; its default name, never prefixed.",
+    )
+    encoding: Literal["otlp_proto", "otlp_json"] = Field(
+        "otlp_proto", description="The exporter's encoding: one ExportTraceServiceRequest per message."
+    )
+    max_traces: int = Field(
+        100_000, gt=0, description="Traces held or remembered; past it the oldest is resolved early (counted)."
+    )
+    max_spans_per_trace: int = Field(
+        512, gt=0, le=10_000, description="Spans held per trace; more are dead-lettered too_many_events."
+    )
+
+
 class TenantConfig(_Section):
     """Per-tenant overrides."""
 
@@ -226,6 +248,7 @@ class Settings(BaseSettings):
     join: JoinConfig = JoinConfig()
     windows: WindowConfig = WindowConfig()
     caps: CapsConfig = CapsConfig()
+    otlp: OtlpConfig = OtlpConfig()
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     default_slo_ms: float = Field(2_000.0, gt=0)
     default_slo_target: float = Field(0.99, gt=0, lt=1)
@@ -427,4 +450,5 @@ def settings_summary(settings: Settings) -> Mapping[str, str]:
         "topic_prefix": settings.topic_prefix,
         "partitions": str(settings.partitions),
         "alertmanager": redact_url(settings.alertmanager_url.get_secret_value() if settings.alertmanager_url else "-"),
+        "otlp": f"{settings.otlp.topic} ({settings.otlp.encoding})" if settings.otlp.enabled else "off",
     }

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.core.join import RequestJoin
 from streams.kafka.topics import kafka_client_kwargs
 from streams.settings import Settings
 
@@ -23,8 +23,14 @@ log = logging.getLogger("ttft.join")
 RESTORE_TIMEOUT_S = 120.0
 
 
-async def restore_partitions(settings: Settings, topic: str, partitions: list[int], core: RequestJoin) -> int:
-    """Load the latest state of every live request of ``partitions`` into ``core``; returns how many."""
+class Restorable(Protocol):
+    """A core whose state is one changelog value per key (the join's requests, the OTLP traces)."""
+
+    def restore(self, key: str, packed: bytes, partition: int) -> object: ...
+
+
+async def restore_partitions(settings: Settings, topic: str, partitions: list[int], core: Restorable) -> int:
+    """Load the latest state of every live key of ``partitions`` into ``core``; returns how many."""
     if not partitions:
         return 0
     tps = [TopicPartition(topic, p) for p in partitions]

@@ -79,6 +79,15 @@ class WorkerMetrics:
             "ttft_rule_evaluations", "Rule evaluations by rule and outcome", ["rule", "outcome"], registry=r
         )
         self.batches = Counter("ttft_batches", "Processing batches", registry=r)
+        self.otlp_messages = Counter("ttft_otlp_messages", "OTLP span messages consumed and committed", registry=r)
+        self.otlp_spans = Counter(
+            "ttft_otlp_spans",
+            "OTLP spans by outcome: stage (forwarded), not_stage, dead_letter, replayed (already forwarded)",
+            ["outcome"],
+            registry=r,
+        )
+        self.otlp_spans_held = Gauge("ttft_otlp_spans_held", "OTLP spans held until their trace resolves", registry=r)
+        self.otlp_traces_held = Gauge("ttft_otlp_traces_held", "OTLP traces held, not yet resolved", registry=r)
         self.health: dict[str, Any] = {"status": "starting", "role": role, "worker_id": worker_id}
 
     def render(self) -> bytes:

@@ -90,6 +90,7 @@ def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: st
 
 async def _batch_join_main(settings: Settings, worker_id: str, metrics_port: int) -> int:
     from streams.app.batch_join import BatchJoin
+    from streams.app.otlp_bridge import OtlpBridge
 
     metrics = WorkerMetrics("join", worker_id)
     await _ensure_topics(settings)
@@ -99,12 +100,16 @@ async def _batch_join_main(settings: Settings, worker_id: str, metrics_port: int
         "join worker %s (batch consumer): metrics on http://%s:%d/metrics", worker_id, settings.metrics_host, port
     )
     join = BatchJoin(settings, metrics)
+    # The OTLP input feeds ttft.stage-events from the Collector's topic, in this process (streams/app/otlp_bridge.py).
+    bridge = OtlpBridge(settings, metrics) if settings.otlp.enabled else None
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     stopped = asyncio.Event()
 
     def _on_signal() -> None:
         join.stop()
+        if bridge is not None:
+            bridge.stop()
         stopped.set()
         # Bounded stop: a batch stuck on a dead broker is cancelled (nothing of it is committed).
         loop.call_later(STOP_DEADLINE_S, lambda: task.cancel() if task is not None else None)
@@ -113,7 +118,11 @@ async def _batch_join_main(settings: Settings, worker_id: str, metrics_port: int
         loop.add_signal_handler(sig, _on_signal)
     try:
         await join.start()
-        await join.run()
+        if bridge is None:
+            await join.run()
+        else:
+            await bridge.start()
+            await asyncio.gather(join.run(), bridge.run())
     except asyncio.CancelledError:
         if not stopped.is_set():
             raise

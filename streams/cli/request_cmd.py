@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,8 +14,10 @@ from rich.table import Table
 from schemas.records import ATTR_COLUMNS, STAGE_COLUMNS
 from streams.settings import SUB_STAGES, load_settings
 from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
-from streams.store.requests_store import fetch_request, fetch_request_all_tenants
+from streams.store.requests_store import fetch_request, fetch_request_all_tenants, fetch_requests_by_trace
 
+#: An OpenTelemetry trace id: ``ttft request`` falls back to it when no request has the given id.
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _STATUS_STYLE = {"complete": "green", "missing_stage": "yellow", "timed_out": "red", "orphan": "magenta"}
 
 
@@ -23,7 +26,7 @@ _STATUS_STYLE = {"complete": "green", "missing_stage": "yellow", "timed_out": "r
 @click.option("--tenant", default=None, help="The tenant whose request it is (needed when several share the id).")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
 def request(request_id: str, tenant: str | None, as_json: bool) -> None:
-    """Show the stored record of REQUEST_ID (exit status 1 if it is not stored)."""
+    """Show the stored record of REQUEST_ID, or of an OpenTelemetry trace id (exit status 1 if not stored)."""
     settings = load_settings()
     try:
         client = make_client(settings)
@@ -40,6 +43,8 @@ def request(request_id: str, tenant: str | None, as_json: bool) -> None:
                 "pass --tenant"
             )
     record = fetch_request(client, database, request_id, tenant)
+    if record is None and _TRACE_ID.fullmatch(request_id):
+        record = _by_trace(client, database, request_id, tenant)
     if record is None:
         click.echo(f"request {request_id!r} not found", err=True)
         raise SystemExit(1)
@@ -47,6 +52,16 @@ def request(request_id: str, tenant: str | None, as_json: bool) -> None:
         click.echo(orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
     else:
         show_record(Console(), record)
+
+
+def _by_trace(client: Any, database: str, trace_id: str, tenant: str | None) -> dict[str, Any] | None:
+    """The one request linked to OpenTelemetry trace ``trace_id`` (of ``tenant``, when given), if any: a
+    request mapped from spans carrying ``ttft.request_id`` is stored under that id, not the trace id."""
+    records = [r for r in fetch_requests_by_trace(client, database, trace_id) if tenant in (None, r["tenant_id"])]
+    if len(records) > 1:
+        keys = ", ".join(f"{r['tenant_id']!r}/{r['request_id']!r}" for r in records[:5])
+        raise click.ClickException(f"trace {trace_id} links {len(records)} requests ({keys}): pass --tenant")
+    return records[0] if records else None
 
 
 def _time(ms: float | None) -> str:

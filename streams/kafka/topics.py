@@ -133,9 +133,13 @@ async def ensure_topics(
     """Create the project's topics (``settings.topic(name)``) if missing; return the ones created now.
 
     Each gets ``settings.partitions`` partitions and ``settings.replication_factor`` replicas. A topic that
-    already exists is left as it is (its partition count is not checked or changed).
+    already exists is left as it is (its partition count is not checked or changed). With the OTLP input
+    enabled, its topic (``settings.otlp.topic``, unprefixed: the Collector's name) is declared too, since
+    the kafkaexporter does not create it.
     """
     topics = {settings.topic(name): _topic_configs(settings.topic(name), settings) for name in names}
+    if settings.otlp.enabled:
+        topics[settings.otlp.topic] = {}
     return await ensure_named_topics(settings, topics, timeout_s=timeout_s)
 
 

@@ -3,8 +3,8 @@
 Rows are dead-letter envelopes (:class:`schemas.dead_letter.DeadLetter`, whose fields are the table's
 columns): the model itself, its ``model_dump()``, or the dict of its JSON, where ``original`` is base64
 text. Times are epoch ms.
-The table is idempotent on (source_topic, source_partition, source_offset): a replay of the same bad
-message leaves one row after ``FINAL``.
+The table is idempotent on (source_topic, source_partition, source_offset, span_id): a replay of the same
+bad message (or OTLP span) leaves one row after ``FINAL``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ DEAD_LETTER_COLUMNS: tuple[str, ...] = (
     "request_id",
     "tenant_id",
     "received_at",
+    "trace_id",
+    "span_id",
 )
-_OPTIONAL = frozenset({"kafka_timestamp", "request_id", "tenant_id"})
+_OPTIONAL = frozenset({"kafka_timestamp", "request_id", "tenant_id", "trace_id", "span_id"})
 
 
 def _ms(value: Any) -> int | None:
@@ -64,6 +66,8 @@ def _row(letter: DeadLetter | dict[str, Any]) -> list[Any]:
             value = _ms(value)
         elif column == "original":
             value = _original_bytes(value)
+        elif column == "span_id":
+            value = value or ""  # part of the sorting key, so not Nullable: '' for a message that is no span
         row.append(value)
     return row
 
@@ -88,10 +92,13 @@ def fetch_dead_letters(client: Client, database: str) -> list[dict[str, Any]]:
         for c in DEAD_LETTER_COLUMNS
     )
     result = client.query(
-        f"SELECT {select} FROM {db}.dead_letters FINAL ORDER BY source_topic, source_partition, source_offset",
+        f"SELECT {select} FROM {db}.dead_letters FINAL ORDER BY source_topic, source_partition, source_offset, span_id",
         column_formats={"original": "bytes"},
     )
-    return [dict(zip(DEAD_LETTER_COLUMNS, row, strict=True)) for row in result.result_rows]
+    rows = [dict(zip(DEAD_LETTER_COLUMNS, row, strict=True)) for row in result.result_rows]
+    for row in rows:
+        row["span_id"] = row["span_id"] or None
+    return rows
 
 
 def count_dead_letters(client: Client, database: str) -> int:

@@ -219,6 +219,13 @@ def fetch_request_all_tenants(client: Client, database: str, request_id: str) ->
     return [record for record, _ in _query_records(client, sql, {"rid": request_id})]
 
 
+def fetch_requests_by_trace(client: Client, database: str, trace_id: str) -> list[dict[str, Any]]:
+    """The stored records linked to an OpenTelemetry trace (``attrs.trace_id``), ordered by tenant."""
+    db = check_identifier(database)
+    sql = f"SELECT {_SELECT} FROM {db}.requests FINAL WHERE trace_id = {{tid:String}} ORDER BY tenant_id, request_id"
+    return [record for record, _ in _query_records(client, sql, {"tid": trace_id})]
+
+
 def fetch_requests(client: Client, database: str, request_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     """The stored records of ``request_ids`` (those that exist), by request id. When two tenants share an
     id, the first tenant's record (in tenant order) is returned: use :func:`fetch_requests_by_key`."""

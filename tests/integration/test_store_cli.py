@@ -29,6 +29,7 @@ _INSERT = textwrap.dedent(
         started_at=DAY + 1234.0, first_token_at=DAY + 2734.0, window_start=float(DAY),
         ttft_ms=1500.0, retrieval_ms=420.5, prompt_assemble_ms=80.0, custom_stages={"guardrail": 12.0},
         stage_repeats={"retrieval": 1}, prompt_tokens=2048, prompt_cache_hit=False, event_count=4,
+        trace_id="5b8efff798038103d269b633813fc60c",
         record_version=record_version(4, "missing_stage"),
     )
     insert_requests(make_client(settings), settings.clickhouse_database, [record.model_dump()])
@@ -71,6 +72,10 @@ def test_db_migrate_and_request_commands(tmp_path: Path) -> None:
     assert record["tenant_id"] == "租户"
     assert record["llm_ttft_ms"] is None
     assert record["started_at"] == RECENT_DAY_MS + 1234.0
+
+    by_trace = _run([TTFT, "request", "--json", "5b8efff798038103d269b633813fc60c"], tmp_path)
+    assert by_trace.returncode == 0, by_trace.stderr
+    assert json.loads(by_trace.stdout)["request_id"] == "req 'ü' 1"
 
     missing = _run([TTFT, "request", "no-such-request"], tmp_path)
     assert missing.returncode == 1
