@@ -227,7 +227,7 @@ def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
 
     per_tenant = Counter(t for t, _ in rows)
     status = Counter(r["status"] for r in rows.values())
-    spread = defaultdict(int)
+    spread: dict[int, int] = defaultdict(int)
     for n in per_trace.values():
         spread[n] += 1
     with capsys.disabled():
