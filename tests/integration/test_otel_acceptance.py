@@ -132,7 +132,14 @@ def _differences(rows: dict[tuple[str, str], dict[str, Any]], mapped: list[dict[
 
 
 async def _emit(settings: Settings, mapped: list[dict[str, Any]]) -> int:
-    emitter = StageEmitter(settings.kafka_bootstrap, settings.topic("stage-events"), tenant_id="unused")
+    # All events are enqueued at once, so the bounded buffer (it drops when full, by design) holds them all.
+    emitter = StageEmitter(
+        settings.kafka_bootstrap,
+        settings.topic("stage-events"),
+        tenant_id="unused",
+        max_buffer=100_000,
+        stop_timeout_s=60.0,
+    )
     await emitter.start()
     n = 0
     for trace in mapped:
