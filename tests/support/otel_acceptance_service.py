@@ -7,8 +7,9 @@ no real sleeping), its span and trace ids come from an id generator it drives, a
 the OTLP/gRPC exporter to the Collector. Some requests are unmappable on purpose: no tenant anywhere
 (``missing_tenant`` for each stage span), or an LLM span without a first chunk (``no_first_chunk``).
 
-Every ``--split-every``-th trace is exported in two parts, as real ones are: its early children first, a
-flush and a pause longer than the Collector's batch timeout, then its LLM and root spans.
+Spans end in end-time order, ``--window-s`` of event time at a time (so most traces reach the Collector in
+several exports, as live ones do). Every ``--split-every``-th trace is certainly exported in two parts: its
+early children first, a flush and a pause longer than the Collector's batch timeout, then its LLM and root.
 
 As it runs, the service writes its ground truth to ``--out`` (JSON): per trace the timings it passed to the
 SDK, the ``requests`` row they imply, the stage events the emitter would send for the same request and the
@@ -62,7 +63,7 @@ def _specs(n: int, rng: random.Random, missing_tenant_every: int, no_chunk_every
     out: list[tuple[TraceSpec, str]] = []
     for i in range(n):
         spec = build_trace(
-            rng, i + 1, start + i * 30_000, shape=("openinference", "gen_ai")[i % 2], tenant=TENANTS[i % 2]
+            rng, i + 1, start + i * 10_000, shape=("openinference", "gen_ai")[i % 2], tenant=TENANTS[i % 2]
         )
         fault = ""
         if i % missing_tenant_every == 3:
@@ -117,7 +118,7 @@ def main() -> None:
     parser.add_argument("--split-every", type=int, default=3)
     parser.add_argument("--missing-tenant-every", type=int, default=100)
     parser.add_argument("--no-chunk-every", type=int, default=50)
-    parser.add_argument("--chunk", type=int, default=250, help="traces started together before a flush")
+    parser.add_argument("--window-s", type=float, default=1.0, help="event time whose spans end together")
     parser.add_argument("--pause-s", type=float, default=0.3, help="between a split trace's two exports")
     parser.add_argument("--seed", type=int, default=1515)
     parser.add_argument("--out", type=Path, required=True)
@@ -146,31 +147,43 @@ def main() -> None:
     rng = random.Random(args.seed)
     specs = _specs(args.traces, rng, args.missing_tenant_every, args.no_chunk_every)
     truth: list[dict[str, Any]] = []
-    for at in range(0, len(specs), args.chunk):
-        deferred: list[tuple[Span, int]] = []
-        for k, (spec, fault) in enumerate(specs[at : at + args.chunk], start=at):
-            split = bool(args.split_every) and k % args.split_every == 0
-            truth.append(_truth(spec, fault, split))
-            tracer = tracer_for(spec)
-            ids.trace_id = int.from_bytes(spec.trace_id, "big")
-            started: dict[bytes, Span] = {}
-            for s in spec.spans:  # parents come before their children
-                ids.span_id = int.from_bytes(s.span_id, "big")
-                ctx = set_span_in_context(started[s.parent]) if s.parent else Context()
-                span = tracer.start_span(s.name, context=ctx, attributes=s.attributes, start_time=s.start_us * US)
-                for name, at_us in s.events:
-                    span.add_event(name, timestamp=at_us * US)
-                started[s.span_id] = span
-            for s in sorted(spec.spans, key=lambda s: (s.end_us, s.parent == b"")):
-                if split and s.name in ("llm", "POST /ask"):
-                    deferred.append((started[s.span_id], s.end_us * US))
-                else:
-                    started[s.span_id].end(end_time=s.end_us * US)
+    # (end, is root, span, its end in ns, exported after a flush) for every span; started now, ended below.
+    ends: list[tuple[int, bool, int, Span, bool]] = []
+    for k, (spec, fault) in enumerate(specs):
+        split = bool(args.split_every) and k % args.split_every == 0
+        truth.append(_truth(spec, fault, split))
+        tracer = tracer_for(spec)
+        ids.trace_id = int.from_bytes(spec.trace_id, "big")
+        started: dict[bytes, Span] = {}
+        for s in spec.spans:  # parents come before their children
+            ids.span_id = int.from_bytes(s.span_id, "big")
+            ctx = set_span_in_context(started[s.parent]) if s.parent else Context()
+            span = tracer.start_span(s.name, context=ctx, attributes=s.attributes, start_time=s.start_us * US)
+            for name, at_us in s.events:
+                span.add_event(name, timestamp=at_us * US)
+            started[s.span_id] = span
+            ends.append((s.end_us, s.parent == b"", len(ends), span, split and s.name in ("llm", "POST /ask")))
+    ends.sort(key=lambda e: e[:3])
+    # Spans end (and are exported) in end-time order, a window of event time at a time, as a live service's
+    # would. In each window the split traces' LLM and root spans end only after the others were flushed and
+    # the Collector's 200 ms batch timeout passed, so they reach Kafka in another message than their children.
+    window_us = int(args.window_s * 1e6)
+    at = 0
+    while at < len(ends):
+        stop = at
+        while stop < len(ends) and ends[stop][0] < ends[at][0] + window_us:
+            stop += 1
+        window = ends[at:stop]
+        for end_us, _, _, span, late in window:
+            if not late:
+                span.end(end_time=end_us * US)
         flush()
-        time.sleep(args.pause_s)  # past the Collector's 200 ms batch timeout: the second parts go in other batches
-        for span, end_ns in deferred:
-            span.end(end_time=end_ns)
-        flush()
+        time.sleep(args.pause_s)
+        for end_us, _, _, span, late in window:
+            if late:
+                span.end(end_time=end_us * US)
+        at = stop
+    flush()
     for provider in providers.values():
         provider.shutdown()
     args.out.write_text(json.dumps({"traces": truth}))
