@@ -166,6 +166,8 @@ def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
     split = sum(1 for n in per_trace.values() if n > 1)
     assert len(traces) == N_TRACES and len({t["tenant"] for t in traces}) == 2
     assert split >= 0.2 * N_TRACES, f"only {split} of {N_TRACES} traces reached Kafka in several messages"
+    flushed = [t["trace_id"] for t in traces if t["split"]]
+    assert all(per_trace[t] > 1 for t in flushed), "a trace flushed in two parts reached Kafka in one message"
 
     mapped = [t for t in traces if t["fault"] != "missing_tenant"]
     shapes = Counter(t["shape"] for t in mapped)
@@ -240,7 +242,7 @@ def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
     with capsys.disabled():
         print(
             f"\nOTel acceptance: {len(traces)} traces ({dict(per_tenant)} stored, {dict(status)}), "
-            f"{split} split over several Kafka messages ({split / len(traces):.0%}; messages per trace "
+            f"{split} split over several Kafka messages ({split / len(traces):.0%}, {len(flushed)} of them flushed apart on purpose; messages per trace "
             f"{dict(sorted(spread.items()))}), {len(values)} messages, {len(want_spans)} spans "
             f"({int(outcomes['stage'])} stage, {int(outcomes['not_stage'])} not stage), dead letters "
             f"{dict(by_reason)}, {events} emitter events; service {service_s:.1f} s, workers drained both "
