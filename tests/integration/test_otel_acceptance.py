@@ -232,6 +232,9 @@ def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
         if col not in INGESTION_FIELDS and rows[key][col] != other[key][col]
     ]
     assert not diffs, f"{len(diffs)} differences, e.g. {diffs[:10]}"
+    ingestion_diffs = Counter(
+        col for key in rows for col in INGESTION_FIELDS & rows[key].keys() if rows[key][col] != other[key][col]
+    )
     assert otlp.query("SELECT count() AS n FROM {db}.dead_letters WHERE reason_code = ''")[0]["n"] == 0
 
     per_tenant = Counter(t for t, _ in rows)
@@ -245,6 +248,6 @@ def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
             f"{split} split over several Kafka messages ({split / len(traces):.0%}, {len(flushed)} of them flushed apart on purpose; messages per trace "
             f"{dict(sorted(spread.items()))}), {len(values)} messages, {len(want_spans)} spans "
             f"({int(outcomes['stage'])} stage, {int(outcomes['not_stage'])} not stage), dead letters "
-            f"{dict(by_reason)}, {events} emitter events; service {service_s:.1f} s, workers drained both "
+            f"{dict(by_reason)}, {events} emitter events (ingestion fields that differed: {dict(ingestion_diffs)}); service {service_s:.1f} s, workers drained both "
             f"paths in {drained_s:.1f} s, total {time.monotonic() - started:.1f} s"
         )
