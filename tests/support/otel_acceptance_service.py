@@ -10,6 +10,10 @@ the OTLP/gRPC exporter to the Collector. Some requests are unmappable on purpose
 Spans end in end-time order, ``--window-s`` of event time at a time (so most traces reach the Collector in
 several exports, as live ones do). Every ``--split-every``-th trace is certainly exported in two parts: its
 early children first, a flush and a pause longer than the Collector's batch timeout, then its LLM and root.
+End-time order matters: a span exported seconds of event time before another that ended earlier would move
+the bridge's watermark (the latest span end) past a held trace's due time, resolving it before its root came
+(its request id then falls back to the trace id), which no live SDK does. Traces with ``tenant.id`` on their
+resource and without go through one tracer provider per resource (three in all).
 
 As it runs, the service writes its ground truth to ``--out`` (JSON): per trace the timings it passed to the
 SDK, the ``requests`` row they imply, the stage events the emitter would send for the same request and the
@@ -147,7 +151,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     specs = _specs(args.traces, rng, args.missing_tenant_every, args.no_chunk_every)
     truth: list[dict[str, Any]] = []
-    # (end, is root, span, its end in ns, exported after a flush) for every span; started now, ended below.
+    # (end in µs, is root, order, span, after the flush) for every span; all are started now, ended below.
     ends: list[tuple[int, bool, int, Span, bool]] = []
     for k, (spec, fault) in enumerate(specs):
         split = bool(args.split_every) and k % args.split_every == 0
