@@ -1,0 +1,250 @@
+"""Issue 15 acceptance, end to end with real parts only.
+
+``tests/support/otel_acceptance_service.py`` (opentelemetry-sdk + the OTLP/gRPC exporter, its own process)
+→ the real Collector (``otelcol-ttft``, deploy/otel/collector.yaml) → ``kafkaexporter`` → the session
+broker → ``ttft worker`` (join with the OTLP bridge, writer) → the store. The service writes its ground
+truth as it runs (the timings it gave the SDK and the rows they imply); the split traces are counted from
+the Kafka messages themselves. The same requests sent as stage events by ``StageEmitter`` to fresh topics
+and a fresh store must give identical ``requests`` rows, apart from :data:`INGESTION_FIELDS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from streams.emit import StageEmitter
+from streams.kafka.broker import free_port
+from streams.kafka.topics import ensure_topics
+from streams.settings import Settings
+from tests.fixtures.otel import OtelCollectorHandle
+from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, read_topic
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.otel, pytest.mark.kafka, pytest.mark.e2e, pytest.mark.timeout(300)]
+
+N_TRACES = 2_000
+#: Fields that say how a row was ingested, not what the request was.
+INGESTION_FIELDS = frozenset({"inserted_at", "record_version", "duplicate_events", "late_events", "event_count"})
+DEAD_REASONS = ("missing_tenant", "no_first_chunk")
+#: Epoch-ms floats near 1.8e12 are spaced 2.4e-4 ms apart, so a difference of two (ttft_ms) is exact to that.
+TIME_TOLERANCE_MS = 1e-3
+
+
+def _run_service(handle: OtelCollectorHandle, out: Path) -> list[dict[str, Any]]:
+    cmd = [sys.executable, "-m", "tests.support.otel_acceptance_service"]
+    cmd += ["--endpoint", handle.collector.grpc_endpoint, "--traces", str(N_TRACES), "--out", str(out)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=150, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    traces: list[dict[str, Any]] = json.loads(out.read_text())["traces"]
+    return traces
+
+
+def _span_messages(values: list[bytes]) -> tuple[Counter[str], set[tuple[str, str]]]:
+    """Messages per trace id and the (trace id, span id) of every span, from the span topic's messages."""
+    per_trace: Counter[str] = Counter()
+    spans: set[tuple[str, str]] = set()
+    for value in values:
+        request = ExportTraceServiceRequest.FromString(value)
+        seen: set[str] = set()
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    seen.add(span.trace_id.hex())
+                    spans.add((span.trace_id.hex(), span.span_id.hex()))
+        per_trace.update(seen)
+    return per_trace, spans
+
+
+def _wait_for_spans(handle: OtelCollectorHandle, want: set[tuple[str, str]], timeout_s: float) -> list[bytes]:
+    """The span topic's messages once every span the service made is in it (bounded by ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        values = [v for _, v in asyncio.run(read_topic(handle.bootstrap, handle.topic))]
+        _, spans = _span_messages(values)
+        if spans >= want or time.monotonic() > deadline:
+            assert spans == want, f"{len(want - spans)} spans missing from Kafka, {len(spans - want)} unexpected"
+            return values
+        time.sleep(1.0)
+
+
+def _env(settings: Settings, home: Path, otlp_topic: str) -> dict[str, str]:
+    extra = {
+        "TTFT_OTLP__TOPIC": otlp_topic,
+        "TTFT_JOIN__REQUEST_TIMEOUT_MS": "8000",
+        "TTFT_JOIN__CONSUMER": "batch",
+    }
+    return pipeline_env(settings, home, **extra)
+
+
+def _start(pipe: Pipeline) -> tuple[WorkerProcess, WorkerProcess]:
+    writer = pipe.start("writer", free_port())
+    join = pipe.start("join", free_port())
+    pipe.wait_healthy(writer)
+    pipe.wait_healthy(join)
+    return join, writer
+
+
+def _drained(settings: Settings, join: WorkerProcess, otlp_topic: str) -> bool:
+    app, b = f"app-{settings.topic_prefix}", settings.kafka_bootstrap
+    return (
+        group_lag(b, f"{app}-otlp", [otlp_topic]) == 0
+        and join.metric("ttft_otlp_traces_held") == 0
+        and group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
+        and join.metric("ttft_open_requests") == 0
+        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
+    )
+
+
+def _rows(pipe: Pipeline) -> dict[tuple[str, str], dict[str, Any]]:
+    by_key: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in pipe.query("SELECT * FROM {db}.requests FINAL"):
+        key = (row["tenant_id"], row["request_id"])
+        assert key not in by_key, f"double-counted {key}"
+        by_key[key] = row
+    return by_key
+
+
+def _differences(rows: dict[tuple[str, str], dict[str, Any]], mapped: list[dict[str, Any]]) -> list[str]:
+    wrong: list[str] = []
+    for trace in mapped:
+        got = rows[(trace["tenant"], trace["request_id"])]
+        for key, want in trace["row"].items():
+            have = got[key]
+            ok = (
+                math.isclose(have, want, rel_tol=1e-12, abs_tol=TIME_TOLERANCE_MS)
+                if isinstance(want, float) and have is not None
+                else have == want
+            )
+            if not ok:
+                wrong.append(f"{trace['request_id']}.{key}: want {want!r} got {have!r}")
+    return wrong
+
+
+async def _emit(settings: Settings, mapped: list[dict[str, Any]]) -> int:
+    # All events are enqueued at once, so the bounded buffer (it drops when full, by design) holds them all.
+    emitter = StageEmitter(
+        settings.kafka_bootstrap,
+        settings.topic("stage-events"),
+        tenant_id="unused",
+        max_buffer=100_000,
+        stop_timeout_s=60.0,
+    )
+    await emitter.start()
+    n = 0
+    for trace in mapped:
+        for key, value in trace["events"]:
+            emitter.enqueue(key.encode(), value.encode())
+            n += 1
+    await emitter.stop()
+    assert emitter.stats.sent == n
+    return n
+
+
+def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
+    otel_collector: OtelCollectorHandle,
+    kafka_settings: Settings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    started = time.monotonic()
+    traces = _run_service(otel_collector, tmp_path / "truth.json")
+    service_s = time.monotonic() - started
+    want_spans = {(t["trace_id"], s) for t in traces for s in t["spans"]}
+    values = _wait_for_spans(otel_collector, want_spans, timeout_s=60.0)
+    per_trace, _ = _span_messages(values)
+    split = sum(1 for n in per_trace.values() if n > 1)
+    assert len(traces) == N_TRACES and len({t["tenant"] for t in traces}) == 2
+    assert split >= 0.2 * N_TRACES, f"only {split} of {N_TRACES} traces reached Kafka in several messages"
+    flushed = [t["trace_id"] for t in traces if t["split"]]
+    assert all(per_trace[t] > 1 for t in flushed), "a trace flushed in two parts reached Kafka in one message"
+
+    mapped = [t for t in traces if t["fault"] != "missing_tenant"]
+    shapes = Counter(t["shape"] for t in mapped)
+    assert shapes["openinference"] > 0 and shapes["gen_ai"] > 0
+    assert any(t["row"]["status"] == "timed_out" and t["fault"] == "" for t in mapped), "some lack their LLM span"
+    assert any(len(t["timings_us"]["retrievals"]) == 2 for t in mapped), "some retried their retrieval"
+    dead_want = sorted((reason, t["trace_id"], span) for t in traces for reason, span in t["dead"])
+    assert {r for r, _, _ in dead_want} == set(DEAD_REASONS)
+
+    emitted_settings = kafka_settings.model_copy(
+        update={"topic_prefix": f"{kafka_settings.topic_prefix}e", "app_id": f"{kafka_settings.app_id}e"}
+    )
+    emitted_otlp_topic = f"{emitted_settings.topic_prefix}-otlp_spans"
+    otlp = Pipeline(_env(kafka_settings, tmp_path / "otlp", otel_collector.topic), tmp_path / "otlp")
+    emitted = Pipeline(_env(emitted_settings, tmp_path / "emit", emitted_otlp_topic), tmp_path / "emit")
+    (tmp_path / "otlp").mkdir()
+    (tmp_path / "emit").mkdir()
+    try:
+        asyncio.run(ensure_topics(emitted_settings))
+        events = asyncio.run(_emit(emitted_settings, mapped))
+        # Started after the service is done: every trace's spans are in Kafka, so the idle tick never resolves
+        # a trace before its root arrives (a live Collector stalling past the grace could).
+        workers_at = time.monotonic()
+        join, writer = _start(otlp)
+        ejoin, ewriter = _start(emitted)
+        otlp.wait_for(lambda: _drained(kafka_settings, join, otel_collector.topic), 150, "the OTLP pipeline to drain")
+        emitted.wait_for(
+            lambda: _drained(emitted_settings, ejoin, emitted_otlp_topic), 90, "the emitter pipeline to drain"
+        )
+        drained_s = time.monotonic() - workers_at
+        outcomes = {
+            k: join.metric(f'ttft_otlp_spans_total{{outcome="{k}"}}') for k in ("stage", "not_stage", "dead_letter")
+        }
+        dead_metric = {r: join.metric(f'ttft_dead_letters_total{{reason="{r}"}}') for r in DEAD_REASONS}
+        for worker in (join, writer):
+            assert otlp.stop(worker) == 0
+        for worker in (ejoin, ewriter):
+            assert emitted.stop(worker) == 0
+    finally:
+        otlp.stop_all()
+        emitted.stop_all()
+
+    rows = _rows(otlp)
+    assert set(rows) == {(t["tenant"], t["request_id"]) for t in mapped}
+    wrong = _differences(rows, mapped)
+    assert not wrong, f"{len(wrong)} values differ from the service's ground truth, e.g. {wrong[:10]}"
+
+    dls = otlp.query("SELECT reason_code, trace_id, span_id FROM {db}.dead_letters FINAL")
+    assert sorted((d["reason_code"], d["trace_id"], d["span_id"]) for d in dls) == dead_want
+    by_reason = Counter(r for r, _, _ in dead_want)
+    assert dead_metric == {r: float(by_reason[r]) for r in DEAD_REASONS}
+    assert outcomes["dead_letter"] == len(dead_want)
+    assert outcomes["not_stage"] == sum(t["not_stage_spans"] for t in traces)
+    assert outcomes["stage"] + outcomes["dead_letter"] + outcomes["not_stage"] == len(want_spans)
+
+    other = _rows(emitted)
+    assert set(other) == set(rows)
+    diffs = [
+        f"{key}.{col}: otlp {rows[key][col]!r} emitter {other[key][col]!r}"
+        for key in rows
+        for col in rows[key]
+        if col not in INGESTION_FIELDS and rows[key][col] != other[key][col]
+    ]
+    assert not diffs, f"{len(diffs)} differences, e.g. {diffs[:10]}"
+    ingestion_diffs = Counter(
+        col for key in rows for col in INGESTION_FIELDS & rows[key].keys() if rows[key][col] != other[key][col]
+    )
+    per_tenant = Counter(t for t, _ in rows)
+    status = Counter(r["status"] for r in rows.values())
+    spread = Counter(per_trace.values())
+    with capsys.disabled():
+        print(
+            f"\nOTel acceptance: {len(traces)} traces ({dict(per_tenant)} stored, {dict(status)}), "
+            f"{split} split over several Kafka messages ({split / len(traces):.0%}, {len(flushed)} of them "
+            f"flushed apart on purpose; messages per trace {dict(sorted(spread.items()))}), "
+            f"{len(values)} messages, {len(want_spans)} spans ({int(outcomes['stage'])} stage, "
+            f"{int(outcomes['not_stage'])} not stage), dead letters {dict(by_reason)}, {events} emitter events "
+            f"(ingestion fields that differed: {dict(ingestion_diffs)}); service {service_s:.1f} s, "
+            f"workers drained both paths in {drained_s:.1f} s, total {time.monotonic() - started:.1f} s"
+        )
