@@ -269,7 +269,7 @@ def _free_otel_ports() -> OtelCollectorConfig:
 def compare(settings: Settings, workdir: Path, traces: int = 3_000, timeout_s: float = 180.0) -> Comparison:
     """Run the comparison against the broker of ``settings`` (its ``otlp.topic`` is created here)."""
     from streams.kafka.topics import ensure_named_topics
-    from streams.otel.collector import LocalCollector
+    from streams.otel.collector import LocalCollector, otlp_env
 
     topic = settings.otlp.topic
     asyncio.run(ensure_named_topics(settings, {topic: {}}))
@@ -278,7 +278,7 @@ def compare(settings: Settings, workdir: Path, traces: int = 3_000, timeout_s: f
         workdir / "otel",
         ports=_free_otel_ports(),
         kafka_bootstrap=settings.kafka_bootstrap,
-        env={"TTFT_OTLP__TOPIC": topic, "TTFT_OTLP__ENCODING": settings.otlp.encoding},
+        env=otlp_env(settings.otlp),
     )
     collector.start(timeout_s=60.0)
     try:
