@@ -43,7 +43,7 @@ import numpy as np
 import orjson
 
 from schemas.dead_letter import DeadLetter
-from schemas.otlp import parse_spans
+from schemas.otlp import OtlpEncoding, parse_spans
 from streams.core.otlp_traces import ForwardedEvent, TraceAssembler
 from streams.core.sketch import LatencySketch
 from streams.settings import OtelCollectorConfig, Settings
@@ -229,7 +229,7 @@ def _scrape(url: str) -> str:
 
 
 async def _read_topic(
-    bootstrap: str, topic: str, partitions: int, want_spans: int, timeout_s: float
+    bootstrap: str, topic: str, partitions: int, want_spans: int, timeout_s: float, encoding: OtlpEncoding
 ) -> list[tuple[int, int, bytes]]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -250,7 +250,7 @@ async def _read_topic(
                 for r in records:
                     if r.value is not None:
                         out.append((r.partition, r.offset, r.value))
-                        spans += len(parse_spans(r.value, "otlp_proto"))
+                        spans += len(parse_spans(r.value, encoding))
         return out
     finally:
         await consumer.stop()
@@ -310,7 +310,11 @@ def compare(settings: Settings, workdir: Path, traces: int = 3_000, timeout_s: f
             if time.monotonic() > deadline:
                 raise TimeoutError(f"spanmetrics counted {seen} of {traces} spans within {timeout_s:.0f} s")
             time.sleep(0.5)
-        messages = asyncio.run(_read_topic(settings.kafka_bootstrap, topic, settings.partitions, 3 * traces, timeout_s))
+        messages = asyncio.run(
+            _read_topic(
+                settings.kafka_bootstrap, topic, settings.partitions, 3 * traces, timeout_s, settings.otlp.encoding
+            )
+        )
     finally:
         collector.stop()
     sketches, counts = ours_from_messages(messages, settings)
