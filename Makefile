@@ -57,7 +57,7 @@ lint: venv
 	$(BIN)/ruff format --check streams schemas tests bench
 	$(BIN)/mypy
 
-bench: setup
+bench: setup otelcol
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:

@@ -29,7 +29,9 @@ from bench.results import RESULTS_DIR, RunReport, git_commit, machine_info, rend
 from bench.traffic import EVENTS_PER_REQUEST, Traffic, build_traffic
 from streams.store.shutdown import exit_process
 
-PHASES = ("simspeed", "raw", "pipeline", "lag", "naive", "memory", "scaleout", "quix")
+PHASES = ("simspeed", "raw", "pipeline", "lag", "naive", "memory", "scaleout", "quix", "spanmetrics")
+#: Phases that read the generated traffic; when all are skipped, only a token amount is generated.
+TRAFFIC_PHASES = frozenset({"raw", "pipeline", "lag", "naive", "memory", "scaleout"})
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 DOC_START, DOC_END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 
@@ -46,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lag-rate", type=float, default=5_000.0, help="offered events/s of the lag phase")
     p.add_argument("--lag-seconds", type=float, default=30.0, help="length of the lag phase")
     p.add_argument("--skip", action="append", default=[], help=f"phases to skip, any of {','.join(PHASES)}")
+    p.add_argument("--only", action="append", default=[], help="run only these phases (same names as --skip)")
+    p.add_argument("--otel-traces", type=int, default=None, help="traces of the spanmetrics phase (3,000)")
     p.add_argument("--phase-timeout", type=float, default=600.0, help="seconds a phase may take to drain")
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every phase (~2 min)")
     p.add_argument("--profile", action="store_true", help="py-spy the join and writer in the pipeline phase")
@@ -54,11 +58,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of the JSON result")
     args = p.parse_args(argv)
     args.skip = {s for item in args.skip for s in item.split(",") if s}
-    unknown = args.skip - set(PHASES)
+    only = {s for item in args.only for s in item.split(",") if s}
+    if only:
+        args.skip |= set(PHASES) - only
+    unknown = (args.skip | only) - set(PHASES)
     if unknown:
         p.error(f"unknown phase(s) {sorted(unknown)}; known: {', '.join(PHASES)}")
     if args.events is None:
         args.events = int(args.requests * EVENTS_PER_REQUEST) if args.requests else (40_000 if args.quick else 240_000)
+    if not TRAFFIC_PHASES - args.skip:
+        args.events = min(args.events, 1_000)
+    if args.otel_traces is None:
+        args.otel_traces = 1_000 if args.quick else 3_000
     if args.naive_requests is None:
         args.naive_requests = 1_500 if args.quick else 8_000
     if args.quick:
@@ -205,6 +216,14 @@ def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traf
         from bench.quix import measure_quix
 
         run.phase("quix", measure_quix)
+    if "spanmetrics" not in args.skip:
+        from bench.spanmetrics import measure_spanmetrics
+
+        settings = env.settings("spanmetrics")
+        settings = settings.model_copy(
+            update={"otlp": settings.otlp.model_copy(update={"topic": f"{settings.topic_prefix}.otlp_spans"})}
+        )
+        run.phase("spanmetrics", lambda: measure_spanmetrics(settings, settings.home, args.otel_traces))
 
 
 def _render_saved(path: Path, update_doc: bool) -> int:

@@ -14,13 +14,19 @@ from pathlib import Path
 import click
 
 from streams.kafka.topics import wait_for_broker
-from streams.otel.collector import CollectorError, LocalCollector, missing_binary
+from streams.otel.collector import CollectorError, LocalCollector, missing_binary, otlp_env
 from streams.settings import Settings, load_settings
 
 
 def _collector(settings: Settings) -> LocalCollector:
+    """The Collector of these settings: its ports, the broker, and the worker's span topic and encoding (a
+    ``TTFT_CONFIG`` YAML ``otlp:`` section reaches the Collector too, not only the environment)."""
     return LocalCollector(
-        Path(settings.home) / "otel", ports=settings.otel, kafka_bootstrap=settings.kafka_bootstrap, detach=True
+        Path(settings.home) / "otel",
+        ports=settings.otel,
+        kafka_bootstrap=settings.kafka_bootstrap,
+        detach=True,
+        env=otlp_env(settings.otlp),
     )
 
 
@@ -55,7 +61,9 @@ def up(timeout_s: float) -> None:
     click.echo(f"otel collector started in {seconds:.1f}s (pid {collector.pid}, log {collector.log_file})")
     click.echo(f"  OTLP gRPC    {collector.grpc_endpoint}")
     click.echo(f"  OTLP HTTP    {collector.http_endpoint}")
-    click.echo(f"  spans to     kafka {settings.kafka_bootstrap}")
+    click.echo(
+        f"  spans to     kafka {settings.kafka_bootstrap} topic {settings.otlp.topic} ({settings.otlp.encoding})"
+    )
     click.echo(f"  spanmetrics  {collector.metrics_url}")
     click.echo(f"  telemetry    {collector.telemetry_url}")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streams.kafka.broker import pid_alive, port_is_free, set_parent_death_signal
-from streams.settings import OtelCollectorConfig
+from streams.settings import OtelCollectorConfig, OtlpConfig
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 BINARY_ENV = "TTFT_OTELCOL_BIN"
@@ -66,6 +66,12 @@ def missing_binary(binary: Path) -> str | None:
         f"the OpenTelemetry Collector binary {binary} is missing: run `make otelcol` "
         "(builds it from deploy/otel/builder-config.yaml; ~6 minutes the first time)"
     )
+
+
+def otlp_env(otlp: OtlpConfig) -> dict[str, str]:
+    """The worker's span topic and encoding as the Collector's config reads them (``TTFT_OTLP__*``), so
+    producer and consumer agree whichever source (environment, ``TTFT_CONFIG`` YAML) set them."""
+    return {"TTFT_OTLP__TOPIC": otlp.topic, "TTFT_OTLP__ENCODING": otlp.encoding}
 
 
 def _accepts(port: int, timeout_s: float = 0.5) -> bool:

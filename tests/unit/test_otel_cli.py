@@ -50,3 +50,25 @@ def test_collector_config_defaults_are_the_settings_defaults() -> None:
     assert defaults["TTFT_KAFKA_BOOTSTRAP"] == settings.kafka_bootstrap
     collector = LocalCollector(Path("x"), ports=settings.otel, kafka_bootstrap=settings.kafka_bootstrap)
     assert set(ours) <= set(collector.environment())
+
+
+def test_up_passes_the_resolved_otlp_topic_and_encoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TTFT_CONFIG YAML ``otlp:`` section reaches the Collector's environment (TTFT_OTLP__*)."""
+    from streams.cli.otel_cmd import _collector
+
+    for name in ("TTFT_OTLP__TOPIC", "TTFT_OTLP__ENCODING"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "ttft.yaml"
+    config.write_text("otlp:\n  topic: spans.from-yaml\n  encoding: otlp_json\n")
+    monkeypatch.setenv("TTFT_CONFIG", str(config))
+    monkeypatch.setenv("TTFT_HOME", str(tmp_path))
+    env = _collector(load_settings()).environment()
+    assert env["TTFT_OTLP__TOPIC"] == "spans.from-yaml"
+    assert env["TTFT_OTLP__ENCODING"] == "otlp_json"
+    # The environment still wins over the file, for the worker and the Collector alike.
+    monkeypatch.setenv("TTFT_OTLP__TOPIC", "spans.from-env")
+    assert _collector(load_settings()).environment()["TTFT_OTLP__TOPIC"] == "spans.from-env"
+    monkeypatch.delenv("TTFT_CONFIG")
+    monkeypatch.delenv("TTFT_OTLP__TOPIC")
+    env = _collector(load_settings()).environment()
+    assert (env["TTFT_OTLP__TOPIC"], env["TTFT_OTLP__ENCODING"]) == ("otlp_spans", "otlp_proto")
