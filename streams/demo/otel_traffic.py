@@ -11,7 +11,8 @@ shapes a real instrumented RAG service gives:
   retriever: ``vector_recall``), ``bm25`` (``ttft.stage=bm25_recall``) and ``rerank`` (``RERANKER``);
 - ``assemble_prompt`` (``ttft.stage=prompt_assemble``);
 - one GenAI ``chat`` span per LLM attempt (``gen_ai.operation.name=chat``, a ``gen_ai.first_chunk`` event);
-- ``first_token`` (``ttft.stage=first_token``), so the retried attempt's first chunk is not the first token.
+- ``first_token`` (``ttft.stage=first_token``), so the retried attempt's first chunk is not the first token;
+- ``load_session``, a span that is no stage (the join counts it ``not_stage``).
 
 The context (``ttft.request_id``, the tenant, version, rollout, route, fallback level) is on every span, and
 the simulator's request attributes are ``ttft.<name>`` attributes. Timestamps are the story's event time;
@@ -91,6 +92,17 @@ def span_specs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         spec: dict[str, Any] = {"start": ts, "end": ts + duration, "parent": "root", "attrs": attrs}
         if stage == "request_start":
             start = ts
+            # A span no stage maps to (counted as not_stage): the service loading the session first.
+            specs.append(
+                {
+                    "name": "load_session",
+                    "kind": "internal",
+                    "start": ts,
+                    "end": ts + 0.5,
+                    "parent": "root",
+                    "attrs": context,
+                }
+            )
             continue
         if stage == "retrieval":
             spec.update(name="retrieve", kind="internal")

@@ -202,8 +202,8 @@ def _story_table(results: DemoResults) -> Table:
 
 def _tenant_table(rows: list[TenantRow]) -> Table:
     table = Table(title="Tenants of the story, and how their traffic came in", title_justify="left")
-    for name in ("tenant", "requests stored", "TTFT P95 (ms)", "came in as"):
-        table.add_column(name, justify="right" if name in ("requests stored", "TTFT P95 (ms)") else "left")
+    for name in ("tenant", "requests stored", "TTFT P95", "came in as"):
+        table.add_column(name, justify="right" if name in ("requests stored", "TTFT P95") else "left")
     for row in rows:
         table.add_row(row.tenant, f"{row.requests:,}", fmt_ms(row.ttft_p95), row.way_in)
     return table
@@ -260,10 +260,11 @@ def render_results(console: Console, results: DemoResults) -> None:
     if results.tenants:
         console.print(_tenant_table(results.tenants))
         for row in results.tenants:
-            say(
-                f"tenant {row.tenant}: {row.requests:,} requests stored, "
-                f"TTFT P95 {fmt_ms(row.ttft_p95)} ms, via {row.way_in}"
-            )
+            if row.tenant == results.otel_tenant:
+                say(
+                    f"tenant {row.tenant}: {row.requests:,} requests stored (TTFT P95 {fmt_ms(row.ttft_p95)}), "
+                    f"came in as {row.way_in}; the other tenants as {EMITTER_WAY}"
+                )
     if results.otlp_spans is not None and results.otel_tenant is not None:
         spans = results.otlp_spans
         say(
