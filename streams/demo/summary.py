@@ -263,13 +263,13 @@ def render_results(console: Console, results: DemoResults) -> None:
             if row.tenant == results.otel_tenant:
                 say(
                     f"tenant {row.tenant}: {row.requests:,} requests stored (TTFT P95 {fmt_ms(row.ttft_p95)}), "
-                    f"came in as {row.way_in}; the other tenants as {EMITTER_WAY}"
+                    f"came in as {row.way_in}"
                 )
     if results.otlp_spans is not None and results.otel_tenant is not None:
         spans = results.otlp_spans
         say(
-            f"otlp spans ({results.otel_tenant}, the join's ttft_otlp_spans_total): {spans.get('stage', 0):,.0f} "
-            f"stage spans forwarded, {spans.get('not_stage', 0):,.0f} not stages, "
-            f"{spans.get('dead_letter', 0):,.0f} dead-lettered, {spans.get('replayed', 0):,.0f} replayed"
+            f"otlp spans of {results.otel_tenant}: {spans.get('stage', 0):,.0f} stage, "
+            f"{spans.get('not_stage', 0):,.0f} not stages, {spans.get('dead_letter', 0):,.0f} dead-lettered, "
+            f"{spans.get('replayed', 0):,.0f} replayed (the join's ttft_otlp_spans_total)"
         )
     say(f"report written to {results.report_dir / 'index.html'} (it opens with the verdict)")
