@@ -3,6 +3,8 @@
 Runs the demo as a subprocess without a terminal (plain progress lines), in its own demo home, and checks
 what it promises: the breakdown naming llm_ttft then retrieval, the before P95 near 3.2 s, the after P95
 beside the sum of stage P95s, a fired canary alert, a report on disk, and no process left behind.
+``ttft demo --otel --duration 30`` (~100 s): tenant otel-demo's traces through the real Collector are all
+stored and shown beside the emitter's tenants.
 """
 
 from __future__ import annotations
