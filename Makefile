@@ -12,7 +12,7 @@ OTEL_DIR := $(CACHE)/otel
 OTEL_STAMP := $(OTEL_DIR)/.built-$(shell cat deploy/otel/builder-config.yaml 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench clean kafka-jars alertmanager venv otelcol
+.PHONY: setup demo demo-otel test lint bench clean kafka-jars alertmanager venv otelcol
 
 setup: venv kafka-jars alertmanager
 
@@ -38,7 +38,7 @@ alertmanager:
 
 # The OpenTelemetry Collector (otelcol-ttft) of `ttft otel up` and the tests, built with the Collector
 # Builder from the pinned manifest: ~6 minutes and ~3 GB of Go caches cold, seconds once built. `make test`
-# needs it; `make demo` does not wait for it.
+# needs it; `make demo` does not wait for it, unless DEMO_ARGS has --otel (`make demo-otel` is the same).
 otelcol: $(OTEL_STAMP)
 
 $(OTEL_STAMP): deploy/otel/builder-config.yaml deploy/otel/build.sh
@@ -46,8 +46,13 @@ $(OTEL_STAMP): deploy/otel/builder-config.yaml deploy/otel/build.sh
 	@rm -f $(OTEL_DIR)/.built-*
 	@touch $@
 
-demo: setup
+# `make demo DEMO_ARGS=--otel` (or `make demo-otel`): one tenant through the OpenTelemetry Collector, which
+# only then is built first.
+demo: setup $(if $(filter --otel,$(DEMO_ARGS)),otelcol)
 	$(BIN)/ttft demo $(DEMO_ARGS)
+
+demo-otel:
+	@$(MAKE) --no-print-directory demo DEMO_ARGS="--otel $(filter-out --otel,$(DEMO_ARGS))"
 
 test: setup otelcol
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc

@@ -28,12 +28,20 @@ from streams.cli.simulate_cmd import parse_duration_s
 @click.option("--seed", type=int, default=7, show_default=True, help="Simulator seed: same seed, same story.")
 @click.option("--no-alertmanager", is_flag=True, help="Do not start Alertmanager even when it is installed.")
 @click.option("--plain", is_flag=True, help="Plain progress lines even on a terminal.")
-def demo(duration: str, home: Path | None, seed: int, no_alertmanager: bool, plain: bool) -> None:
+@click.option(
+    "--otel",
+    is_flag=True,
+    help="Also start the OpenTelemetry Collector (built by `make otelcol`) and send tenant otel-demo's "
+    "traffic as OTLP traces from an SDK-instrumented generator through it; the other tenants use the emitter.",
+)
+def demo(duration: str, home: Path | None, seed: int, no_alertmanager: bool, plain: bool, otel: bool) -> None:
     """Replay the seed's story and a canary regression through the real pipeline, compressed in event time.
 
     Starts a local Kafka broker, Alertmanager (when installed), the writer and a join worker, produces
     simulated traffic, shows a live view, prints the breakdown, the before/after P95s and the alerts
     that fired, and writes a report. Everything it started is stopped at the end, and on Ctrl-C.
+    With --otel, one tenant comes in through the OpenTelemetry Collector instead
+    (`make demo DEMO_ARGS=--otel` builds the Collector first).
     """
     from streams.demo.run import DemoError, DemoOptions, run_demo
 
@@ -43,6 +51,7 @@ def demo(duration: str, home: Path | None, seed: int, no_alertmanager: bool, pla
         seed=seed,
         alertmanager=not no_alertmanager,
         live=False if plain else None,
+        otel=otel,
     )
     console = Console(highlight=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:

@@ -48,6 +48,20 @@ class Worker:
             out[key] = out.get(key, 0.0) + float(value)
         return out
 
+    def labelled(self, name: str, label: str) -> dict[str, float]:
+        """The samples of metric ``name`` by the value of ``label`` (other labels summed)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+        out: dict[str, float] = {}
+        needle = f'{label}="'
+        for line in text.splitlines():
+            if not line.startswith(name + "{") or needle not in line:
+                continue
+            series, _, value = line.rpartition(" ")
+            key = series.split(needle, 1)[1].split('"', 1)[0]
+            out[key] = out.get(key, 0.0) + float(value)
+        return out
+
     def healthy(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as resp:
@@ -104,11 +118,16 @@ class PipelineProgress:
     join_lag: int
     writer_lag: int
     watermark_ms: float
+    #: ``--otel``: the OTLP input's group lag and the traces it still holds (0 without it).
+    otlp_lag: int = 0
+    otlp_held: float = 0.0
 
     @property
     def drained(self) -> bool:
         return (
-            self.join_lag == 0
+            self.otlp_lag == 0
+            and self.otlp_held == 0
+            and self.join_lag == 0
             and self.open_requests == 0
             and self.writer_lag == 0
             and self.open_windows == 0
@@ -119,8 +138,9 @@ class PipelineProgress:
 class LagProbe:
     """Committed-offset lag of the join and writer consumer groups, over one admin and one consumer."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, otlp: bool = False) -> None:
         self.settings = settings
+        self.otlp = otlp
         kwargs = kafka_client_kwargs(settings)
         self._admin = AIOKafkaAdminClient(**kwargs)
         self._consumer = AIOKafkaConsumer(enable_auto_commit=False, **kwargs)
@@ -133,6 +153,8 @@ class LagProbe:
             "join": [self.settings.topic("stage-events")],
             "writer": [self.settings.topic("requests"), self.settings.topic("dead-letter")],
         }
+        if self.otlp:
+            groups["otlp"] = [self.settings.otlp.topic]
         # The admin's metadata, not the consumer's: a consumer without a subscription answers None for
         # partitions_for_topic(), which would make every lag 0.
         described = await self._admin.describe_topics([t for topics in groups.values() for t in topics])
@@ -146,6 +168,10 @@ class LagProbe:
             if missing:
                 raise RuntimeError(f"topic(s) {', '.join(missing)} do not exist")
             self._tps[role] = [TopicPartition(t, p) for t in topics for p in partitions[t]]
+
+    @property
+    def roles(self) -> list[str]:
+        return list(self._tps)
 
     async def lag(self, role: str) -> int:
         """End offsets minus committed offsets of ``<app_id>-<role>``, summed over its topics."""
@@ -178,4 +204,6 @@ async def pipeline_progress(probe: LagProbe, join: Worker, writer: Worker) -> Pi
         join_lag=await probe.lag("join"),
         writer_lag=await probe.lag("writer"),
         watermark_ms=writer_metrics.get("ttft_writer_watermark_ms", 0.0),
+        otlp_lag=await probe.lag("otlp") if "otlp" in probe.roles else 0,
+        otlp_held=join_metrics.get("ttft_otlp_traces_held", 0.0) if "otlp" in probe.roles else 0.0,
     )

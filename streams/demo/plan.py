@@ -36,11 +36,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+import orjson
+
 from streams.sim import generate, phases
 from streams.sim.traffic import Message
 
 WINDOW_MS: Final = 60_000
 DEMO_TENANTS: Final = ("acme", "globex", "bücher-ü")
+#: ``ttft demo --otel``: this tenant's requests go through the OpenTelemetry Collector as traces
+#: (:mod:`streams.demo.otel_traffic`), the others through the emitter. It comes before the last tenant, which
+#: keeps the lagging version.
+OTEL_TENANT: Final = "otel-demo"
+OTEL_DEMO_TENANTS: Final = ("acme", "globex", OTEL_TENANT, "bücher-ü")
 #: Event-time length (minutes) of each seed-story phase and of the whole canary-regression part: the
 #: full story, and the short one for demos under :data:`SHORT_BELOW_S` (a 60 s smoke test).
 FULL_LAYOUT: Final = (4, 10)
@@ -147,12 +154,19 @@ class DemoPlan:
                 return ph
         return None
 
-    def messages(self) -> Iterator[Message]:
+    def messages(self, *, without: str | None = None) -> Iterator[Message]:
         """The story's stage events, part after part (each in emission order; deterministic for the seed).
 
         The parts are merged by emission time: a part's last requests complete a few seconds into the next
         part, and a partition's events stay in event-time order as a live service would send them.
+        ``without``: leave that tenant's events out (``--otel`` sends them as traces instead).
         """
+        merged = self._merged()
+        if without is None:
+            return merged
+        return (m for m in merged if orjson.loads(m[1]).get("tenant_id") != without)
+
+    def _merged(self) -> Iterator[Message]:
         return heapq.merge(
             *(
                 generate(

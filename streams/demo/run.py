@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,20 +30,30 @@ from streams.demo.home import (
     settings_for,
     signals_interrupt,
 )
-from streams.demo.pipeline import LagProbe, PipelineProgress, Worker, pipeline_progress, start_worker, wait_healthy
-from streams.demo.plan import DemoPlan, plan_demo
-from streams.demo.processes import ProcessSet, free_port
+from streams.demo.pipeline import (
+    REPO_ROOT,
+    LagProbe,
+    PipelineProgress,
+    Worker,
+    pipeline_progress,
+    start_worker,
+    wait_healthy,
+)
+from streams.demo.plan import DEMO_TENANTS, OTEL_DEMO_TENANTS, OTEL_TENANT, DemoPlan, plan_demo
+from streams.demo.processes import ChildProcess, ProcessSet, free_port
 from streams.demo.summary import DemoResults, collect_results, render_results, story_problems
 from streams.demo.view import DemoView, clock, describe_labels
 from streams.kafka.broker import LocalBroker, missing_prerequisite
-from streams.settings import Settings
+from streams.otel.collector import CollectorError, LocalCollector, default_binary, missing_binary
+from streams.settings import OtelCollectorConfig, Settings
 
 __all__ = ["DemoError", "DemoOptions", "DemoRun", "run_demo"]
 
 
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
-    """``ttft demo`` options. ``duration_s``: wall time of the traffic; ``live``: None = when a TTY."""
+    """``ttft demo`` options. ``duration_s``: wall time of the traffic; ``live``: None = when a TTY;
+    ``otel``: tenant :data:`OTEL_TENANT` comes in as OpenTelemetry traces through the Collector."""
 
     duration_s: float = 180.0
     home: Path | None = None
@@ -50,6 +61,11 @@ class DemoOptions:
     alertmanager: bool = True
     live: bool | None = None
     drain_timeout_s: float | None = None
+    otel: bool = False
+
+    @property
+    def tenants(self) -> tuple[str, ...]:
+        return OTEL_DEMO_TENANTS if self.otel else DEMO_TENANTS
 
     def drain_limit_s(self) -> float:
         """How long the pipeline may take to drain after the producer finished (default: max(300 s, 2x))."""
@@ -83,6 +99,10 @@ def run_demo(options: DemoOptions, console: Console) -> int:
     problem = missing_prerequisite()
     if problem:
         raise DemoError(f"{problem} (run `make setup`)")
+    if options.otel:
+        problem = missing_binary(default_binary())
+        if problem:
+            raise DemoError(f"--otel: {problem}, or run `make demo DEMO_ARGS=--otel`")
     demo = DemoRun(options, console)
     try:
         with signals_interrupt():
@@ -116,6 +136,10 @@ class DemoRun:
         self.env: dict[str, str] = {}
         self.settings: Settings | None = None
         self.workers: dict[str, Worker] = {}
+        self.collector: LocalCollector | None = None
+        self.generator: ChildProcess | None = None
+        #: ``--otel``: the join's ttft_otlp_spans_total by outcome, read before it stops.
+        self.otlp_spans: dict[str, float] = {}
 
     def start(self) -> None:
         """Kafka, Alertmanager (when installed), then the writer and the join worker, healthy."""
@@ -137,6 +161,33 @@ class DemoRun:
             self.workers["writer"] = start_worker(self.processes, "writer", self.env)
             self.workers["join"] = start_worker(self.processes, "join", self.env)
             wait_healthy(list(self.workers.values()), timeout_s=180.0)
+        if self.options.otel:
+            self._start_collector()
+
+    def _start_collector(self) -> None:
+        """The Collector on free loopback ports, writing to the broker's OTLP topic (the join created it)."""
+        assert self.settings is not None
+        ports: set[int] = set()
+        while len(ports) < 4:
+            ports.add(free_port())
+        grpc, http, prometheus, telemetry = sorted(ports)
+        self.collector = LocalCollector(
+            self.home / "otel",
+            ports=OtelCollectorConfig(
+                grpc_port=grpc, http_port=http, prometheus_port=prometheus, telemetry_port=telemetry
+            ),
+            kafka_bootstrap=self.broker.bootstrap,
+            env={"TTFT_OTLP__TOPIC": self.settings.otlp.topic, "TTFT_OTLP__ENCODING": self.settings.otlp.encoding},
+        )
+        with self.say.step("starting the OpenTelemetry Collector"):
+            try:
+                seconds = self.collector.start(timeout_s=60.0)
+            except CollectorError as exc:
+                raise DemoError(str(exc)) from None
+        self.say(
+            f"otel collector ready at {self.collector.grpc_endpoint} (OTLP gRPC) in {seconds:.1f} s: tenant "
+            f"{OTEL_TENANT} comes in as traces, through kafka topic {self.settings.otlp.topic}"
+        )
 
     def _on_webhook_alert(self, alert: dict[str, object]) -> None:
         if self.view is not None:
@@ -146,7 +197,8 @@ class DemoRun:
         """Produce the story with the live view on, until the pipeline has drained; returns the plan."""
         assert self.settings is not None, "start() first"
         # Planned now, after the set-up: the story ends just before the producer is due to finish.
-        plan = plan_demo(self.options.duration_s, time.time() * 1000.0, seed=self.options.seed)
+        now_ms = time.time() * 1000.0
+        plan = plan_demo(self.options.duration_s, now_ms, seed=self.options.seed, tenants=self.options.tenants)
         self.say(
             f"workers healthy; playing {plan.expected_requests:,} requests (~{plan.expected_events:,} stage "
             f"events, {len(plan.tenants)} tenants) over {(plan.end_ms - plan.start_ms) / 60_000:.0f} min of "
@@ -154,8 +206,19 @@ class DemoRun:
         )
         self.view = DemoView(self.console, plan, self.settings, live=self.live)
         join, writer = self.workers["join"], self.workers["writer"]
+        if self.collector is not None:
+            self.generator = self._start_generator(plan, now_ms, origin=time.time())
         final = asyncio.run(
-            _play(plan, self.settings, self.view, join, writer, self.options.drain_limit_s(), self.webhook)
+            _play(
+                plan,
+                self.settings,
+                self.view,
+                join,
+                writer,
+                self.options.drain_limit_s(),
+                self.webhook,
+                self.generator,
+            )
         )
         self.say(
             f"pipeline drained: {final.records_written:,.0f} requests stored, "
@@ -166,6 +229,10 @@ class DemoRun:
     def conclude(self, plan: DemoPlan) -> DemoResults:
         """Stop the workers, then read the store (the writer has exited) and write the report."""
         assert self.settings is not None, "start() first"
+        if self.collector is not None:
+            with contextlib.suppress(OSError):
+                self.otlp_spans = self.workers["join"].labelled("ttft_otlp_spans_total", "outcome")
+            self.collector.stop()
         with self.say.step("stopping the workers"):
             _stop_workers(self.workers["join"], self.workers["writer"])
         paged = _paged(self.webhook)
@@ -175,10 +242,46 @@ class DemoRun:
 
             with environment(self.env):
                 client = make_client(self.settings)
-            return collect_results(client, self.settings, plan, self.home / "report", paged, time.time() * 1000.0)
+            return collect_results(
+                client,
+                self.settings,
+                plan,
+                self.home / "report",
+                paged,
+                time.time() * 1000.0,
+                otel_tenant=OTEL_TENANT if self.options.otel else None,
+                otlp_spans=self.otlp_spans,
+            )
+
+    def _start_generator(self, plan: DemoPlan, now_ms: float, origin: float) -> ChildProcess:
+        """The SDK-instrumented generator of :data:`OTEL_TENANT`'s traces (:mod:`streams.demo.otel_traffic`)."""
+        assert self.collector is not None
+        cmd = [
+            sys.executable,
+            "-m",
+            "streams.demo.otel_traffic",
+            "--endpoint",
+            self.collector.grpc_endpoint,
+            "--duration",
+            repr(self.options.duration_s),
+            "--now-ms",
+            repr(now_ms),
+            "--seed",
+            str(plan.seed),
+            "--tenant",
+            OTEL_TENANT,
+            "--tenants",
+            ",".join(plan.tenants),
+            "--origin",
+            repr(origin),
+        ]
+        return self.processes.start("otel-traffic", cmd, env=self.env, cwd=REPO_ROOT)
 
     def close(self) -> None:
-        """Stop everything still running: workers and Alertmanager (newest first), the broker, the webhook."""
+        """Stop everything still running: the Collector, the generator, workers and Alertmanager (newest
+        first), the broker, the webhook."""
+        if self.collector is not None:
+            self.collector.stop()
         self.processes.close()
         self.broker.stop()
         if self.webhook is not None:
@@ -215,12 +318,17 @@ async def _play(
     writer: Worker,
     drain_timeout_s: float,
     webhook: WebhookRecorder | None,
+    generator: ChildProcess | None = None,
 ) -> PipelineProgress:
-    """Produce the story paced to event time while the view refreshes; then wait for the pipeline to drain."""
+    """Produce the story paced to event time while the view refreshes; then wait for the pipeline to drain.
+
+    With ``generator`` (``--otel``), producing also lasts until it has sent its traces and exited 0.
+    """
     from streams.kafka.topics import kafka_client_kwargs
     from streams.sim.produce import Pacer, produce_messages
 
-    probe = LagProbe(settings)
+    otel_tenant = OTEL_TENANT if generator is not None else None
+    probe = LagProbe(settings, otlp=generator is not None)
     await probe.start()
     await view.start()
     produce: asyncio.Task[object] | None = None
@@ -229,7 +337,7 @@ async def _play(
         view.stage = "producing"
         produce = asyncio.create_task(
             produce_messages(
-                plan.messages(),
+                plan.messages(without=otel_tenant),
                 topic=settings.topic("stage-events"),
                 client_kwargs=kafka_client_kwargs(settings),
                 pacer=Pacer(plan.start_ms, plan.speedup),
@@ -237,10 +345,14 @@ async def _play(
                 progress_every=500,
             )
         )
-        while not produce.done():
+        while not produce.done() or (generator is not None and generator.alive()):
             progress = await _look(probe, join, writer, progress)
             await view.tick(progress, poll_s=0.8)
         produce.result()
+        if generator is not None and generator.proc.returncode != 0:
+            raise DemoError(
+                f"the OpenTelemetry traffic generator exited with {generator.proc.returncode}:\n{generator.log_tail()}"
+            )
         view.stage = "draining"
         deadline = time.monotonic() + drain_timeout_s
         while progress is None or not progress.drained:

@@ -44,6 +44,20 @@ class FiredAlert:
     summary: str
 
 
+@dataclass(frozen=True, slots=True)
+class TenantRow:
+    """One tenant of the story: requests stored and their TTFT P95, and the way its traffic came in."""
+
+    tenant: str
+    requests: int
+    ttft_p95: float | None
+    way_in: str
+
+
+EMITTER_WAY: Final = "stage events (emitter)"
+OTEL_WAY: Final = "OpenTelemetry traces (SDK -> Collector -> otlp_spans)"
+
+
 @dataclass
 class DemoResults:
     """What the demo concludes."""
@@ -54,6 +68,10 @@ class DemoResults:
     report_dir: Path
     verdict: str
     silent_windows: int = 0
+    tenants: list[TenantRow] | None = None
+    otel_tenant: str | None = None
+    #: ``--otel``: the join's ``ttft_otlp_spans_total`` by outcome (stage, not_stage, dead_letter, replayed).
+    otlp_spans: dict[str, float] | None = None
 
     def breakdown(self, scenario: str, name: str) -> Breakdown | None:
         for phase, bd in self.phases:
@@ -87,9 +105,18 @@ def _fired_alerts(rows: list[dict[str, Any]]) -> list[FiredAlert]:
 
 
 def collect_results(
-    client: Client, settings: Settings, plan: DemoPlan, report_dir: Path, paged: list[str], now_ms: float
+    client: Client,
+    settings: Settings,
+    plan: DemoPlan,
+    report_dir: Path,
+    paged: list[str],
+    now_ms: float,
+    *,
+    otel_tenant: str | None = None,
+    otlp_spans: dict[str, float] | None = None,
 ) -> DemoResults:
-    """Breakdowns per phase, fired alerts (up to ``now_ms``: some fire after the story) and the report."""
+    """Breakdowns per phase, fired alerts (up to ``now_ms``: some fire after the story) and the report;
+    with ``otel_tenant`` (``--otel``) also a row per tenant saying which way its traffic came in."""
     db = settings.clickhouse_database
     phases = [
         (ph, compute_breakdown(client, db, settings, Span(ph.start_ms, ph.end_ms, "demo story")))
@@ -98,6 +125,20 @@ def collect_results(
     story = Span(plan.start_ms, plan.end_ms, "demo story")
     fired = _fired_alerts(reads.alert_rows(client, db, Span(plan.start_ms, int(now_ms) + WINDOW_MS, "demo run")))
     data = build_report(client, db, settings, story, report_dir)
+    tenants = None
+    if otel_tenant is not None:
+        records: Counter[str] = Counter()
+        for row in reads.version_rollouts(client, db, story):
+            records[str(row["tenant_id"])] += int(row["records"])
+        tenants = [
+            TenantRow(
+                tenant,
+                records.get(tenant, 0),
+                compute_breakdown(client, db, settings, story, tenant=tenant).ttft_p95,
+                OTEL_WAY if tenant == otel_tenant else EMITTER_WAY,
+            )
+            for tenant in plan.tenants
+        ]
     return DemoResults(
         phases=phases,
         fired=fired,
@@ -105,6 +146,9 @@ def collect_results(
         report_dir=report_dir,
         verdict=data.verdict,
         silent_windows=settings.rules.tenant_silence.silent_windows,
+        tenants=tenants,
+        otel_tenant=otel_tenant,
+        otlp_spans=otlp_spans,
     )
 
 
@@ -130,6 +174,10 @@ def story_problems(results: DemoResults) -> list[str]:
         problems.append("no stored windows for the seed-story 'routing-speculative' phase")
     if not results.canary_alerts:
         problems.append(f"no canary alert ({' / '.join(CANARY_ALERTS)}) fired")
+    if results.otel_tenant is not None:
+        row = next((t for t in results.tenants or () if t.tenant == results.otel_tenant), None)
+        if row is None or row.requests == 0:
+            problems.append(f"no request of the OpenTelemetry tenant {results.otel_tenant} was stored")
     if not (results.report_dir / "index.html").is_file():
         problems.append(f"no report in {results.report_dir}")
     return problems
@@ -149,6 +197,15 @@ def _story_table(results: DemoResults) -> Table:
             fmt_ms(bd.parent_p95_sum),
             fmt_ms(bd.ttft_p95),
         )
+    return table
+
+
+def _tenant_table(rows: list[TenantRow]) -> Table:
+    table = Table(title="Tenants of the story, and how their traffic came in", title_justify="left")
+    for name in ("tenant", "requests stored", "TTFT P95", "came in as"):
+        table.add_column(name, justify="right" if name in ("requests stored", "TTFT P95") else "left")
+    for row in rows:
+        table.add_row(row.tenant, f"{row.requests:,}", fmt_ms(row.ttft_p95), row.way_in)
     return table
 
 
@@ -200,4 +257,19 @@ def render_results(console: Console, results: DemoResults) -> None:
         by_name = Counter(entry.split(" ", 1)[0] for entry in results.paged)
         names = ", ".join(f"{name} x{count}" if count > 1 else name for name, count in sorted(by_name.items()))
         say(f"alertmanager paged {len(results.paged)} firing alert(s) to the demo's webhook: {names}")
+    if results.tenants:
+        console.print(_tenant_table(results.tenants))
+        for row in results.tenants:
+            if row.tenant == results.otel_tenant:
+                say(
+                    f"tenant {row.tenant}: {row.requests:,} requests stored (TTFT P95 {fmt_ms(row.ttft_p95)}), "
+                    f"came in as {row.way_in}"
+                )
+    if results.otlp_spans is not None and results.otel_tenant is not None:
+        spans = results.otlp_spans
+        say(
+            f"otlp spans of {results.otel_tenant}: {spans.get('stage', 0):,.0f} stage, "
+            f"{spans.get('not_stage', 0):,.0f} not stages, {spans.get('dead_letter', 0):,.0f} dead-lettered, "
+            f"{spans.get('replayed', 0):,.0f} replayed (the join's ttft_otlp_spans_total)"
+        )
     say(f"report written to {results.report_dir / 'index.html'} (it opens with the verdict)")
