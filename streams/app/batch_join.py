@@ -77,6 +77,24 @@ def changelog_topic(settings: Settings) -> str:
     return f"{join_group_id(settings)}-{JOIN_STATE_TABLE}-changelog"
 
 
+async def produce_batches(producer: AIOKafkaProducer, outputs: Outputs) -> None:
+    """One producer batch per (topic, partition), all sent, then all acknowledgements awaited (explicit
+    partitions: no per-message partitioner). Shared by the join and the OTLP bridge."""
+    futures: list[asyncio.Future[Any]] = []
+    for (topic, partition), items in outputs.items():
+        batch = producer.create_batch()
+        for key, value in items:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = producer.create_batch()
+                if batch.append(key=key, value=value, timestamp=None) is None:
+                    raise ValueError(f"a message for {topic}[{partition}] exceeds the producer's batch size")
+        if batch.record_count():
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+    if futures:
+        await asyncio.gather(*futures)
+
+
 class BatchJoin:
     """Consume stage events in whole fetches, fold them, produce and commit (see the module docstring)."""
 
@@ -299,21 +317,8 @@ class BatchJoin:
 
     async def _produce(self, outputs: Outputs) -> None:
         """One producer batch per (topic, partition), all sent, then all acknowledgements awaited."""
-        producer = self.producer
-        assert producer is not None
-        futures: list[asyncio.Future[Any]] = []
-        for (topic, partition), items in outputs.items():
-            batch = producer.create_batch()
-            for key, value in items:
-                if batch.append(key=key, value=value, timestamp=None) is None:
-                    futures.append(await producer.send_batch(batch, topic, partition=partition))
-                    batch = producer.create_batch()
-                    if batch.append(key=key, value=value, timestamp=None) is None:
-                        raise ValueError(f"a message for {topic}[{partition}] exceeds the producer's batch size")
-            if batch.record_count():
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
-        if futures:
-            await asyncio.gather(*futures)
+        assert self.producer is not None
+        await produce_batches(self.producer, outputs)
 
     def _heartbeat_due(self, now_ms: float) -> bool:
         return now_ms - self._last_heartbeat_ms >= HEARTBEAT_INTERVAL_MS

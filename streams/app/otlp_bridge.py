@@ -35,7 +35,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import decode_otlp_message
-from streams.app.batch_join import CHANGELOG_CONFIGS, EXIT_BATCH_FAILED, Outputs
+from streams.app.batch_join import CHANGELOG_CONFIGS, EXIT_BATCH_FAILED, Outputs, produce_batches
 from streams.app.join_changelog import restore_partitions
 from streams.app.join_guard import sync_counter
 from streams.app.metrics import WorkerMetrics
@@ -230,21 +230,8 @@ class OtlpBridge:
 
     async def _produce(self, outputs: Outputs) -> None:
         """One producer batch per (topic, partition), all sent, then all acknowledgements awaited."""
-        producer = self.producer
-        assert producer is not None
-        futures: list[asyncio.Future[Any]] = []
-        for (topic, partition), items in outputs.items():
-            batch = producer.create_batch()
-            for key, value in items:
-                if batch.append(key=key, value=value, timestamp=None) is None:
-                    futures.append(await producer.send_batch(batch, topic, partition=partition))
-                    batch = producer.create_batch()
-                    if batch.append(key=key, value=value, timestamp=None) is None:
-                        raise ValueError(f"a message for {topic}[{partition}] exceeds the producer's batch size")
-            if batch.record_count():
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
-        if futures:
-            await asyncio.gather(*futures)
+        assert self.producer is not None
+        await produce_batches(self.producer, outputs)
 
     def _sync_metrics(self) -> None:
         c, m = self.core.counters, self.metrics
