@@ -29,7 +29,7 @@ from bench.results import RESULTS_DIR, RunReport, git_commit, machine_info, rend
 from bench.traffic import EVENTS_PER_REQUEST, Traffic, build_traffic
 from streams.store.shutdown import exit_process
 
-PHASES = ("simspeed", "raw", "pipeline", "lag", "naive", "memory", "scaleout", "quix", "spanmetrics")
+PHASES = ("simspeed", "raw", "pipeline", "lag", "naive", "memory", "closeburst", "scaleout", "quix", "spanmetrics")
 #: Phases that read the generated traffic; when all are skipped, only a token amount is generated.
 TRAFFIC_PHASES = frozenset({"raw", "pipeline", "lag", "naive", "memory", "scaleout"})
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -45,8 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--naive-requests", type=int, default=None, help="requests baseline B runs over")
     p.add_argument("--scale-events", type=int, default=120_000, help="events of each scale-out configuration")
     p.add_argument("--open-requests", type=int, default=100_000, help="open requests of the memory phase")
+    p.add_argument("--close-records", type=int, default=160_000, help="records of the close-burst window")
     p.add_argument("--lag-rate", type=float, default=5_000.0, help="offered events/s of the lag phase")
     p.add_argument("--lag-seconds", type=float, default=30.0, help="length of the lag phase")
+    p.add_argument(
+        "--lag-high-rate", type=float, default=20_000.0, help="offered events/s of the second lag run (0: none)"
+    )
     p.add_argument("--skip", action="append", default=[], help=f"phases to skip, any of {','.join(PHASES)}")
     p.add_argument("--only", action="append", default=[], help="run only these phases (same names as --skip)")
     p.add_argument("--otel-traces", type=int, default=None, help="traces of the spanmetrics phase (3,000)")
@@ -65,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown phase(s) {sorted(unknown)}; known: {', '.join(PHASES)}")
     if args.events is None:
-        args.events = int(args.requests * EVENTS_PER_REQUEST) if args.requests else (40_000 if args.quick else 240_000)
+        args.events = int(args.requests * EVENTS_PER_REQUEST) if args.requests else (40_000 if args.quick else 600_000)
     if not TRAFFIC_PHASES - args.skip:
         args.events = min(args.events, 1_000)
     if args.otel_traces is None:
@@ -74,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.naive_requests = 1_500 if args.quick else 8_000
     if args.quick:
         args.open_requests = min(args.open_requests, 20_000)
+        args.close_records = min(args.close_records, 20_000)
+        args.lag_high_rate = min(args.lag_high_rate, 5_000.0)
         args.lag_seconds = min(args.lag_seconds, 10.0)
         args.scale_events = min(args.scale_events, 40_000)
     return args
@@ -198,6 +204,11 @@ def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traf
             from bench.lag import measure_lag
 
             run.phase("lag", lambda: measure_lag(s, args.lag_rate, args.lag_seconds))
+            if args.lag_high_rate:
+                run.phase(
+                    "lag (high)",
+                    lambda: _renamed(measure_lag(s, args.lag_high_rate, args.lag_seconds), "lag_", "lag_high_"),
+                )
         run.phase("pipeline stop", lambda: {"figures": s.stop()})
         run.phase("store check", lambda: s.verify_store(s.requests_expected))
     if "naive" not in args.skip:
@@ -208,6 +219,10 @@ def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traf
         from bench.memory import measure_open_requests
 
         run.phase("memory", lambda: measure_open_requests(env, traffic, args.open_requests, args.phase_timeout))
+    if "closeburst" not in args.skip:
+        from bench.closeburst import measure_close_burst
+
+        run.phase("close burst", lambda: measure_close_burst(env, args.close_records, args.phase_timeout))
     if "scaleout" not in args.skip:
         from bench.scaleout import measure_scaleout
 
@@ -224,6 +239,12 @@ def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traf
             update={"otlp": settings.otlp.model_copy(update={"topic": f"{settings.topic_prefix}.otlp_spans"})}
         )
         run.phase("spanmetrics", lambda: measure_spanmetrics(settings, settings.home, args.otel_traces))
+
+
+def _renamed(result: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """A phase's figures under other names (a second run of the same phase)."""
+    figures = {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in result["figures"].items()}
+    return {**result, "figures": figures}
 
 
 def _render_saved(path: Path, update_doc: bool) -> int:

@@ -29,6 +29,7 @@ def measure_open_requests(env: BenchEnv, traffic: Traffic, count: int, timeout_s
         TTFT_JOIN__REQUEST_TIMEOUT_MS=str(HOLD_MS),
         TTFT_JOIN__FORGET_AFTER_MS=str(HOLD_MS),
         TTFT_JOIN__MAX_OPEN_REQUESTS=str(max(count * 2, 200_000)),
+        TTFT_JOIN__MAX_OPEN_REQUESTS_PER_TENANT=str(max(count * 2, 200_000)),
     )
     template = next(m for m in traffic.messages if b'"request_start"' in m[1])
     messages = request_starts(template, count, start_ms=time.time() * 1000.0)

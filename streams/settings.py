@@ -127,6 +127,12 @@ class WindowConfig(_Section):
     )
     cacheable_min_tokens: int = Field(1_024, ge=0)
     recompute_lookback_s: int = Field(7_200, gt=0, description="Windows re-derived from the store at start.")
+    held_records_max: int = Field(
+        600_000,
+        ge=0,
+        description="Records of open windows the writer keeps to close them without reading them back "
+        "(about 0.7 KB each); past it, a window's close reads the store. 0: always read the store.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> WindowConfig:

@@ -60,6 +60,19 @@ class WorkerMetrics:
         self.open_windows = Gauge("ttft_open_windows", "Windows with records, not yet closed", registry=r)
         self.watermark = Gauge("ttft_writer_watermark_ms", "Event-time watermark of the writer", registry=r)
         self.window_amendments = Counter("ttft_window_amendments", "Closed windows re-aggregated", registry=r)
+        self.window_close_seconds = Histogram(
+            "ttft_window_close_seconds",
+            "Closing one window: records (from the writer's copy or the store), aggregates, rules",
+            ["source"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.window_jobs_queued = Gauge(
+            "ttft_window_jobs_queued", "Window closes and rule calls waiting for the background task", registry=r
+        )
+        self.window_held_records = Gauge(
+            "ttft_window_held_records", "Records of open windows the writer holds for their close", registry=r
+        )
         self.caps_tripped = Counter(
             "ttft_caps_tripped", "Times a bound tripped (docs/operations.md, hostile input)", ["cap"], registry=r
         )

@@ -10,19 +10,36 @@ A record for an already closed window is a late amendment: the window is compute
 store and the amendment counted. Because every computation reads the store, a crash, a replay or a
 duplicate cannot double-count; at start-up, windows whose stored aggregates do not match the records
 (count and sum of record versions) are computed again.
+
+Two things keep a close off the writer's commit path (issue 13):
+
+- The writer keeps its own copy of each open window's records (:mod:`streams.app.window_memory`). A close
+  reads the store's fingerprint of the window (one ``count()``/``sum()``) and, when it matches the copy,
+  aggregates the copy instead of reading every record back. Otherwise it reads the store, as before.
+- With ``background=True`` (the live writer), closes, amendments and the rule engine's watermark calls
+  run in order in one background task, and the aggregation itself runs on a thread of its own: the batch
+  that made a window due is committed without waiting for it. A crash before the close is stored is the
+  case start-up recovery already handles (the window's stored aggregates do not match its records).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
+import multiprocessing
+import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import orjson
 
 from streams.app.arms import arms_from_records
 from streams.app.metrics import WorkerMetrics
+from streams.app.window_memory import WindowMemory, aggregate_held, close_process_init
 from streams.core.series import SeriesAdmission
 from streams.core.watermarks import SourceWatermarks
 from streams.core.windows import WindowAggregates, aggregate_window
@@ -33,6 +50,7 @@ from streams.store.aggregates_store import (
     request_window_fingerprints,
     stored_window_fingerprints,
     stored_window_series,
+    window_fingerprint,
 )
 from streams.store.requests_store import fetch_window_records
 
@@ -46,6 +64,12 @@ WindowClosedHook = Callable[[int, WindowAggregates, bool, dict[Any, str]], Await
 WatermarkHook = Callable[[float, set[int]], Awaitable[None]]
 
 _CLOSED_MEMORY = 1_440  # windows remembered as closed (one day at W = 60 s)
+#: Background jobs queued before a batch waits for them (back-pressure when closes fall behind).
+_MAX_QUEUED_JOBS = 64
+_STOP_DRAIN_S = 60.0
+
+T = TypeVar("T")
+Job = Callable[[], Awaitable[Any]]
 
 
 class WindowCloser:
@@ -58,6 +82,8 @@ class WindowCloser:
         store_call: StoreCall,
         publish: Publish,
         clock: Callable[[], float] = time.time,
+        *,
+        background: bool = False,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -85,6 +111,14 @@ class WindowCloser:
         self.hooks: list[WindowClosedHook] = []
         self.watermark_hooks: list[WatermarkHook] = []
         self.db = settings.clickhouse_database
+        self.memory = WindowMemory(settings.windows.held_records_max)
+        self.background = background
+        self._cpu_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttft-windows")
+        self._close_process: ProcessPoolExecutor | None = None
+        self._queue: asyncio.Queue[Job] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._last_watermark_call: tuple[float, frozenset[int]] | None = None
 
     # --- start-up -------------------------------------------------------------------------------
 
@@ -115,8 +149,10 @@ class WindowCloser:
         ``polled_s``: how long the poll that brought this batch waited for messages. Without records (an
         empty poll, or one of dead letters or heartbeats only) it adds to the idle time; records reset it.
         """
+        self._raise_failure()
         now = self.clock()
         amended: set[int] = set()
+        held: list[dict[str, Any]] = []
         for record in records:
             ws = int(record["window_start"])
             started = float(record["started_at"])
@@ -126,18 +162,29 @@ class WindowCloser:
                 amended.add(ws)
             else:
                 self.open.add(ws)
+                held.append(record)
+        self.memory.add(held)
+        self.metrics.window_held_records.set(self.memory.held_records)
         self._idle_s = 0.0 if records else self._idle_s + max(0.0, polled_s)
         self._advance_watermark(now)
         await self._close_due()
         self.metrics.open_windows.set(len(self.open))
         if self.watermark is not None:
             self.metrics.watermark.set(self.watermark)
-            for watermark_hook in self.watermark_hooks:
-                await watermark_hook(self.watermark, self.open)
+            await self._watermark_moved(self.watermark)
         for ws in sorted(amended):
             self.closed[ws] += 1
             self.metrics.window_amendments.inc()
-            await self._compute(ws, first_close=False)
+            await self._run(functools.partial(self._compute, ws, first_close=False))
+
+    async def _watermark_moved(self, watermark: float) -> None:
+        """The rule engine's watermark call, once per new (watermark, open windows) pair."""
+        call = (watermark, frozenset(self.open))
+        if call == self._last_watermark_call:
+            return
+        self._last_watermark_call = call
+        for watermark_hook in self.watermark_hooks:
+            await self._run(functools.partial(watermark_hook, watermark, set(self.open)))
 
     def _advance_watermark(self, now: float) -> None:
         """The writer's event time: how far every join partition has provably progressed.
@@ -166,32 +213,139 @@ class WindowCloser:
         for ws in due:
             self.open.discard(ws)
             self.closed[ws] = 0
-            await self._compute(ws, first_close=True)
+            await self._run(functools.partial(self._compute, ws, first_close=True))
         while len(self.closed) > _CLOSED_MEMORY:
             self.closed.pop(min(self.closed))
 
     async def flush_all(self) -> None:
-        """Close every open window now (end of a bounded run, e.g. a replay or the demo)."""
+        """Close every open window now (end of a bounded run, e.g. a replay or the demo) and wait."""
         for ws in sorted(self.open):
             self.open.discard(ws)
             self.closed[ws] = 0
-            await self._compute(ws, first_close=True)
+            await self._run(functools.partial(self._compute, ws, first_close=True))
+        await self.drain()
+
+    # --- background -------------------------------------------------------------------------------
+
+    async def _run(self, job: Job) -> None:
+        """Run ``job`` now, or (background) after the jobs queued before it."""
+        if not self.background:
+            await job()
+            return
+        self._raise_failure()
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._task = asyncio.create_task(self._work(self._queue), name="ttft-window-closer")
+        self._queue.put_nowait(job)
+        self.metrics.window_jobs_queued.set(self._queue.qsize())
+        if self._queue.qsize() > _MAX_QUEUED_JOBS:
+            await self.drain()
+
+    async def _work(self, queue: asyncio.Queue[Job]) -> None:
+        while True:
+            job = await queue.get()
+            try:
+                await job()
+            except Exception as exc:  # a bug: the next batch re-raises it and the writer exits uncommitted
+                log.critical("window close failed; the writer stops and recovery recomputes it", exc_info=True)
+                self._failure = exc
+                return
+            finally:
+                queue.task_done()
+                self.metrics.window_jobs_queued.set(queue.qsize())
+
+    async def drain(self) -> None:
+        """Wait until every queued job ran (raises what a failed one raised)."""
+        if self._queue is not None and self._task is not None and not self._task.done():
+            joined = asyncio.ensure_future(self._queue.join())
+            await asyncio.wait({joined, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            joined.cancel()
+        self._raise_failure()
+
+    async def stop(self) -> None:
+        """Finish the queued closes (bounded; what is left is recomputed by the next start's recovery)."""
+        try:
+            await asyncio.wait_for(self.drain(), _STOP_DRAIN_S)
+        except TimeoutError:
+            log.warning("window closes still queued at stop; the next start recomputes them")
+        except RuntimeError:
+            pass  # a failed close, logged when it failed; the next start recomputes the window
+        finally:
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._task
+            self._cpu_pool.shutdown(wait=False, cancel_futures=True)
+            if self._close_process is not None:
+                self._close_process.shutdown(wait=False, cancel_futures=True)
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError("a window close failed") from self._failure
+
+    async def _cpu(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Pure CPU work off the event loop (background mode), so commits go on meanwhile."""
+        if not self.background:
+            return fn(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._cpu_pool, functools.partial(fn, *args, **kwargs))
 
     # --- computing --------------------------------------------------------------------------------
 
-    async def _compute(self, ws: int, *, first_close: bool) -> WindowAggregates:
+    async def _held_blobs(self, ws: int, first_close: bool) -> list[bytes] | None:
+        """The writer's copy of the window, when it matches the store's fingerprint (else None)."""
+        held = self.memory.fingerprint(ws)
+        blobs = self.memory.take(ws)
+        self.metrics.window_held_records.set(self.memory.held_records)
+        if blobs is None or not first_close:
+            return None
+        stored = await self.store_call(window_fingerprint, self.db, ws)
+        if stored is not None and tuple(stored) == held:
+            return blobs
+        log.info("window %d: the writer's copy %s differs from the store's %s; reading the store", ws, held, stored)
+        return None
+
+    async def _aggregate(
+        self, ws: int, first_close: bool, dead: Any, pinned: list[Any]
+    ) -> tuple[WindowAggregates, dict[Any, str], str]:
+        amendments = self.closed.get(ws, 0)
+        blobs = await self._held_blobs(ws, first_close)
+        if blobs is not None:
+            args = (blobs, ws, self.settings, self.admission, dead, amendments, pinned)
+            if self.background:  # another process: the writer's event loop and GIL stay free
+                loop = asyncio.get_running_loop()
+                agg, arms = await loop.run_in_executor(self._process_pool(), aggregate_held, *args)
+            else:
+                agg, arms = aggregate_held(*args)
+            return agg, arms, "memory"
         records = await self.store_call(fetch_window_records, self.db, ws, self.window_ms)
-        dead = await self.store_call(dead_letter_counts, self.db, ws, ws + self.window_ms)
-        pinned = await self.store_call(stored_window_series, self.db, ws) or []  # they keep their slots
-        agg = aggregate_window(
+        agg = await self._cpu(
+            aggregate_window,
             records,
             ws,
             self.settings,
             admission=self.admission,
             dead_letters=dead,
-            amendments=self.closed.get(ws, 0),
+            amendments=amendments,
             pinned_series=pinned,
         )
+        return agg, await self._cpu(arms_from_records, records, self.settings), "store"
+
+    def _process_pool(self) -> ProcessPoolExecutor:
+        if self._close_process is None:
+            self._close_process = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=close_process_init,
+                initargs=(os.getpid(),),
+            )
+        return self._close_process
+
+    async def _compute(self, ws: int, *, first_close: bool) -> WindowAggregates:
+        started = time.perf_counter()
+        dead = await self.store_call(dead_letter_counts, self.db, ws, ws + self.window_ms)
+        pinned = await self.store_call(stored_window_series, self.db, ws) or []  # they keep their slots
+        agg, arms, source = await self._aggregate(ws, first_close, dead, pinned)
         tables = {
             "stage_windows": agg.stage_windows,
             "stage_strata": agg.stage_strata,
@@ -208,9 +362,9 @@ class WindowCloser:
             self.metrics.caps_tripped.labels("custom_stages_per_tenant").inc(agg.folded_custom_stages)
         if agg.folded_routes:
             self.metrics.caps_tripped.labels("routes_per_tenant").inc(agg.folded_routes)
-        arms = arms_from_records(records, self.settings)
         for hook in self.hooks:
             await hook(ws, agg, first_close, arms)
+        self.metrics.window_close_seconds.labels(source).observe(time.perf_counter() - started)
         return agg
 
     async def _publish(self, ws: int, agg: WindowAggregates) -> None:

@@ -59,7 +59,7 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
     """Attach the window closer, the rule engine and (with an Alertmanager URL) the delivery loop."""
     publisher = TopicPublisher(settings)
     await publisher.start()
-    closer = WindowCloser(settings, metrics, writer.store_call, publisher.publish)
+    closer = WindowCloser(settings, metrics, writer.store_call, publisher.publish, background=True)
     alerting = AlertingHook(
         settings, metrics, writer.store_call, publisher.publish, publisher.flush, muted=settings.paging_muted
     )
@@ -96,5 +96,6 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
         await publisher.flush()
 
     writer.hooks.append(on_batch)
+    writer.on_stop.append(closer.stop)  # the queued closes publish: before the publisher stops
     writer.on_stop.append(publisher.stop)
     return closer

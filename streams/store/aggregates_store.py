@@ -87,6 +87,18 @@ def request_window_fingerprints(client: Client, database: str, since_ms: float) 
     return {int(r[0]): (int(r[1]), int(r[2])) for r in result.result_rows}
 
 
+def window_fingerprint(client: Client, database: str, window_start_ms: float) -> tuple[int, int]:
+    """One window of ``requests FINAL``: (record count, sum of record versions)."""
+    result = client.query(
+        f"SELECT count(), sum(record_version) FROM {check_identifier(database)}.requests FINAL "
+        "WHERE window_start = fromUnixTimestamp64Milli({ws:Int64})",
+        parameters={"ws": int(window_start_ms)},
+        settings=final_read_settings(client),
+    )
+    count, versions = result.result_rows[0]
+    return int(count), int(versions or 0)
+
+
 def stored_window_series(client: Client, database: str, window_start_ms: float) -> list[tuple[str, str]]:
     """The (tenant, version) series already stored for one window: the series cap keeps their slots, so
     a re-aggregation never displaces a row that is already written (it would then count twice)."""

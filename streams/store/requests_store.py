@@ -88,6 +88,12 @@ def _record(row: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
     return values, amendment_ids
 
 
+def store_form(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` as a ``FINAL`` read returns it after an insert (times rounded to the millisecond, optional
+    fields defaulted), without the store: what the writer's own copy of a window must equal."""
+    return _record(_row(record))[0]
+
+
 def _insert_rows(client: Client, database: str, rows: list[list[Any]]) -> None:
     if rows:
         client.insert(

@@ -137,6 +137,8 @@ class StoreSnapshot:
     raw_request_rows: int
     #: request ids with more than one row after FINAL (must be 0)
     duplicated: int
+    #: stored ``stage_windows`` rows that differ from a recompute of their window from ``requests FINAL``
+    recompute_differences: list[str]
 
     def request_ids(self) -> set[str]:
         return {str(r["request_id"]) for r in self.requests}
@@ -174,7 +176,49 @@ def _query_snapshot() -> dict[str, Any]:
         ),
         "raw_request_rows": int(counts["raw"]),
         "duplicated": int(counts["duplicated"]),
+        "recompute_differences": recompute_differences(client, settings),
     }
+
+
+def recompute_differences(client: Any, settings: Any, limit: int = 6) -> list[str]:
+    """Each stored window's ``stage_windows`` (count and bins per tenant x version x stage) against
+    :func:`aggregate_window` over the window's ``requests FINAL``: the writer closes windows from its own
+    copy of their records, and that copy must never make a window differ from what the store says."""
+    from streams.core.windows import aggregate_window
+    from streams.store.aggregates_store import dead_letter_counts, stored_window_series
+    from streams.store.requests_store import fetch_window_records
+
+    db, window_ms = settings.clickhouse_database, settings.windows.window_s * 1000
+    stored: dict[int, dict[tuple[str, str, str], tuple[int, dict[int, int]]]] = {}
+    sql = (
+        "SELECT toUnixTimestamp64Milli(window_start), tenant_id, version_id, stage, count, bins "
+        f"FROM {db}.stage_windows FINAL"
+    )
+    for ws, tenant, version, stage, count, bins in client.query(sql).result_rows:
+        stored.setdefault(int(ws), {})[(tenant, version, stage)] = (
+            int(count),
+            {int(k): int(v) for k, v in bins.items()},
+        )
+    out: list[str] = []
+    for ws, rows in sorted(stored.items()):
+        agg = aggregate_window(
+            fetch_window_records(client, db, ws, window_ms),
+            ws,
+            settings,
+            dead_letters=dead_letter_counts(client, db, ws, ws + window_ms),
+            pinned_series=stored_window_series(client, db, ws),
+        )
+        again = {
+            (r["tenant_id"], r["version_id"], r["stage"]): (
+                int(r["count"]),
+                {int(k): int(v) for k, v in r["bins"].items()},
+            )
+            for r in agg.stage_windows
+        }
+        if again != rows:
+            keys = sorted(k for k in set(rows) | set(again) if rows.get(k) != again.get(k))
+            out.append(f"window {ws}: {len(keys)} stage rows differ from a recompute, e.g. {keys[:limit]}")
+    return out
 
 
 def read_snapshot(env: dict[str, str]) -> StoreSnapshot:
@@ -213,6 +257,7 @@ def data_differences(reference: StoreSnapshot, other: StoreSnapshot, limit: int 
     if other.duplicated:
         out.append(f"request ids stored twice after FINAL: {other.duplicated}")
     out += _rows_differ("stage_windows", reference.stage_windows, other.stage_windows, limit)
+    out += [f"stored vs recomputed: {d}" for d in (*reference.recompute_differences, *other.recompute_differences)]
     out += _rows_differ("dead_letters", reference.dead_letters, other.dead_letters, limit)
     return out
 
