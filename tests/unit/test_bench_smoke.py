@@ -13,7 +13,7 @@ from bench.results import RunReport, derive, evaluate_targets, render_markdown, 
 
 GOOD: dict[str, float | None] = {
     "raw_events_per_s": 100_000.0,
-    "naive_events_per_s": 4_000.0,
+    "naive_events_per_s": 2_500.0,
     "pipeline_events_per_s": 30_000.0,
     "lag_offered_eps": 5_000.0,
     "join_grace_ms": 2_000.0,
@@ -30,13 +30,19 @@ GOOD: dict[str, float | None] = {
     "orjson_dump_events_per_s": 500_000.0,
     "otel_retrieval_p95_ours_err": 0.002,
     "otel_llm_ttft_p95_ours_err": 0.006,
+    "lag_high_offered_eps": 20_000.0,
+    "lag_high_p95_ms": 3_800.0,
+    "close_window_records": 160_000.0,
+    "close_commit_delay_during_max_ms": 600.0,
+    "scale_1w_join_cores": 0.9,
+    "scale_2w_join_cores": 1.3,
 }
 
 
 def test_derive_adds_ratios() -> None:
     f = derive(GOOD)
     assert f["pipeline_vs_raw"] == pytest.approx(0.3)
-    assert f["pipeline_vs_naive"] == pytest.approx(7.5)
+    assert f["pipeline_vs_naive"] == pytest.approx(12.0)
     assert f["scale_ratio"] == pytest.approx(1.4)
     assert f["sim_vs_orjson"] == pytest.approx(0.05)
     assert derive({})["pipeline_vs_raw"] is None
@@ -45,7 +51,7 @@ def test_derive_adds_ratios() -> None:
 def test_every_target_holds_on_good_figures() -> None:
     statuses = {t.name: t.status for t in evaluate_targets(GOOD)}
     assert set(statuses.values()) == {"holds"}, statuses
-    assert len(statuses) == 13
+    assert len(statuses) == 19
 
 
 def test_targets_fail_and_go_unmeasured() -> None:
@@ -74,7 +80,7 @@ def test_report_json_markdown_and_tables(tmp_path: Path) -> None:
     path = report.write(tmp_path)
     data = json.loads(path.read_text())
     assert data["figures"]["pipeline_vs_raw"] == pytest.approx(0.3)
-    assert [t["status"] for t in data["targets"]].count("holds") == 13
+    assert [t["status"] for t in data["targets"]].count("holds") == 19
     md = render_markdown(report)
     assert "| throughput | ours / A | 0.300 | x |" in md
     assert "commit `abc1234`" in md
