@@ -119,6 +119,8 @@ class WindowCloser:
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._last_watermark_call: tuple[float, frozenset[int]] | None = None
+        #: Windows due and queued, not computed yet: still open for ``ttft_open_windows``.
+        self.closing: set[int] = set()
 
     # --- start-up -------------------------------------------------------------------------------
 
@@ -168,7 +170,7 @@ class WindowCloser:
         self._idle_s = 0.0 if records else self._idle_s + max(0.0, polled_s)
         self._advance_watermark(now)
         await self._close_due()
-        self.metrics.open_windows.set(len(self.open))
+        self._count_open()
         if self.watermark is not None:
             self.metrics.watermark.set(self.watermark)
             await self._watermark_moved(self.watermark)
@@ -213,6 +215,7 @@ class WindowCloser:
         for ws in due:
             self.open.discard(ws)
             self.closed[ws] = 0
+            self.closing.add(ws)
             await self._run(functools.partial(self._compute, ws, first_close=True))
         while len(self.closed) > _CLOSED_MEMORY:
             self.closed.pop(min(self.closed))
@@ -222,6 +225,7 @@ class WindowCloser:
         for ws in sorted(self.open):
             self.open.discard(ws)
             self.closed[ws] = 0
+            self.closing.add(ws)
             await self._run(functools.partial(self._compute, ws, first_close=True))
         await self.drain()
 
@@ -365,7 +369,14 @@ class WindowCloser:
         for hook in self.hooks:
             await hook(ws, agg, first_close, arms)
         self.metrics.window_close_seconds.labels(source).observe(time.perf_counter() - started)
+        if first_close:
+            self.closing.discard(ws)
+            self._count_open()
         return agg
+
+    def _count_open(self) -> None:
+        """``ttft_open_windows``: windows with records not aggregated yet (open, or due and queued)."""
+        self.metrics.open_windows.set(len(self.open | self.closing))
 
     async def _publish(self, ws: int, agg: WindowAggregates) -> None:
         opts = orjson.OPT_NON_STR_KEYS

@@ -65,6 +65,8 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
     )
     await resume(settings, closer, alerting)
     alerting.attach(closer)
+    # At stop the queued closes run first: they publish alerts, which the delivery loop then still sends.
+    writer.on_stop.append(closer.stop)
     if settings.alertmanager_url:
         stop = asyncio.Event()
         client = AlertmanagerClient(settings.alertmanager_url.get_secret_value())
@@ -96,6 +98,5 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
         await publisher.flush()
 
     writer.hooks.append(on_batch)
-    writer.on_stop.append(closer.stop)  # the queued closes publish: before the publisher stops
     writer.on_stop.append(publisher.stop)
     return closer
