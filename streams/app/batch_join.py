@@ -99,11 +99,18 @@ class BatchJoin:
     """Consume stage events in whole fetches, fold them, produce and commit (see the module docstring)."""
 
     def __init__(
-        self, settings: Settings, metrics: WorkerMetrics, *, wall_clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        metrics: WorkerMetrics,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        fault_injector: Callable[[Outputs], None] | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self._wall = wall_clock
+        #: Test hook (``TTFT_FAULT_PRODUCE_FAIL_FILE``, streams/app/runner.py): sees every produce first, may raise.
+        self._fault = fault_injector
         self.core = RequestJoin(settings.join, settings.windows.window_s * 1000)
         self.topic = settings.topic("stage-events")
         self.requests_topic = settings.topic("requests")
@@ -318,6 +325,8 @@ class BatchJoin:
     async def _produce(self, outputs: Outputs) -> None:
         """One producer batch per (topic, partition), all sent, then all acknowledgements awaited."""
         assert self.producer is not None
+        if self._fault is not None:
+            self._fault(outputs)
         await produce_batches(self.producer, outputs)
 
     def _heartbeat_due(self, now_ms: float) -> bool:

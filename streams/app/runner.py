@@ -18,11 +18,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streams.app.metrics import WorkerMetrics, serve_metrics
 from streams.settings import Settings
+
+if TYPE_CHECKING:
+    from streams.app.batch_join import Outputs
 
 log = logging.getLogger("ttft.worker")
 
@@ -99,7 +103,7 @@ async def _batch_join_main(settings: Settings, worker_id: str, metrics_port: int
     log.warning(
         "join worker %s (batch consumer): metrics on http://%s:%d/metrics", worker_id, settings.metrics_host, port
     )
-    join = BatchJoin(settings, metrics)
+    join = BatchJoin(settings, metrics, fault_injector=_produce_fault_from_env(settings))
     # The OTLP input feeds ttft.stage-events from the Collector's topic, in this process (streams/app/otlp_bridge.py).
     bridge = OtlpBridge(settings, metrics) if settings.otlp.enabled else None
     loop = asyncio.get_running_loop()
@@ -171,6 +175,34 @@ def _fault_from_env() -> Any:
     def check() -> None:
         if marker.exists():
             raise ConnectionError("injected store failure (TTFT_FAULT_STORE_FAIL_FILE)")
+
+    return check
+
+
+def _produce_fault_from_env(settings: Settings) -> Callable[[Outputs], None] | None:
+    """Test hook: ``TTFT_FAULT_PRODUCE_FAIL_FILE=path`` makes the batch join's produce of request records
+    fail while that file exists (a produce of heartbeats or state alone still goes through), as a broker
+    refusing the records would: the batch raises and the worker exits uncommitted."""
+    path = os.environ.get("TTFT_FAULT_PRODUCE_FAIL_FILE")
+    if not path:
+        return None
+    from streams.core.watermarks import WATERMARK_KEY
+
+    marker = Path(path)
+    requests_topic = settings.topic("requests")
+
+    def check(outputs: Outputs) -> None:
+        if not marker.exists():
+            return
+        records = sum(
+            1
+            for (topic, _), items in outputs.items()
+            if topic == requests_topic
+            for key, _ in items
+            if key != WATERMARK_KEY
+        )
+        if records:
+            raise ConnectionError(f"injected produce failure: {records} request records (TTFT_FAULT_PRODUCE_FAIL_FILE)")
 
     return check
 
