@@ -65,6 +65,11 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
     )
     await resume(settings, closer, alerting)
     alerting.attach(closer)
+
+    async def became_owner() -> None:  # another writer closed windows until now: start from the store
+        await resume(settings, closer, alerting)
+
+    closer.ownership_hooks.append(became_owner)
     if settings.alertmanager_url:
         stop = asyncio.Event()
         client = AlertmanagerClient(settings.alertmanager_url.get_secret_value())
@@ -92,6 +97,7 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
             closer.source_watermarks.observe(source, target, watermark_ms)
         writer.heartbeats.clear()
         closer.request_partitions = writer.request_partitions()
+        closer.all_partitions = writer.all_request_partitions()
         await closer.on_records(records, polled_s=writer.last_poll_s)
         await publisher.flush()
 
