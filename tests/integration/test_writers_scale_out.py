@@ -62,8 +62,9 @@ def test_two_writers_over_split_partitions_equal_one_writer(kafka_settings: Any,
     one = _writers(kafka_settings, tmp_path / "one", "one", 1)
     two = _writers(kafka_settings, tmp_path / "two", "two", 2)
     print(
-        f"\nowned: one {one['owned']}, two {two['owned']}; windows {len(one['stage_windows'])} rows; "
-        f"alerts {len(one['alerts'])}; evaluated one {one['evaluated']}, two {two['evaluated']}"
+        f"\nowned: one {one['owned']}, two {two['owned']}; {len(one['stage_windows'])} stage rows; "
+        f"{len(one['alerts'])} alert transitions; windows judged: one {len(one['evaluated'][0])}, "
+        f"two {[len(e) for e in two['evaluated']]}"
     )
     assert one["requests"] == two["requests"] > 0
     assert len(two["owned"]) == 2 and all(two["owned"])
