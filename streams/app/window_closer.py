@@ -39,6 +39,7 @@ import orjson
 
 from streams.app.arms import arms_from_records
 from streams.app.metrics import WorkerMetrics
+from streams.app.shared_windows import RECONCILE_S, RECONCILE_WINDOWS, SharedProgress
 from streams.app.window_memory import WindowMemory, aggregate_held, close_process_init
 from streams.core.series import SeriesAdmission
 from streams.core.watermarks import SourceWatermarks
@@ -121,6 +122,49 @@ class WindowCloser:
         self._last_watermark_call: tuple[float, frozenset[int]] | None = None
         #: Windows due and queued, not computed yet: still open for ``ttft_open_windows``.
         self.closing: set[int] = set()
+        #: Every partition of ``ttft.requests`` (None: unknown, the writer is alone). When this writer owns
+        #: only some of them, windows are closed by one owner (:mod:`streams.app.shared_windows`).
+        self.all_partitions: set[int] | None = None
+        self.shared: SharedProgress | None = None
+        self.was_owner = True
+        #: Called when this writer becomes the owner after another writer was (rebuild from the store).
+        self.ownership_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._last_reconcile = 0.0
+
+    # --- several writers ----------------------------------------------------------------------------
+
+    def is_shared(self) -> bool:
+        """This writer owns some, not all, partitions of ``ttft.requests``."""
+        return self.all_partitions is not None and set(self.request_partitions) != self.all_partitions
+
+    def is_owner(self) -> bool:
+        """This writer closes windows and runs the rules: alone, or owning the lowest partition."""
+        if not self.is_shared():
+            return True
+        assert self.all_partitions is not None
+        return bool(self.all_partitions) and min(self.all_partitions) in self.request_partitions
+
+    async def _cluster_progress(self) -> float | None:
+        """The join's progress on every partition, as all writers recorded it (shared mode)."""
+        if self.shared is None:
+            self.shared = SharedProgress(self.store_call, self.db, self.metrics.worker_id)
+        own = {p: value for p in self.request_partitions if (value := self.source_watermarks.progress([p])) is not None}
+        assert self.all_partitions is not None
+        return await self.shared.exchange(own, sorted(self.all_partitions))
+
+    async def _reconcile(self) -> None:
+        """Owner, shared mode: recompute recently closed windows whose records changed since (late records
+        another writer inserted after the close)."""
+        recent = sorted(self.closed)[-RECONCILE_WINDOWS:]
+        if not recent:
+            return
+        have = await self.store_call(request_window_fingerprints, self.db, recent[0]) or {}
+        done = await self.store_call(stored_window_fingerprints, self.db, recent[0]) or {}
+        for ws in recent:
+            if ws in have and done.get(ws) != have[ws]:
+                self.closed[ws] += 1
+                self.metrics.window_amendments.inc()
+                await self._compute(ws, first_close=False)
 
     # --- start-up -------------------------------------------------------------------------------
 
@@ -165,19 +209,38 @@ class WindowCloser:
             else:
                 self.open.add(ws)
                 held.append(record)
-        self.memory.add(held)
+        shared, owner = self.is_shared(), self.is_owner()
+        if shared:  # this writer's copy would be partial: closes read the store
+            self.memory.forget(self.memory.windows())
+        else:
+            self.memory.add(held)
         self.metrics.window_held_records.set(self.memory.held_records)
         self._idle_s = 0.0 if records else self._idle_s + max(0.0, polled_s)
-        self._advance_watermark(now)
-        await self._close_due()
+        if owner and not self.was_owner and self.request_partitions:
+            log.info(
+                "this writer now owns partition %d: it closes windows and runs the rules", min(self.request_partitions)
+            )
+            for ownership_hook in self.ownership_hooks:
+                await self._run(ownership_hook)
+        if self.request_partitions:  # between assignments a writer owns nothing: not a change of owner
+            self.was_owner = owner
+        cluster = await self._cluster_progress() if shared and self.request_partitions else None
+        self._advance_watermark(now, cluster if shared else None, shared)
+        await self._close_due(compute=owner)
         self._count_open()
         if self.watermark is not None:
             self.metrics.watermark.set(self.watermark)
-            await self._watermark_moved(self.watermark)
+            if owner:
+                await self._watermark_moved(self.watermark)
+        if not owner:
+            return  # the owner folds late records in when it reconciles
         for ws in sorted(amended):
             self.closed[ws] += 1
             self.metrics.window_amendments.inc()
             await self._run(functools.partial(self._compute, ws, first_close=False))
+        if shared and now - self._last_reconcile >= RECONCILE_S:
+            self._last_reconcile = now
+            await self._run(self._reconcile)
 
     async def _watermark_moved(self, watermark: float) -> None:
         """The rule engine's watermark call, once per new (watermark, open windows) pair."""
@@ -188,7 +251,7 @@ class WindowCloser:
         for watermark_hook in self.watermark_hooks:
             await self._run(functools.partial(watermark_hook, watermark, set(self.open)))
 
-    def _advance_watermark(self, now: float) -> None:
+    def _advance_watermark(self, now: float, cluster: float | None = None, shared: bool = False) -> None:
         """The writer's event time: how far every join partition has provably progressed.
 
         From the join's heartbeats (:mod:`streams.core.watermarks`): their minimum, less the join's request
@@ -196,11 +259,14 @@ class WindowCloser:
         waited ``windows.idle_close_s`` (default: that same timeout + grace) in all without bringing a record,
         the wall clock stands in, so a stopped join or historical traffic still closes its windows. Time spent
         blocked on the store is not idle time: after an outage the join's backlog is still to come.
+
+        With several writers (``shared``), the progress is ``cluster``: every partition's, as all writers
+        recorded it.
         """
         join = self.settings.join
         settle_ms = join.request_timeout_ms + join.grace_ms + 2 * join.idle_tick_ms
         candidates: list[float] = []
-        progress = self.source_watermarks.progress(self.request_partitions)
+        progress = cluster if shared else self.source_watermarks.progress(self.request_partitions)
         if progress is not None:
             candidates.append(progress - settle_ms)
         if self._max_started is not None and self._idle_s >= self.idle_close_s:
@@ -208,15 +274,17 @@ class WindowCloser:
         if candidates and (self.watermark is None or max(candidates) > self.watermark):
             self.watermark = max(candidates)
 
-    async def _close_due(self) -> None:
+    async def _close_due(self, compute: bool = True) -> None:
+        """Close the windows the watermark passed (``compute`` False: another writer closes them)."""
         if self.watermark is None:
             return
         due = sorted(ws for ws in self.open if ws + self.window_ms + self.grace_ms <= self.watermark)
         for ws in due:
             self.open.discard(ws)
             self.closed[ws] = 0
-            self.closing.add(ws)
-            await self._run(functools.partial(self._compute, ws, first_close=True))
+            if compute:
+                self.closing.add(ws)
+                await self._run(functools.partial(self._compute, ws, first_close=True))
         while len(self.closed) > _CLOSED_MEMORY:
             self.closed.pop(min(self.closed))
 
@@ -257,6 +325,10 @@ class WindowCloser:
             finally:
                 queue.task_done()
                 self.metrics.window_jobs_queued.set(queue.qsize())
+
+    def pending_jobs(self) -> int:
+        """Closes and rule calls queued for the background task."""
+        return 0 if self._queue is None else self._queue.qsize()
 
     async def drain(self) -> None:
         """Wait until every queued job ran (raises what a failed one raised)."""

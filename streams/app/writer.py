@@ -145,6 +145,13 @@ class StoreWriter:
             return []
         return sorted(tp.partition for tp in self.consumer.assignment() if tp.topic == self.requests_topic)
 
+    def all_request_partitions(self) -> set[int] | None:
+        """Every partition of ``ttft.requests`` (None until the consumer knows the topic)."""
+        if self.consumer is None:
+            return None
+        partitions = self.consumer.partitions_for_topic(self.requests_topic)
+        return set(partitions) if partitions else None
+
     def owned_partitions(self) -> set[tuple[str, int]]:
         """(topic, partition) of everything this writer currently owns."""
         if self.consumer is None:

@@ -67,6 +67,11 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
     alerting.attach(closer)
     # At stop the queued closes run first: they publish alerts, which the delivery loop then still sends.
     writer.on_stop.append(closer.stop)
+
+    async def became_owner() -> None:  # another writer closed windows until now: start from the store
+        await resume(settings, closer, alerting)
+
+    closer.ownership_hooks.append(became_owner)
     if settings.alertmanager_url:
         stop = asyncio.Event()
         client = AlertmanagerClient(settings.alertmanager_url.get_secret_value())
@@ -94,6 +99,7 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
             closer.source_watermarks.observe(source, target, watermark_ms)
         writer.heartbeats.clear()
         closer.request_partitions = writer.request_partitions()
+        closer.all_partitions = writer.all_request_partitions()
         await closer.on_records(records, polled_s=writer.last_poll_s)
         await publisher.flush()
 

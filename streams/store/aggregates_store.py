@@ -99,6 +99,28 @@ def window_fingerprint(client: Client, database: str, window_start_ms: float) ->
     return int(count), int(versions or 0)
 
 
+def record_writer_progress(client: Client, database: str, progress: Mapping[int, float], writer_id: str) -> None:
+    """This writer's progress (event time, ms) on the ``ttft.requests`` partitions it owns."""
+    rows = [[int(p), float(ms), writer_id] for p, ms in sorted(progress.items())]
+    if rows:
+        client.insert(
+            "writer_progress",
+            rows,
+            column_names=["requests_partition", "progress_ms", "writer_id"],
+            database=check_identifier(database),
+            settings=SYNC_INSERT,
+        )
+
+
+def writer_progress(client: Client, database: str) -> dict[int, float]:
+    """The latest progress recorded for each ``ttft.requests`` partition (by any writer)."""
+    result = client.query(
+        f"SELECT requests_partition, argMax(progress_ms, updated_at) "
+        f"FROM {check_identifier(database)}.writer_progress GROUP BY requests_partition"
+    )
+    return {int(p): float(ms) for p, ms in result.result_rows}
+
+
 def stored_window_series(client: Client, database: str, window_start_ms: float) -> list[tuple[str, str]]:
     """The (tenant, version) series already stored for one window: the series cap keeps their slots, so
     a re-aggregation never displaces a row that is already written (it would then count twice)."""
