@@ -216,6 +216,8 @@ class WindowCloser:
             self.memory.add(held)
         self.metrics.window_held_records.set(self.memory.held_records)
         self._idle_s = 0.0 if records else self._idle_s + max(0.0, polled_s)
+        if self.all_partitions is not None and not self.request_partitions:
+            return  # between assignments this writer owns nothing: it closes and judges nothing
         if owner and not self.was_owner and self.request_partitions:
             log.info(
                 "this writer now owns partition %d: it closes windows and runs the rules", min(self.request_partitions)
