@@ -72,8 +72,12 @@ def test_two_writers_over_split_partitions_equal_one_writer(kafka_settings: Any,
     assert two["window_health"] == one["window_health"]
     assert one["alerts"] and two["alerts"] == one["alerts"]
     # One rule engine judged every window, once: the owner's list is the single writer's, the other's empty.
-    judged = [w for evaluated in two["evaluated"] for w in evaluated]
-    assert sorted(judged) == one["evaluated"][0] and len(set(judged)) == len(judged)
+    judged = sorted(w for evaluated in two["evaluated"] for w in evaluated)
+    alone = one["evaluated"][0]
+    assert len(set(judged)) == len(judged), "a window was judged twice"
+    # The same windows from the same start; the run's end (wall clock) may add an empty window or two.
+    common = min(len(judged), len(alone))
+    assert common > 0 and judged[:common] == alone[:common] and abs(len(judged) - len(alone)) <= 2
     assert sum(1 for evaluated in two["evaluated"] if evaluated) == 1
 
 
