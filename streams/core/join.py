@@ -592,8 +592,7 @@ class RequestJoin:
         pending = PendingRequest.from_bytes(key, packed)
         prefix = pending.tenant + "\x00"
         legacy = not key.startswith(prefix)
-        pending.request_id = key if legacy else key[len(prefix) :]
-        pending.key = state_key(pending.tenant, pending.request_id)
+        pending.key = state_key(pending.tenant, key) if legacy else key
         if partition is not None:
             pending.partition = partition
         previous = self._requests.get(pending.key)
