@@ -451,8 +451,13 @@ class PendingRequest:
                 new[i] = ((index << _TAG_BITS) | i, value)
         if new is not None:
             for j in range(0, len(sparse), 2):
-                new.setdefault(sparse[j] & _TAG_MASK, (sparse[j], sparse[j + 1]))
-            self.attrs = tuple(x for i in sorted(new) for x in new[i])
+                i = sparse[j] & _TAG_MASK
+                if i not in new:
+                    new[i] = (sparse[j], sparse[j + 1])
+            merged: list[Any] = []
+            for i in sorted(new):
+                merged += new[i]
+            self.attrs = tuple(merged)
 
     def attr_values(self) -> tuple[Any, ...]:
         """The well-known attr values in ``ATTR_COLUMNS`` order (None when never seen)."""
