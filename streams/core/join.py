@@ -426,8 +426,9 @@ class RequestJoin:
             elif caught_up and now_wall_ms - clock.last_wall >= tick:
                 clock.watermark = max(clock.watermark, clock.idle_base + (now_wall_ms - clock.last_wall))
                 part.lead = max(part.lead, clock.watermark)
+        out = self._release(partition, part) + self._forget_excess()
         self._drop_ages_when_below_caps()
-        return self._release(partition, part) + self._forget_excess()
+        return out
 
     def _drop_ages_when_below_caps(self) -> None:
         cfg = self.config
