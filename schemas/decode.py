@@ -27,6 +27,8 @@ from schemas.events import StageEvent
 from streams.settings import CapsConfig
 
 _MAX_ERRORS_IN_DETAIL: Final = 3
+#: What StageEvent.model_validate calls, without its Python wrapper (the same validation, once per event).
+_validate: Final = StageEvent.__pydantic_validator__.validate_python
 _MAX_MSG_CHARS: Final = 120
 
 
@@ -88,7 +90,7 @@ def decode_stage_event(
             return dead("duplicate_key", f"JSON object repeats the key {_short(repr(duplicate))}")
         try:
             # Validating orjson's dict beats a second parse by pydantic's (laxer: NaN) JSON parser.
-            event = StageEvent.model_validate(parsed, context=_context(caps))
+            event: StageEvent = _validate(parsed, context=_context(caps))
         except ValidationError as exc:
             # A valid StageEvent nests at most 2 deep, so depth only needs checking on failure.
             depth = _json_depth(parsed, caps.max_json_depth + 1)

@@ -75,11 +75,13 @@ class StageAttrs(BaseModel):
 
     @model_validator(mode="after")
     def _bounded(self, info: ValidationInfo) -> StageAttrs:
-        extra = self.model_extra or {}
+        # The dunder attributes behind model_extra and model_fields_set (the same objects, without the
+        # property calls: this runs for every event with attrs).
+        extra = self.__pydantic_extra__ or {}
         ctx = info.context or {}
         max_keys = int(ctx.get("max_attrs_keys", DEFAULT_MAX_ATTRS_KEYS))
         max_bytes = int(ctx.get("max_attrs_bytes", DEFAULT_MAX_ATTRS_BYTES))
-        if len(self.model_fields_set) + len(extra) > max_keys:
+        if len(self.__pydantic_fields_set__) + len(extra) > max_keys:
             raise ValueError(f"attrs has more than {max_keys} keys")
         size = 0
         for key, value in extra.items():

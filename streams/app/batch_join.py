@@ -131,6 +131,7 @@ class BatchJoin:
         #: one past the last record folded. Compared with the high watermark to tell an idle partition.
         self._next: dict[int, int] = {}
         self.reader = PartitionReader(settings, self.topic, join_group_id(settings))
+        self._emitted_by_status: dict[str, Any] = {}  # status -> its records_emitted child
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         metrics.health["status"] = "starting"
@@ -295,9 +296,14 @@ class BatchJoin:
     # --- outputs ----------------------------------------------------------------------------------
 
     def _add_record(self, outputs: Outputs, source: int, record: dict[str, Any]) -> None:
-        self.metrics.records_emitted.labels(record["status"]).inc()
-        target = source % self._partitions[self.requests_topic]
-        outputs[(self.requests_topic, target)].append((record["request_id"].encode(), orjson.dumps(record)))
+        status = record["status"]
+        counter = self._emitted_by_status.get(status)
+        if counter is None:  # labels() looks the child up under a lock: once per status, not per record
+            counter = self._emitted_by_status[status] = self.metrics.records_emitted.labels(status)
+        counter.inc()
+        topic = self.requests_topic
+        target = source % self._partitions[topic]
+        outputs[(topic, target)].append((record["request_id"].encode(), orjson.dumps(record)))
 
     def _add_dead_letter(self, outputs: Outputs, source: int, dl: DeadLetter) -> None:
         self.metrics.dead_letters.labels(dl.reason_code).inc()

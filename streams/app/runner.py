@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -92,6 +93,15 @@ def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: st
     return 0
 
 
+def _freeze_startup_objects() -> None:
+    """Move what start-up allocated (modules, pydantic validators, clients) out of the collector's reach:
+    every full collection would otherwise traverse it again (measured under callgrind: a 6,000-event run of
+    decode + join executes ~2% fewer instructions in all; raising the thresholds changed nothing measurable,
+    so they stay). Frozen objects are still freed by reference counting."""
+    gc.collect()
+    gc.freeze()
+
+
 async def _batch_join_main(settings: Settings, worker_id: str, metrics_port: int) -> int:
     from streams.app.batch_join import BatchJoin
     from streams.app.otlp_bridge import OtlpBridge
@@ -122,10 +132,12 @@ async def _batch_join_main(settings: Settings, worker_id: str, metrics_port: int
         loop.add_signal_handler(sig, _on_signal)
     try:
         await join.start()
+        if bridge is not None:
+            await bridge.start()
+        _freeze_startup_objects()
         if bridge is None:
             await join.run()
         else:
-            await bridge.start()
             await asyncio.gather(join.run(), bridge.run())
     except asyncio.CancelledError:
         if not stopped.is_set():

@@ -228,6 +228,10 @@ class RequestJoin:
         # Requests by state key ((tenant, request id): see join_state.state_key).
         # Open requests by (started_at, state key) for eviction; lazily deleted like the deadline heaps.
         self._ages: dict[str, list[tuple[float, str]]] = {}  # per tenant: (started_at, state key), lazy
+        # The age heaps are kept only from the first eviction until the join is well below its caps again
+        # (built then from the open requests: the same victims as heaps kept all along, without an entry per
+        # open request while no cap is near).
+        self._ages_on = False
         self._open = 0
         self._open_by: dict[str, int] = {}  # open requests per tenant
         self._forget_order: list[tuple[float, str]] = []  # emitted requests by forget deadline, lazy
@@ -297,11 +301,16 @@ class RequestJoin:
         """Fold one event; returns records due now (late re-emissions, amendments, evictions) and
         tenant mismatches. ``offset`` (the source offset, optional) lets a replay after a crash be told
         from a genuine duplicate: replayed events change nothing."""
-        pending = self._requests.get(state_key(event.tenant_id, event.request_id))
+        tenant = event.tenant_id
+        pending = self._requests.get(f"{tenant}\x00{event.request_id}")  # state_key, inlined (hot path)
         if pending is not None and pending.partition != partition:
             partition = pending.partition  # the key is the request id, so only a misrouted event lands here
-        part = self._partition(partition)
-        clock = part.clock(event.tenant_id)
+        part = self._partitions.get(partition)
+        if part is None:
+            part = self._partitions[partition] = _Partition()
+        clock = part.tenants.get(tenant)
+        if clock is None:
+            clock = part.tenants[tenant] = _TenantClock()
         clock.last_wall = now_wall_ms
         clock.idle_base = clock.watermark
         if pending is None:  # another tenant's request with the same id is another request
@@ -309,25 +318,30 @@ class RequestJoin:
         if offset is not None and pending.offset is not None and offset <= pending.offset:
             self.counters.replayed += 1
             return []
-        refusal = None if self._surely_under_caps(pending) else self._over_cap(pending, event)
-        if refusal is not None:
-            self._raise(part, clock, event, now_wall_ms)  # its time is still evidence that the tenant moved on
-            return [refusal]
-        started_at = pending.started_at
-        folded = pending.fold_event(event, event_key(event), content_digest(event), _offset(offset))
+        duration = event.duration_ms
+        end = event.ts_ms + (duration or 0.0)
+        if pending.customs or len(pending.events) >= self._fast_events_bytes:  # not surely under the caps
+            refusal = self._over_cap(pending, event)
+            if refusal is not None:
+                if end > clock.watermark:  # its time is still evidence that the tenant moved on
+                    self._raise(part, clock, end, now_wall_ms)
+                return [refusal]
+        started_at = pending.start if pending.start is not None else pending.min_ts
+        folded = pending.fold_event(event, event_key(event), content_digest(event), -1 if offset is None else offset)
         if offset is not None:
             pending.offset = offset
         self._dirty[pending.key] = pending.partition
         refused: list[JoinOutput] = []
-        if isinstance(folded, Conflict):
-            self.counters.conflicting_duplicates += 1
-            refused.append(_conflict_refusal(event, folded, offset))
         if folded is not True:
+            if isinstance(folded, Conflict):
+                self.counters.conflicting_duplicates += 1
+                refused.append(_conflict_refusal(event, folded, offset))
             pending.duplicates += 1
             self.counters.duplicates += 1
             if not isinstance(folded, Conflict) or not folded.stored_lost:
                 return refused
-        self._raise(part, clock, event, now_wall_ms)
+        if end > clock.watermark:
+            self._raise(part, clock, end, now_wall_ms)
         if pending.emitted:
             pending.late += 1
             self.counters.late_events += 1
@@ -337,7 +351,7 @@ class RequestJoin:
             self.counters.re_emitted += 1
             return [*refused, build_record(pending, self.config, self.window_ms)]
         self._schedule(clock, pending)
-        if pending.started_at != started_at:
+        if (pending.start if pending.start is not None else pending.min_ts) != started_at:
             self._push_age(pending)
         return refused
 
@@ -385,7 +399,9 @@ class RequestJoin:
         self._requests[pending.key] = pending
         self._count_open(pending.tenant, +1)
         self._dirty[pending.key] = partition
-        self._raise(part, clock, event, now_wall_ms)
+        end = event.ts_ms + (event.duration_ms or 0.0)
+        if end > clock.watermark:
+            self._raise(part, clock, end, now_wall_ms)
         self._schedule(clock, pending)
         self._push_age(pending)
         return self._enforce_open_caps(pending.tenant)
@@ -410,7 +426,17 @@ class RequestJoin:
             elif caught_up and now_wall_ms - clock.last_wall >= tick:
                 clock.watermark = max(clock.watermark, clock.idle_base + (now_wall_ms - clock.last_wall))
                 part.lead = max(part.lead, clock.watermark)
-        return self._release(partition, part) + self._forget_excess()
+        out = self._release(partition, part) + self._forget_excess()
+        self._drop_ages_when_below_caps()
+        return out
+
+    def _drop_ages_when_below_caps(self) -> None:
+        cfg = self.config
+        if not self._ages_on or 2 * self._open > cfg.max_open_requests:
+            return
+        if all(2 * n <= cfg.max_open_requests_per_tenant for n in self._open_by.values()):
+            self._ages_on = False
+            self._ages = {}
 
     def _forget_excess(self) -> list[dict[str, Any]]:
         """Forget emitted requests early while more than ``max_remembered_requests`` are held (their late
@@ -485,14 +511,22 @@ class RequestJoin:
         return max(min(self._natural_due(pending), lifetime), pending.first_wm + self.config.grace_ms)
 
     def _schedule(self, clock: _TenantClock, pending: PendingRequest) -> None:
-        deadline = self._deadline(pending)
+        # _deadline and _natural_due, inlined (once per event); the same values.
+        cfg = self.config
+        first_token = pending.first_token
+        if first_token is not None:
+            natural = max(first_token, pending.max_end) + cfg.grace_ms
+        else:
+            natural = (pending.start if pending.start is not None else pending.min_ts) + cfg.request_timeout_ms
+        deadline = max(min(natural, pending.first_ts + cfg.request_timeout_ms), pending.first_wm + cfg.grace_ms)
         if deadline != pending.deadline:
             pending.deadline = deadline
             heapq.heappush(clock.deadlines, (deadline, pending.key))
 
-    def _raise(self, part: _Partition, clock: _TenantClock, event: StageEvent, now_wall_ms: float) -> None:
-        """Move the tenant's watermark to the event's end, within two bounds, so that a skewed event cannot
-        time out the tenant's own in-flight requests (other tenants have their own watermarks):
+    def _raise(self, part: _Partition, clock: _TenantClock, end: float, now_wall_ms: float) -> None:
+        """Move the tenant's watermark to ``end``, an event's end (callers call only when it is past the
+        watermark), within two bounds, so that a skewed event cannot time out the tenant's own in-flight
+        requests (other tenants have their own watermarks):
 
         * never past the worker's clock + ``max_watermark_lead_ms`` (live traffic has happened already; a
           producer clock running ahead only delays its own requests). A wall clock before 2000 is a test's
@@ -500,9 +534,6 @@ class RequestJoin:
         * never more than ``max_watermark_step_ms`` in one event (a replay far behind the clock), except
           for the tenant's first event on the partition, which sets it.
         """
-        end = event.ts_ms + (event.duration_ms or 0.0)
-        if end <= clock.watermark:
-            return
         cfg = self.config
         if clock.watermark > 0.0 and end - clock.watermark > cfg.max_watermark_step_ms:
             self.counters.caps["watermark_step"] += 1
@@ -547,6 +578,8 @@ class RequestJoin:
         return outputs
 
     def _push_age(self, pending: PendingRequest) -> None:
+        if not self._ages_on:
+            return  # built from the open requests when an eviction first needs them
         heap = self._ages.setdefault(pending.tenant, [])
         heapq.heappush(heap, (pending.started_at, pending.key))
         if len(heap) > 2 * self._open_by.get(pending.tenant, 0) + 64:
@@ -565,6 +598,9 @@ class RequestJoin:
             heapq.heapify(heap)
 
     def _evict_oldest(self, tenant: str) -> dict[str, Any]:
+        if not self._ages_on:
+            self._ages_on = True
+            self._rebuild_ages()
         heap = self._ages[tenant]
         while True:
             started_at, key = heapq.heappop(heap)
@@ -592,8 +628,7 @@ class RequestJoin:
         pending = PendingRequest.from_bytes(key, packed)
         prefix = pending.tenant + "\x00"
         legacy = not key.startswith(prefix)
-        pending.request_id = key if legacy else key[len(prefix) :]
-        pending.key = state_key(pending.tenant, pending.request_id)
+        pending.key = state_key(pending.tenant, key) if legacy else key
         if partition is not None:
             pending.partition = partition
         previous = self._requests.get(pending.key)
@@ -630,13 +665,15 @@ class RequestJoin:
         self._dirty = {r: p for r, p in self._dirty.items() if p not in gone}
         for partition in gone:
             self._partitions.pop(partition, None)
-        self._rebuild_ages()
+        if self._ages_on:
+            self._rebuild_ages()
 
     def reset(self) -> None:
         """Forget all state (before a full restore); the counters keep running."""
         self._requests.clear()
         self._partitions.clear()
         self._ages = {}
+        self._ages_on = False
         self._forget_order = []
         self._open = 0
         self._open_by = {}

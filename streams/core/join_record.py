@@ -15,11 +15,12 @@ from typing import Any
 
 from schemas.records import ATTR_COLUMNS, STAGE_COLUMNS, RecallMode, RequestStatus, record_version
 from schemas.vocabulary import KNOWN_STAGES, PARENT_STAGES, REQUIRED_STAGES
-from streams.core.join_state import PendingRequest
+from streams.core.join_state import EVENT_RECORD, FIRST_CUSTOM_CODE, PendingRequest
 from streams.settings import JoinConfig
 
 _SPAN_STAGES = frozenset(column.removesuffix("_ms") for column in STAGE_COLUMNS)
 _KNOWN = frozenset(KNOWN_STAGES)
+_STAGE_OF_COLUMN = tuple((column, column.removesuffix("_ms")) for column in STAGE_COLUMNS)
 
 
 def required_stages(config: JoinConfig, route: str | None) -> tuple[str, ...]:
@@ -88,12 +89,17 @@ def build_record(
     status_override: RequestStatus | None = None,
 ) -> dict[str, Any]:
     """The request record of ``pending`` as it stands (``status_override``: an eviction's verdict)."""
-    # A fixed summation order makes the floats identical whatever order the events arrived in.
-    events = sorted(pending.iter_events(), key=lambda e: (e[1], e[3], e[0], e[2]))
+    # A fixed summation order makes the floats identical whatever order the events arrived in: by
+    # (ts, key, stage, duration), the rows themselves (pending.iter_events, reordered, and sorted as is).
+    customs = pending.customs or ()
+    events = sorted(
+        (ts, key, KNOWN_STAGES[code] if code < FIRST_CUSTOM_CODE else customs[code - FIRST_CUSTOM_CODE], dur)
+        for code, ts, dur, key, _, _ in EVENT_RECORD.iter_unpack(pending.events)
+    )
     spans: dict[str, float] = {}
     counts: dict[str, int] = {}
     recalls: dict[str, list[tuple[float, float]]] = {"vector_recall": [], "bm25_recall": []}
-    for stage, ts, dur, _ in events:
+    for ts, _, stage, dur in events:
         counts[stage] = counts.get(stage, 0) + 1
         if stage == "request_start" or stage == "first_token":
             continue
@@ -119,8 +125,8 @@ def build_record(
         "window_start": window_start(started_at, window_ms),
         "ttft_ms": ttft,
     }
-    for column in STAGE_COLUMNS:
-        record[column] = spans.get(column.removesuffix("_ms"))
+    for column, stage in _STAGE_OF_COLUMN:
+        record[column] = spans.get(stage)
     record["other_ms"] = other_ms(ttft, spans)
     record["custom_stages"] = {s: spans[s] for s in sorted(spans) if s not in _KNOWN}
     record["stage_repeats"] = {s: n - 1 for s, n in sorted(counts.items()) if n > 1}

@@ -3,7 +3,8 @@
 It is what the join keeps in memory for every open request and what goes to the changelog of the
 ``join-state`` table, so both forms are compact: the accepted events live in one ``bytes`` blob of fixed
 38-byte records ``(stage code, ts_ms, duration_ms, event-id hash, content digest, source offset)``,
-strings (tenant, version, route, stage names) are interned, and the serialised form is one orjson array.
+strings (tenant, version, route, stage names) are interned, the request id is the tail of the state key (not
+kept twice), well-known attrs are kept sparse, and the serialised form is one orjson array.
 
 Dedup follows :meth:`schemas.events.StageEvent.dedup_key`: same stage and same ``event_id``, or, without an
 ``event_id``, same stage, ``ts_ms`` and ``duration_ms``. The ``event_id`` is kept as a stable 64-bit hash
@@ -44,6 +45,8 @@ EVENT_RECORD: Final = struct.Struct("<Hddqiq")
 _KEY_AT: Final = 18
 _IDENT_END: Final = 26
 _DIGEST: Final = struct.Struct("<iq")
+_pack: Final = EVENT_RECORD.pack
+_RECORD_SIZE: Final = EVENT_RECORD.size
 #: Format 1 records (before digests and offsets), read when restoring an older changelog.
 _EVENT_RECORD_V1: Final = struct.Struct("<Hddq")
 #: What :meth:`PendingRequest.state_bytes` allows for everything but the events and custom stage names
@@ -72,11 +75,19 @@ _ATTR_OWNERS: Final[dict[str, tuple[str, ...]]] = {
 }
 _N_ATTRS: Final = len(ATTR_COLUMNS)
 _ATTR_INDEX: Final[dict[str, int]] = {name: i for i, name in enumerate(ATTR_COLUMNS)}
+#: :attr:`PendingRequest.attrs` is sparse: ``(tag, value, tag, value, ...)`` in attr-index order, one pair per
+#: attr ever set, where ``tag = source event index * 8 + attr index`` (``>> 3`` and ``& 7`` take it apart,
+#: also for a source of -1). The changelog keeps the dense form: the ``ATTR_COLUMNS`` values, then sources.
+_TAG_BITS: Final = 3
+_TAG_MASK: Final = (1 << _TAG_BITS) - 1
+assert _N_ATTRS <= 1 << _TAG_BITS
 
 EventRank = tuple[float, int, str, float]
 
 
-def content_digest(event: StageEvent) -> int:
+def content_digest(
+    event: StageEvent, _dumps: Any = orjson.dumps, _crc32: Any = zlib.crc32, _sort: int = orjson.OPT_SORT_KEYS
+) -> int:
     """A stable 32-bit digest of what an event says beyond its dedup identity (never 0).
 
     Two copies with the same dedup key and different digests are conflicting duplicates.
@@ -85,7 +96,7 @@ def content_digest(event: StageEvent) -> int:
     # The fields' and extras' dicts, not model_dump (5x slower): an attr left unset and one set to null
     # both read None, and say the same thing.
     known, extra = (None, None) if attrs is None else (attrs.__dict__, attrs.__pydantic_extra__)
-    payload = orjson.dumps(
+    payload = _dumps(
         [
             event.ts_ms,
             event.duration_ms,
@@ -96,9 +107,9 @@ def content_digest(event: StageEvent) -> int:
             known,
             extra,
         ],
-        option=orjson.OPT_SORT_KEYS,
+        option=_sort,
     )
-    digest = zlib.crc32(payload)
+    digest = _crc32(payload)
     return (digest - (1 << 32) if digest >= 1 << 31 else digest) or 1
 
 
@@ -123,13 +134,12 @@ def state_key(tenant_id: str, request_id: str) -> str:
     return f"{tenant_id}\x00{request_id}"
 
 
-def event_key(event: StageEvent) -> int:
+def event_key(event: StageEvent, _blake2b: Any = hashlib.blake2b, _from_bytes: Any = int.from_bytes) -> int:
     """The compact dedup key of an event: a stable hash of its ``event_id``, 0 when it has none."""
     eid = event.event_id
     if eid is None:
         return 0
-    digest = hashlib.blake2b(eid.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True) or 1
+    return _from_bytes(_blake2b(eid.encode("utf-8"), digest_size=8).digest(), "little", signed=True) or 1
 
 
 _ATTR_RANKS: Final[dict[str, tuple[dict[str, int], int]]] = {
@@ -162,6 +172,8 @@ def _intern(value: str | None) -> str | None:
 class PendingRequest:
     """One request being joined: its accepted events, identity, attrs and bookkeeping.
 
+    ``request_id`` is the tail of ``key`` (not stored twice); ``attrs`` is sparse (see ``_TAG_BITS``).
+
     ``deadline`` is the watermark at which the join acts next: the emission deadline while open, the
     forget deadline once ``emitted``. ``offset`` is the highest source offset folded (replay detection).
     ``start``, ``first_token``, ``min_ts`` and ``max_end`` are derived from ``events`` (not serialised).
@@ -185,7 +197,6 @@ class PendingRequest:
         "min_ts",
         "offset",
         "partition",
-        "request_id",
         "rollout",
         "route",
         "start",
@@ -194,7 +205,6 @@ class PendingRequest:
     )
 
     def __init__(self, request_id: str, tenant: str, partition: int, first_wm: float) -> None:
-        self.request_id = request_id
         self.tenant: str = sys.intern(tenant)
         #: :func:`state_key` of the request (the join's dict key and the changelog key).
         self.key = state_key(self.tenant, request_id)
@@ -205,7 +215,7 @@ class PendingRequest:
         self.route: str | None = None
         self.ident = -1
         self.fallback = 0
-        # Well-known attrs: ATTR_COLUMNS values, then the index of the event each came from (-1: none).
+        # Well-known attrs, sparse: (tag, value) pairs in attr-index order (see _TAG_BITS); None: never set.
         self.attrs: tuple[Any, ...] | None = None
         self.duplicates = 0
         self.late = 0
@@ -222,6 +232,11 @@ class PendingRequest:
         self.first_ts = math.inf
 
     # --- reading ------------------------------------------------------------------------------
+
+    @property
+    def request_id(self) -> str:
+        """The request id: ``key`` after the tenant and the NUL."""
+        return self.key[len(self.tenant) + 1 :]
 
     @property
     def event_count(self) -> int:
@@ -284,22 +299,38 @@ class PendingRequest:
     def fold_event(self, event: StageEvent, key: int, digest: int = 0, offset: int = -1) -> bool | Conflict:
         """Fold an event in: True when added, False for a duplicate, a :class:`Conflict` when a copy with
         the same dedup key says something else (``digest``: :func:`content_digest`, 0 = unknown)."""
-        code = self._code(event.stage)
+        stage = event.stage
+        code = STAGE_CODES.get(stage)
+        if code is None:
+            code = self._code(stage)
         ts = float(event.ts_ms)
         # + 0.0 turns -0.0 into 0.0: equal as floats (dedup_key), so they must be equal as bytes too.
-        dur = 0.0 if event.duration_ms is None else float(event.duration_ms) + 0.0
-        record = EVENT_RECORD.pack(code, ts, dur, key, digest, offset)
-        rank: EventRank = (ts, key, event.stage, dur)
-        index = self._holds(record, key != 0)
-        if index >= 0:
-            return self._resolve(index, event, record, rank)
-        index = self.event_count
-        if not index:
+        duration = event.duration_ms
+        dur = 0.0 if duration is None else float(duration) + 0.0
+        record = _pack(code, ts, dur, key, digest, offset)
+        rank: EventRank = (ts, key, stage, dur)
+        events = self.events
+        if events:
+            # _holds, inlined: a byte search for the dedup identity, then an alignment check.
+            needle, skip = (record[_KEY_AT:_IDENT_END], _KEY_AT) if key != 0 else (record[:_IDENT_END], 0)
+            at = events.find(needle)
+            while at >= 0:
+                start = at - skip
+                if start % _RECORD_SIZE == 0 and events[start : start + 2] == record[:2]:
+                    return self._resolve(start // _RECORD_SIZE, event, record, rank)
+                at = events.find(needle, at + 1)
+            index = len(events) // _RECORD_SIZE
+        else:
+            index = 0
             self.first_ts = ts
-        self.events += record
+        self.events = events + record
         self._account(code, ts, dur)
         self._fold_identity(event, index, code == REQUEST_START, rank)
-        self._fold_rest(event, index, rank)
+        fallback = event.fallback_level
+        if fallback is not None and fallback > self.fallback:
+            self.fallback = fallback
+        if event.attrs is not None:
+            self._fold_attrs(event, index, rank)
         return True
 
     def _fold_rest(self, event: StageEvent, index: int, rank: EventRank) -> None:
@@ -353,12 +384,11 @@ class PendingRequest:
             self._set_identity(event, index)
         else:
             self._fold_identity(event, index, record[:2] == _START_CODE, rank)
-        if self.attrs is not None:
-            merged = list(self.attrs)
-            for i in range(_N_ATTRS):
-                if merged[_N_ATTRS + i] == index:
-                    merged[i], merged[_N_ATTRS + i] = None, -1
-            self.attrs = tuple(merged)
+        if self.attrs is not None:  # the attrs of the replaced copy go (an attr without a source is left out)
+            sparse = self.attrs
+            self.attrs = tuple(
+                x for j in range(0, len(sparse), 2) if sparse[j] >> _TAG_BITS != index for x in sparse[j : j + 2]
+            )
         self._fold_rest(event, index, rank)
 
     def _account(self, code: int, ts: float, dur: float) -> None:
@@ -369,8 +399,9 @@ class PendingRequest:
             self.first_token = ts
         if ts < self.min_ts:
             self.min_ts = ts
-        if ts + dur > self.max_end:
-            self.max_end = ts + dur
+        end = ts + dur if dur else ts  # the same value; an instant shares its ts object (memory)
+        if end > self.max_end:
+            self.max_end = end
 
     def _fold_identity(self, event: StageEvent, index: int, is_start: bool, rank: EventRank) -> None:
         if self.ident >= 0:
@@ -391,28 +422,62 @@ class PendingRequest:
     def _fold_attrs(self, event: StageEvent, index: int, rank: EventRank) -> None:
         attrs = event.attrs
         assert attrs is not None
-        merged: list[Any] = list(self.attrs) if self.attrs is not None else [None] * _N_ATTRS + [-1] * _N_ATTRS
-        changed = False
-        for name in attrs.model_fields_set:  # the few attrs the event carries (each attr is independent)
-            value = getattr(attrs, name)
+        sparse = self.attrs or ()
+        new: dict[int, tuple[int, Any]] | None = None
+        stage = event.stage
+        for name in attrs.__pydantic_fields_set__:  # the few attrs the event carries (each is independent)
             i = _ATTR_INDEX.get(name)
-            if value is None or i is None:
+            if i is None:
                 continue
-            new_rank = (attr_owner_rank(name, event.stage), rank)
-            source: int = merged[_N_ATTRS + i]
-            if source >= 0:
-                stage, old = self._rank(source)
-                if (attr_owner_rank(name, stage), old) <= new_rank:
-                    continue
-            merged[i] = value
-            merged[_N_ATTRS + i] = index
-            changed = True
-        if changed:
+            value = getattr(attrs, name)
+            if value is None:
+                continue
+            for j in range(0, len(sparse), 2):
+                tag = sparse[j]
+                if tag & _TAG_MASK == i:
+                    source = tag >> _TAG_BITS
+                    if source >= 0:
+                        ranks, other = _ATTR_RANKS[name]
+                        old_stage, old = self._rank(source)
+                        if (ranks.get(old_stage, other), old) <= (ranks.get(stage, other), rank):
+                            break
+                    if new is None:
+                        new = {}
+                    new[i] = ((index << _TAG_BITS) | i, value)
+                    break
+            else:
+                if new is None:
+                    new = {}
+                new[i] = ((index << _TAG_BITS) | i, value)
+        if new is not None:
+            for j in range(0, len(sparse), 2):
+                i = sparse[j] & _TAG_MASK
+                if i not in new:
+                    new[i] = (sparse[j], sparse[j + 1])
+            merged: list[Any] = []
+            for i in sorted(new):
+                merged += new[i]
             self.attrs = tuple(merged)
 
     def attr_values(self) -> tuple[Any, ...]:
         """The well-known attr values in ``ATTR_COLUMNS`` order (None when never seen)."""
-        return self.attrs[:_N_ATTRS] if self.attrs is not None else (None,) * _N_ATTRS
+        values: list[Any] = [None] * _N_ATTRS
+        sparse = self.attrs or ()
+        for j in range(0, len(sparse), 2):
+            values[sparse[j] & _TAG_MASK] = sparse[j + 1]
+        return tuple(values)
+
+    def _dense_attrs(self) -> list[Any] | None:
+        """The changelog form of ``attrs``: the ``ATTR_COLUMNS`` values, then each one's source (-1: none)."""
+        if self.attrs is None:
+            return None
+        dense: list[Any] = [None] * _N_ATTRS + [-1] * _N_ATTRS
+        sparse = self.attrs
+        for j in range(0, len(sparse), 2):
+            tag = sparse[j]
+            i = tag & _TAG_MASK
+            dense[i], dense[_N_ATTRS + i] = sparse[j + 1], tag >> _TAG_BITS
+        return dense
 
     # --- serialising --------------------------------------------------------------------------
 
@@ -437,7 +502,7 @@ class PendingRequest:
                 self.offset,
                 self.customs,
                 base64.b64encode(self.events).decode("ascii"),
-                self.attrs,
+                self._dense_attrs(),
             ]
         )
 
@@ -462,14 +527,15 @@ class PendingRequest:
             pending.deadline = _float(deadline)
             pending.offset = None if offset is None else _int(offset)
             pending.customs = tuple(sys.intern(c) for c in customs) if customs else None
-            pending.attrs = tuple(attrs) if attrs else None
+            dense = list(attrs) if attrs else None
             pending.events = _upgrade_events(base64.b64decode(events, validate=True), fields[0])
-            if len(pending.events) % EVENT_RECORD.size or (pending.attrs and len(pending.attrs) != 2 * _N_ATTRS):
+            if len(pending.events) % EVENT_RECORD.size or (dense and len(dense) != 2 * _N_ATTRS):
                 raise ValueError("bad event or attr records")
             count = pending.event_count
-            sources = pending.attrs[_N_ATTRS:] if pending.attrs else ()
+            sources = dense[_N_ATTRS:] if dense else ()
             if not -1 <= pending.ident < count or any(not -1 <= s < count for s in sources):
                 raise ValueError("event index out of range")
+            pending.attrs = None if dense is None else _sparse_attrs(dense)
             n_codes = FIRST_CUSTOM_CODE + len(pending.customs or ())
             for code, ts, dur, _, _, _ in EVENT_RECORD.iter_unpack(pending.events):
                 if code >= n_codes:
@@ -490,3 +556,13 @@ def _upgrade_events(blob: bytes, state_format: int) -> bytes:
     return b"".join(
         EVENT_RECORD.pack(code, ts, dur, key, 0, -1) for code, ts, dur, key in _EVENT_RECORD_V1.iter_unpack(blob)
     )
+
+
+def _sparse_attrs(dense: list[Any]) -> tuple[Any, ...]:
+    """:meth:`PendingRequest._dense_attrs` back to the sparse form (an attr neither set nor sourced is left out)."""
+    out: list[Any] = []
+    for i in range(_N_ATTRS):
+        value, source = dense[i], _int(dense[_N_ATTRS + i])
+        if value is not None or source != -1:
+            out += ((source << _TAG_BITS) | i, value)
+    return tuple(out)

@@ -188,3 +188,29 @@ def test_a_tenant_running_ahead_never_emits_another_tenants_requests() -> None:
     assert [r["request_id"] for r in good_mixed] == [r["request_id"] for r in out_alone]
     assert all(r["status"] != "timed_out" for r in good_mixed)
     assert mixed.watermark(0) == alone.watermark(0)  # the writer's view: the slowest tenant
+
+
+def test_evictions_take_the_oldest_open_requests_before_and_after_the_age_index_is_dropped() -> None:
+    """The age index exists only while a cap is near (built at the first eviction, dropped by advance once
+    the join is well below its caps): the victims are always the oldest open requests by started_at."""
+    import random
+
+    cfg = CFG.model_copy(update={"max_open_requests": 1_000, "max_open_requests_per_tenant": 8})
+    join = RequestJoin(cfg, W)
+    rng = random.Random(3)
+    offset = 0
+    for wave in range(3):
+        starts = {f"w{wave}-{i}": 100_000.0 * wave + rng.uniform(0, 500) for i in range(20)}
+        evicted: list[str] = []
+        for rid, ts in starts.items():
+            offset += 1
+            evicted += [r["request_id"] for r in join.add(ev("request_start", ts, rid=rid), 0, 0.0, offset=offset)]
+        kept = sorted(starts, key=starts.__getitem__)[-8:]
+        assert sorted(evicted) == sorted(set(starts) - set(kept)), wave  # the 12 oldest, whatever the order
+        assert all(join.get(rid) is not None for rid in kept)
+        # Finish the wave: every open request is emitted (an idle minute of wall time), and the index is
+        # dropped (the join is below its caps again).
+        for rid in kept:
+            offset += 1
+            join.add(ev("first_token", starts[rid] + 1, rid=rid), 0, 0.0, offset=offset)
+        assert len(join.advance(0, 60_000.0)) == 8 and join.open_requests == 0
