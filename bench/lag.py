@@ -7,7 +7,7 @@ Method (conservative, every error makes the lag look larger):
   producer flushes its batches before every wait, so a message leaves within a few ms of that time.
 * visible: the writer commits a ``<prefix>.requests`` offset only after the rows of that batch were
   inserted, so a record is visible no later than the first time the writer group's committed offset on
-  its partition is past it. The committed offsets are polled every 100 ms; the poll's wall time after the
+  its partition is past it. The committed offsets are polled every 50 ms; the poll's wall time after the
   answer is used. Records are tied to request ids by reading the topic's keys afterwards.
 
 The join grace (``join.grace_ms``) is part of the lag by design: a request is emitted once the event-time
@@ -167,7 +167,7 @@ async def _run(
                 )
                 if all(commits[-1][1].get(tp.partition, 0) >= end for tp, end in ends.items()):
                     break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
         else:
             raise TimeoutError("the lag run did not drain")
         report = producing.result()
