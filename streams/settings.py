@@ -131,7 +131,7 @@ class WindowConfig(_Section):
         600_000,
         ge=0,
         description="Records of open windows the writer keeps to close them without reading them back "
-        "(about 0.7 KB each); past it, a window's close reads the store. 0: always read the store.",
+        "(about 0.9 KB each); past it, a window's close reads the store. 0: always read the store.",
     )
 
     @model_validator(mode="after")

@@ -67,7 +67,8 @@ class WindowMemory:
             elif self.held_records >= self.max_records:
                 self.spill(ws)
                 continue
-            held.records[key] = (version, orjson.dumps(record))
+            # An exact-size copy: orjson's output keeps its whole write buffer allocated (~16 KB a record).
+            held.records[key] = (version, memoryview(orjson.dumps(record)).tobytes())
             held.version_sum += version
             self.held_records += 1
 

@@ -152,3 +152,19 @@ def test_a_failing_background_close_stops_the_next_batch() -> None:
         await closer.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_held_record_costs_about_its_serialised_size() -> None:
+    """orjson's output keeps its whole write buffer allocated; the copy must keep only the bytes."""
+    import tracemalloc
+
+    records = _records(3_000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        memory = WindowMemory(max_records=10_000)
+        memory.add(records)
+        per_record = (tracemalloc.get_traced_memory()[0] - before) / len(records)
+    finally:
+        tracemalloc.stop()
+    assert per_record < 1_500, f"{per_record:.0f} B per held record"
