@@ -84,3 +84,26 @@ def test_a_non_owner_closes_nothing_and_the_owner_closes_once_every_partition_pa
     owner.shared._last_exchange = None  # type: ignore[union-attr]  # read the table again now
     asyncio.run(owner.on_records([], polled_s=0.0))
     assert ws in owner.closed and "fetch_window_records" in table.calls
+
+
+def test_a_writer_that_gains_the_lowest_partition_resumes_once_and_the_old_owner_stops_judging() -> None:
+    table = ProgressTable()
+    first, second = _closer(table.call), _closer(table.call)
+    resumed: list[str] = []
+
+    async def resume_second() -> None:
+        resumed.append("second")
+
+    second.ownership_hooks.append(resume_second)
+    for closer, parts in ((first, [0, 1]), (second, [2, 3])):
+        closer.all_partitions = {0, 1, 2, 3}
+        closer.request_partitions = parts
+        asyncio.run(closer.on_records([], polled_s=0.0))
+    assert first.is_owner() and not second.is_owner() and resumed == []
+    # A rebalance: partition 0 moves to the second writer.
+    first.request_partitions, second.request_partitions = [1], [0, 2, 3]
+    asyncio.run(first.on_records([], polled_s=0.0))
+    asyncio.run(second.on_records([], polled_s=0.0))
+    assert not first.is_owner() and second.is_owner() and resumed == ["second"]
+    asyncio.run(second.on_records([], polled_s=0.0))
+    assert resumed == ["second"]  # once per handover, not per batch
