@@ -17,9 +17,10 @@ Two things keep a close off the writer's commit path (issue 13):
   reads the store's fingerprint of the window (one ``count()``/``sum()``) and, when it matches the copy,
   aggregates the copy instead of reading every record back. Otherwise it reads the store, as before.
 - With ``background=True`` (the live writer), closes, amendments and the rule engine's watermark calls
-  run in order in one background task, and the aggregation itself runs on a thread of its own: the batch
-  that made a window due is committed without waiting for it. A crash before the close is stored is the
-  case start-up recovery already handles (the window's stored aggregates do not match its records).
+  run in order in one background task, and the aggregation runs in a close process (a held window) or on
+  a thread (a window read from the store): the batch that made a window due is committed without waiting.
+  A crash before the close is stored is the case start-up recovery already handles (the window's stored
+  aggregates do not match its records).
 """
 
 from __future__ import annotations
@@ -218,15 +219,14 @@ class WindowCloser:
         self._idle_s = 0.0 if records else self._idle_s + max(0.0, polled_s)
         if self.all_partitions is not None and not self.request_partitions:
             return  # between assignments this writer owns nothing: it closes and judges nothing
-        if owner and not self.was_owner and self.request_partitions:
+        if owner and not self.was_owner:
             log.info(
                 "this writer now owns partition %d: it closes windows and runs the rules", min(self.request_partitions)
             )
             for ownership_hook in self.ownership_hooks:
                 await self._run(ownership_hook)
-        if self.request_partitions:  # between assignments a writer owns nothing: not a change of owner
-            self.was_owner = owner
-        cluster = await self._cluster_progress() if shared and self.request_partitions else None
+        self.was_owner = owner
+        cluster = await self._cluster_progress() if shared else None
         self._advance_watermark(now, cluster if shared else None, shared)
         await self._close_due(compute=owner)
         self._count_open()
