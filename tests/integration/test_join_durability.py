@@ -20,7 +20,6 @@ join`` subprocesses against the session's Kafka broker and read ``ttft.requests`
 from __future__ import annotations
 
 import asyncio
-import math
 import signal
 import socket
 import subprocess
@@ -40,7 +39,7 @@ from aiokafka.errors import KafkaError
 from streams.core.watermarks import WATERMARK_KEY
 from tests.integration.test_scaleout import owned_partitions
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, produce_sync, read_topic
-from tests.support.traffic import Traffic, build_traffic
+from tests.support.traffic import Traffic, build_traffic, wrong_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -72,16 +71,7 @@ def check_records(records: Sequence[dict[str, Any]], traffic: Traffic, *, exactl
     want = {(t["tenant_id"], rid) for rid, t in traffic.truth.items()}
     lost, extra = sorted(want - set(latest)), sorted(set(latest) - want)
     assert not lost and not extra, f"lost {len(lost)} (e.g. {lost[:5]}), unexpected {len(extra)} (e.g. {extra[:5]})"
-    wrong: list[str] = []
-    for (_, rid), got in latest.items():
-        for field, value in traffic.truth[rid].items():
-            have = got.get(field)
-            if isinstance(value, float) and have is not None:
-                ok = math.isclose(have, value, rel_tol=1e-9, abs_tol=1e-6)
-            else:
-                ok = have == value
-            if not ok:
-                wrong.append(f"{rid}.{field}: want {value!r} got {have!r}")
+    wrong = wrong_values({rid: got for (_, rid), got in latest.items()}, traffic.truth)
     assert not wrong, f"{len(wrong)} wrong values, e.g. {wrong[:10]}"
 
 

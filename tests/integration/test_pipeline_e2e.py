@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import signal
 import socket
 import threading
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, produce_sync
-from tests.support.traffic import Traffic, build_traffic
+from tests.support.traffic import Traffic, build_traffic, wrong_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -58,17 +57,7 @@ def _check_store(pipe: Pipeline, traffic: Traffic) -> None:
     assert set(by_id) == set(traffic.truth), (
         f"lost {len(set(traffic.truth) - set(by_id))}, unexpected {len(set(by_id) - set(traffic.truth))}"
     )
-    wrong: list[str] = []
-    for rid, want in traffic.truth.items():
-        got = by_id[rid]
-        for key, value in want.items():
-            have = got[key]
-            if isinstance(value, float) and have is not None:
-                ok = math.isclose(have, value, rel_tol=1e-9, abs_tol=1e-6)
-            else:
-                ok = have == value
-            if not ok:
-                wrong.append(f"{rid}.{key}: want {value!r} got {have!r}")
+    wrong = wrong_values(by_id, traffic.truth)
     assert not wrong, f"{len(wrong)} wrong values, e.g. {wrong[:10]}"
     dls = pipe.query("SELECT source_partition, source_offset, reason_code FROM {db}.dead_letters FINAL")
     assert len(dls) == traffic.malformed

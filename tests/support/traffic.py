@@ -7,6 +7,7 @@ messages are malformed. The truth is what DESIGN.md's join semantics say the rec
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,23 @@ def build_traffic(
             out.messages.append((rid.encode(), _malformed(rng, rid)))
             out.malformed += 1
     return out
+
+
+def wrong_values(got: dict[str, dict[str, Any]], truth: dict[str, dict[str, Any]]) -> list[str]:
+    """``"rid.field: want … got …"`` for every ground-truth field a stored or emitted record (by request id)
+    gets wrong; floats compare to 1e-9 relative / 1e-6 absolute."""
+    wrong: list[str] = []
+    for rid, want in truth.items():
+        record = got[rid]
+        for key, value in want.items():
+            have = record.get(key)
+            if isinstance(value, float) and have is not None:
+                ok = math.isclose(have, value, rel_tol=1e-9, abs_tol=1e-6)
+            else:
+                ok = have == value
+            if not ok:
+                wrong.append(f"{rid}.{key}: want {value!r} got {have!r}")
+    return wrong
 
 
 def _malformed(rng: random.Random, rid: str) -> bytes:
