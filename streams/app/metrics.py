@@ -35,6 +35,12 @@ class WorkerMetrics:
         self.repaired_events = Counter(
             "ttft_gap_events_repaired", "Events the consumer skipped, read back and folded", registry=r
         )
+        self.join_core = Gauge(
+            "ttft_join_core_info",
+            "1 for the build of the join's core this worker runs: native (mypyc) or python",
+            ["build"],
+            registry=r,
+        )
         self.records_emitted = Counter("ttft_records_emitted", "Request records produced", ["status"], registry=r)
         self.dead_letters = Counter("ttft_dead_letters", "Messages dead-lettered", ["reason"], registry=r)
         self.consumer_lag = Gauge(
