@@ -187,6 +187,8 @@ def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traf
     from bench.pipeline import PipelineSession
 
     profile_dir = args.out if args.profile else None
+    if profile_dir is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
     wants_pipeline = "pipeline" not in args.skip
     session = PipelineSession(env, traffic) if wants_pipeline or "raw" not in args.skip else None
     if session is not None:

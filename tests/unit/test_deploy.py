@@ -161,7 +161,8 @@ def test_dockerfile_builds_a_non_root_ttft_image_with_a_healthz_check() -> None:
     by_name: dict[str, list[str]] = {}
     for name, args in instructions:
         by_name.setdefault(name, []).append(args)
-    assert by_name["FROM"] == ["python:3.11-slim"]
+    # The runtime image is slim; a first stage compiles the join's core (its .cache/native is copied on).
+    assert by_name["FROM"] == ["python:3.11 AS native", "python:3.11-slim"]
     user = by_name["USER"][-1].split(":")[0]
     assert user not in ("root", "0")
     assert json.loads(by_name["ENTRYPOINT"][-1]) == ["ttft"]
@@ -173,8 +174,13 @@ def test_dockerfile_builds_a_non_root_ttft_image_with_a_healthz_check() -> None:
     )
     assert by_name["EXPOSE"] == [ttft_env["TTFT_METRICS_PORT"]]
     for args in by_name["COPY"]:
+        if args.startswith("--from=native "):
+            assert args.split()[1:] == ["/opt/ttft/.cache/native", "./.cache/native"]
+            continue
         for source in args.split()[:-1]:
             assert (REPO / source).exists(), f"COPY source {source} missing"
+    # The native stage installs from the same sources the runtime stage copies.
+    assert "python -m streams.native_build" in " ".join(by_name["RUN"])
 
 
 # --- ClickHouse users and row policies ----------------------------------------------------------------
