@@ -1,6 +1,6 @@
 """Compile the join's core with mypyc into ``.cache/native/`` (``python -m streams.native_build``; ``make setup``).
 
-mypyc (part of mypy, already the project's type checker) turns the three typed modules of
+mypyc (part of mypy, already the project's type checker) turns the typed modules of
 :data:`streams.core.native.NATIVE_SOURCES` into one C extension. The build runs out of the source tree
 (setuptools' ``build_ext`` into ``.cache/native``), so the ``.py`` files stay what the repository holds
 and :mod:`streams.core.native` decides per process whether the binary still matches them.

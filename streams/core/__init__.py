@@ -1,6 +1,6 @@
 """The pure core: join, sketches, attribution, rules (no Kafka, no Faust; time is injected).
 
-The join's three hot modules run compiled by mypyc when a current build exists (see
+The join's hot modules run compiled by mypyc when a current build exists (see
 :mod:`streams.core.native`); this must happen before any of them is imported.
 """
 

@@ -1,13 +1,14 @@
 """Which build of the join's core this process runs: the mypyc-compiled one, or the Python source.
 
-The join folds every stage event through :mod:`streams.core.join`, :mod:`~streams.core.join_state` and
-:mod:`~streams.core.join_record`. ``make setup`` compiles exactly these three modules with mypyc
+The join folds every stage event through :mod:`streams.core.join`, :mod:`~streams.core.join_state`,
+:mod:`~streams.core.join_record` and the dead-letter guard (:mod:`~streams.core.guard`). ``make setup``
+compiles exactly these modules (:data:`NATIVE_SOURCES`) with mypyc
 (:mod:`streams.native_build`) into ``.cache/native/``, which is about 1.5x less CPU per event (issue 13).
 The source stays the truth: the compiled modules are used only while the manifest written next to them
 records the SHA-256 of the very source files in the tree, so an edited module runs as Python until the
 next ``make`` rebuilds it, never as a stale binary.
 
-:func:`activate` runs once, from ``streams/core/__init__.py``, before any of the three is imported: it puts
+:func:`activate` runs once, from ``streams/core/__init__.py``, before any of them is imported: it puts
 the compiled package directory first on ``streams.core.__path__``. ``TTFT_NATIVE=0`` keeps the pure
 source (the tests compare both). :data:`STATUS` says which one runs and why; the join logs it at start
 and exports it as ``ttft_join_core_info``.
@@ -23,7 +24,12 @@ from pathlib import Path
 from typing import Final
 
 #: The modules compiled, relative to the repository root (the order of the manifest).
-NATIVE_SOURCES: Final = ("streams/core/join.py", "streams/core/join_state.py", "streams/core/join_record.py")
+NATIVE_SOURCES: Final = (
+    "streams/core/join.py",
+    "streams/core/join_state.py",
+    "streams/core/join_record.py",
+    "streams/core/guard.py",
+)
 REPO: Final = Path(__file__).resolve().parents[2]
 NATIVE_ROOT: Final = REPO / ".cache" / "native"
 MANIFEST: Final = NATIVE_ROOT / "manifest.json"
