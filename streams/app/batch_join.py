@@ -220,8 +220,7 @@ class BatchJoin:
             if tp.partition not in self.owned:
                 self._refetch_later(tp, records[0].offset)
                 continue
-            for record in records:
-                self._fold(record, now, outputs)
+            self._fold(records, now, outputs)
             commits[tp] = self._next[tp.partition] = records[-1].offset + 1
             count += len(records)
         m.events_consumed.inc(count)
@@ -241,33 +240,36 @@ class BatchJoin:
         m.unacked_events.set(0)
         self._update_lag(commits)
 
-    def _fold(self, record: ConsumerRecord[Any, Any], now: float, outputs: Outputs) -> None:
+    def _fold(self, records: list[ConsumerRecord[Any, Any]], now: float, outputs: Outputs) -> None:
+        """Decode and fold one partition's records in order (the per-event loop: names bound once)."""
         caps = self.settings.caps
-        p = record.partition
-        append_time = record.timestamp if record.timestamp_type == 1 else None  # LogAppendTime: the broker's
-        decoded = decode_stage_event(
-            record.value,
-            record.key,
-            record.topic,
-            p,
-            record.offset,
-            record.timestamp,
-            caps,
-            now,
-            append_time_ms=append_time,
-        )
-        if self.guard.observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
-            self._halt(decoded, record)
-        if self.guard.newly_quarantined:
-            report_quarantines(self.settings, self.guard, self.metrics)
-        if isinstance(decoded, DeadLetter):
-            self._add_dead_letter(outputs, p, decoded)
-            return
-        for out in self.core.add(decoded, p, now, offset=record.offset):
-            if isinstance(out, TenantMismatch | Refusal):
-                self._add_dead_letter(outputs, p, out.to_dead_letter(_Source(record), now, caps))
-            else:
-                self._add_record(outputs, p, out)
+        guard, add, decode = self.guard, self.core.add, decode_stage_event
+        for record in records:
+            p = record.partition
+            append_time = record.timestamp if record.timestamp_type == 1 else None  # LogAppendTime: the broker's
+            decoded = decode(
+                record.value,
+                record.key,
+                record.topic,
+                p,
+                record.offset,
+                record.timestamp,
+                caps,
+                now,
+                append_time_ms=append_time,
+            )
+            if guard.observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
+                self._halt(decoded, record)
+            if guard.newly_quarantined:
+                report_quarantines(self.settings, guard, self.metrics)
+            if isinstance(decoded, DeadLetter):
+                self._add_dead_letter(outputs, p, decoded)
+                continue
+            for out in add(decoded, p, now, offset=record.offset):
+                if isinstance(out, dict):
+                    self._add_record(outputs, p, out)
+                else:
+                    self._add_dead_letter(outputs, p, out.to_dead_letter(_Source(record), now, caps))
 
     def _refetch_later(self, tp: TopicPartition, offset: int) -> None:
         """Records of a partition whose state is not restored yet: never fold them, never skip them. The
