@@ -41,7 +41,7 @@ from streams.app.join_guard import halt_alert, report_quarantines, sync_counter
 from streams.app.metrics import WorkerMetrics
 from streams.app.partition_reader import PartitionReader
 from streams.core.guard import DeadLetterGuard
-from streams.core.join import Refusal, RequestJoin, TenantMismatch
+from streams.core.join import RequestJoin
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.topics import ensure_named_topics, kafka_client_kwargs
 from streams.settings import Settings
