@@ -46,8 +46,10 @@ MISSING_KEY = "Kafka key is missing; it must be the request_id in UTF-8"
 Message = tuple[bytes | None, bytes]
 
 
-def _kcat() -> str:
-    """The kcat binary; a missing one fails the test (a broken set-up), never skips it."""
+@pytest.fixture(scope="session")
+def kcat() -> str:
+    """The kcat binary; a missing one fails the test (a broken set-up), never skips it. Session-scoped and
+    requested first, so it fails before the broker fixture starts (or skips for want of java)."""
     path = shutil.which("kcat")
     if path is None:
         pytest.fail("kcat not installed: run `make kcat` (deploy/kcat/install.sh, Debian package kcat)", pytrace=False)
@@ -178,8 +180,7 @@ def _event(rid: str, stage: str, ts_ms: float, **extra: Any) -> bytes:
     return orjson.dumps({**body, **extra})
 
 
-def test_kcat_produced_input_is_joined_exactly(kafka_settings: Any, tmp_path: Path) -> None:
-    kcat = _kcat()
+def test_kcat_produced_input_is_joined_exactly(kcat: str, kafka_settings: Any, tmp_path: Path) -> None:
     bootstrap, topic = kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events")
     now = time.time() * 1000
 
