@@ -124,9 +124,7 @@ def _kcat_arg(byte: int) -> str:
     return f"\\x{byte:02x}"
 
 
-def _produce_with_kcat(
-    kcat: str, bootstrap: str, topic: str, path: Path, messages: list[Message], args: list[str]
-) -> float:
+def _produce_with_kcat(kcat: str, bootstrap: str, topic: str, path: Path, args: list[str]) -> float:
     """Run ``kcat -P -l path`` with ``args``; returns its seconds. Fails with kcat's stderr."""
     cmd = [kcat, "-P", "-b", bootstrap, "-t", topic, *args, "-l", str(path)]
     started = time.monotonic()
@@ -243,11 +241,11 @@ def test_kcat_produced_input_is_joined_exactly(kcat: str, kafka_settings: Any, t
         pipe.wait_healthy(join)
         seconds = [
             _produce_with_kcat(
-                kcat, bootstrap, topic, tmp_path / "a.kcat", run_a,
+                kcat, bootstrap, topic, tmp_path / "a.kcat",
                 [*murmur2, "-K", _kcat_arg(key_delim[0]), "-D", _kcat_arg(msg_delim[0])],
             ),
-            _produce_with_kcat(kcat, bootstrap, topic, tmp_path / "b.kcat", run_b, []),
-            _produce_with_kcat(kcat, bootstrap, topic, tmp_path / "c.kcat", run_c, [*murmur2, "-K", "\\t"]),
+            _produce_with_kcat(kcat, bootstrap, topic, tmp_path / "b.kcat", []),
+            _produce_with_kcat(kcat, bootstrap, topic, tmp_path / "c.kcat", [*murmur2, "-K", "\\t"]),
         ]  # fmt: skip
         print(f"kcat runs: {', '.join(f'{s:.2f} s' for s in seconds)} for {len(produced)} messages")
 
