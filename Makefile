@@ -12,9 +12,9 @@ OTEL_DIR := $(CACHE)/otel
 OTEL_STAMP := $(OTEL_DIR)/.built-$(shell cat deploy/otel/builder-config.yaml 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-otel test lint bench clean kafka-jars alertmanager venv otelcol native
+.PHONY: setup demo demo-otel test lint bench clean kafka-jars alertmanager kcat venv otelcol native
 
-setup: venv native kafka-jars alertmanager
+setup: venv native kafka-jars alertmanager kcat
 
 venv: $(VENV_STAMP)
 
@@ -40,6 +40,9 @@ $(KAFKA_STAMP): deploy/kafka/pom.xml
 
 alertmanager:
 	@deploy/alertmanager/install.sh
+
+kcat:
+	@deploy/kcat/install.sh
 
 # The OpenTelemetry Collector (otelcol-ttft) of `ttft otel up` and the tests, built with the Collector
 # Builder from the pinned manifest: ~6 minutes and ~3 GB of Go caches cold, seconds once built. `make test`
