@@ -94,15 +94,40 @@ def store_form(record: dict[str, Any]) -> dict[str, Any]:
     return _record(_row(record))[0]
 
 
-def _insert_rows(client: Client, database: str, rows: list[list[Any]]) -> None:
-    if rows:
-        client.insert(
-            "requests",
-            rows,
-            column_names=list(INSERT_COLUMNS),
-            database=check_identifier(database),
-            settings=SYNC_INSERT,
-        )
+def _columns(
+    records: Sequence[dict[str, Any]], amendment_ids: Sequence[Sequence[str]] | None = None
+) -> list[list[Any]]:
+    """The insert's columns (``INSERT_COLUMNS`` order): the values :func:`_row` gives, built one column at a
+    time. A batch then allocates a list per column, not a list per row plus copies of every row's
+    collections; the store serialises columns anyway, so it need not transpose rows either."""
+    columns: list[list[Any]] = []
+    for name in RECORD_FIELDS:
+        if name in TIME_FIELDS:
+            columns.append([None if (v := r.get(name)) is None else round(v) for r in records])
+        elif name == "missing_stages":
+            columns.append([v if type(v := r.get(name)) is list else list(v or ()) for r in records])
+        elif name in ("custom_stages", "stage_repeats"):
+            columns.append([v if type(v := r.get(name)) is dict else dict(v or {}) for r in records])
+        elif name in _DEFAULTS:
+            default = _DEFAULTS[name]
+            columns.append([r.get(name, default) for r in records])
+        else:
+            columns.append([r[name] for r in records])  # a required field: a KeyError names it
+    columns.append([list(ids) for ids in amendment_ids] if amendment_ids is not None else [[] for _ in records])
+    return columns
+
+
+def _insert_columns(client: Client, database: str, columns: list[list[Any]]) -> None:
+    if not columns[0]:
+        return
+    client.insert(
+        "requests",
+        columns,
+        column_names=list(INSERT_COLUMNS),
+        database=check_identifier(database),
+        column_oriented=True,
+        settings=SYNC_INSERT,
+    )
 
 
 def insert_requests(client: Client, database: str, records: Sequence[dict[str, Any]]) -> None:
@@ -110,7 +135,7 @@ def insert_requests(client: Client, database: str, records: Sequence[dict[str, A
 
     Records flagged ``amend`` belong to :func:`apply_amendments`.
     """
-    _insert_rows(client, database, [_row(r) for r in records])
+    _insert_columns(client, database, _columns(records))
 
 
 def amendment_id(amendment: dict[str, Any]) -> str:
@@ -149,7 +174,7 @@ def apply_amendments(
             continue
         result = merge_fn(record, amendment)
         merged[key] = ({**result, "amend": bool(record.get("amend"))}, [*ids, ident])
-    _insert_rows(client, database, [_row(record, ids) for record, ids in merged.values()])
+    _insert_columns(client, database, _columns([r for r, _ in merged.values()], [ids for _, ids in merged.values()]))
     return [record for record, _ in merged.values()]
 
 
