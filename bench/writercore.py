@@ -93,7 +93,7 @@ async def run_pass(records: list[tuple[bytes, bytes]], batch: int, home: Path, d
     closer = WindowCloser(settings, metrics, writer.store_call, _no_publish, background=True)
 
     async def on_batch(recs: list[dict[str, Any]]) -> None:
-        await closer.on_records(recs, polled_s=0.0)
+        await closer.on_records(recs, polled_s=0.0, serialised=writer.batch_values)
 
     writer.hooks.append(on_batch)
     totals: dict[str, float] = {}

@@ -79,6 +79,10 @@ class StoreWriter:
         self.on_stop: list[Callable[[], Any]] = []
         #: Join watermark heartbeats (source partition, requests partition, ms) read since the last hook.
         self.heartbeats: list[tuple[int, int, float]] = []
+        #: While the hooks run: ``id(record) -> (record, message bytes)`` of each record decoded from a
+        #: message (a record merged from amendments has none). The window memory keeps these bytes instead
+        #: of encoding the record again; the record is held so that its id cannot be reused meanwhile.
+        self.batch_values: dict[int, tuple[dict[str, Any], bytes]] = {}
         self._fault = fault_injector
         self._stopping = asyncio.Event()
         self._clock = clock
@@ -199,7 +203,8 @@ class StoreWriter:
         dead_letters: list[dict[str, Any]] = []
         heartbeats: list[tuple[int, int, float]] = []
         offsets: dict[TopicPartition, int] = {}
-        sources: dict[int, tuple[TopicPartition, ConsumerRecord[bytes, bytes]]] = {}
+        #: id(record) -> (record, where it came from); holding the record keeps its id unique in the batch.
+        sources: dict[int, tuple[dict[str, Any], TopicPartition, ConsumerRecord[bytes, bytes]]] = {}
         n = 0
         for tp, messages in batch.items():
             offsets[tp] = messages[-1].offset + 1
@@ -216,7 +221,7 @@ class StoreWriter:
                     self.join_stats.observe(beat)
                     continue
                 value = orjson.loads(msg.value)
-                sources[id(value)] = (tp, msg)
+                sources[id(value)] = (value, tp, msg)
                 if value.get("amend"):
                     amendments.append(value)
                 else:
@@ -246,10 +251,14 @@ class StoreWriter:
             await self._insert("dead_letters", insert_dead_letters, db, dead_letters)
             self.metrics.dead_letters_written.inc(len(dead_letters))
         self.heartbeats.extend(heartbeats)
-        for hook in self.hooks:
-            result = hook(records)
-            if asyncio.iscoroutine(result):
-                await result
+        self.batch_values = {id(value): (value, msg.value or b"") for value, _, msg in sources.values()}
+        try:
+            for hook in self.hooks:
+                result = hook(records)
+                if asyncio.iscoroutine(result):
+                    await result
+        finally:
+            self.batch_values = {}
         await self.consumer.commit(offsets)
         self.metrics.unacked_records.set(0)
         for tp, committed in offsets.items():
@@ -262,10 +271,10 @@ class StoreWriter:
         self,
         record: dict[str, Any],
         reason: str,
-        sources: dict[int, tuple[TopicPartition, ConsumerRecord[bytes, bytes]]],
+        sources: dict[int, tuple[dict[str, Any], TopicPartition, ConsumerRecord[bytes, bytes]]],
     ) -> dict[str, Any]:
         """The ``store_rejected`` dead letter of a record the store refused (its own message's bytes)."""
-        tp, msg = sources[id(record)]
+        _, tp, msg = sources[id(record)]
         letter = make_dead_letter(
             "store_rejected",
             f"the store refused the row: {reason}",
