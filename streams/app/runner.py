@@ -170,6 +170,7 @@ async def _writer_main(settings: Settings, worker_id: str, metrics_port: int) ->
     try:
         await writer.start()
         await install_hooks(writer, settings, metrics)
+        _freeze_startup_objects()  # as the join does: full collections then skip the start-up heap
         await writer.run()
     finally:
         await runner.cleanup()
