@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from streams.store.requests_store import INSERT_COLUMNS, RECORD_FIELDS, _columns, _row
 from tests.support.records import make_record
 
@@ -27,11 +29,19 @@ def _varied_records() -> list[dict[str, Any]]:
     return [full, sparse, as_tuples, rounded]
 
 
-def test_columns_hold_the_values_of_the_rows() -> None:
+@pytest.mark.parametrize("complete_only", [True, False], ids=["every-field", "sparse-record"])
+def test_columns_hold_the_values_of_the_rows(complete_only: bool) -> None:
     records = _varied_records()
+    if complete_only:  # as the join emits them: read in one call per record, then transposed
+        records = [r for r in records if set(RECORD_FIELDS) <= set(r)]
+        assert len(records) == 3
     columns = _columns(records)
     assert len(columns) == len(INSERT_COLUMNS)
     assert [list(row) for row in zip(*columns, strict=True)] == [_row(r) for r in records]
+
+
+def test_no_records_no_rows() -> None:
+    assert _columns([]) == [[] for _ in INSERT_COLUMNS]
 
 
 def test_amendment_ids_fill_the_last_column() -> None:
