@@ -169,7 +169,7 @@ def run_writer(settings: Settings, worker_id: str, metrics_port: int) -> int:
 
 
 async def _writer_main(settings: Settings, worker_id: str, metrics_port: int) -> int:
-    from streams.app.writer import StoreWriter
+    from streams.app.writer import LINGER_MS, StoreWriter
     from streams.app.writer_hooks import install_hooks
 
     metrics = WorkerMetrics("writer", worker_id)
@@ -177,13 +177,14 @@ async def _writer_main(settings: Settings, worker_id: str, metrics_port: int) ->
     runner, port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
     run_file = _write_run_file(settings, "writer", worker_id, port)
     log.warning("writer %s: metrics on http://%s:%d/metrics", worker_id, settings.metrics_host, port)
-    writer = StoreWriter(settings, metrics, fault_injector=_fault_from_env())
+    writer = StoreWriter(settings, metrics, linger_ms=LINGER_MS, fault_injector=_fault_from_env())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(writer.stop()))
     try:
         await writer.start()
         await install_hooks(writer, settings, metrics)
+        _freeze_startup_objects()  # as the join does: full collections then skip the start-up heap
         await writer.run()
     finally:
         await runner.cleanup()

@@ -41,7 +41,7 @@ import orjson
 from streams.app.arms import arms_from_records
 from streams.app.metrics import WorkerMetrics
 from streams.app.shared_windows import RECONCILE_S, RECONCILE_WINDOWS, SharedProgress
-from streams.app.window_memory import WindowMemory, aggregate_held, close_process_init
+from streams.app.window_memory import Serialised, WindowMemory, aggregate_held, close_process_init
 from streams.core.series import SeriesAdmission
 from streams.core.watermarks import SourceWatermarks
 from streams.core.windows import WindowAggregates, aggregate_window
@@ -190,11 +190,18 @@ class WindowCloser:
 
     # --- per batch ------------------------------------------------------------------------------
 
-    async def on_records(self, records: list[dict[str, Any]], *, polled_s: float) -> None:
+    async def on_records(
+        self,
+        records: list[dict[str, Any]],
+        *,
+        polled_s: float,
+        serialised: Serialised | None = None,
+    ) -> None:
         """Book a committed batch of records and close what became due.
 
         ``polled_s``: how long the poll that brought this batch waited for messages. Without records (an
         empty poll, or one of dead letters or heartbeats only) it adds to the idle time; records reset it.
+        ``serialised``: ``id(record) -> (record, the bytes it was decoded from)`` (see WindowMemory.add).
         """
         self._raise_failure()
         now = self.clock()
@@ -214,7 +221,7 @@ class WindowCloser:
         if shared:  # this writer's copy would be partial: closes read the store
             self.memory.forget(self.memory.windows())
         else:
-            self.memory.add(held)
+            self.memory.add(held, serialised)
         self.metrics.window_held_records.set(self.memory.held_records)
         self._idle_s = 0.0 if records else self._idle_s + max(0.0, polled_s)
         if self.all_partitions is not None and not self.request_partitions:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -28,6 +28,8 @@ from streams.settings import Settings
 from streams.store.requests_store import request_key, store_form
 
 Fingerprint = tuple[int, int]
+#: ``id(record) -> (record, the JSON it was decoded from)``: what the writer read, for WindowMemory.add.
+Serialised = Mapping[int, tuple[dict[str, Any], bytes]]
 
 
 class _Held:
@@ -47,8 +49,14 @@ class WindowMemory:
         self._spilled: set[int] = set()
         self.held_records = 0
 
-    def add(self, records: Iterable[dict[str, Any]]) -> None:
-        """Keep each record under its window (records of windows already taken must not be passed)."""
+    def add(self, records: Iterable[dict[str, Any]], serialised: Serialised | None = None) -> None:
+        """Keep each record under its window (records of windows already taken must not be passed).
+
+        ``serialised`` maps ``id(record)`` to ``(record, the JSON it was decoded from)`` (the Kafka message);
+        those bytes are kept as they are: encoding the record again would cost the writer about as much as
+        decoding it did. A record not in it (or another object under its id) is encoded here.
+        """
+        blobs = serialised or {}
         for record in records:
             ws = int(record["window_start"])
             if ws in self._spilled:
@@ -67,8 +75,12 @@ class WindowMemory:
             elif self.held_records >= self.max_records:
                 self.spill(ws)
                 continue
-            # An exact-size copy: orjson's output keeps its whole write buffer allocated (~16 KB a record).
-            held.records[key] = (version, memoryview(orjson.dumps(record)).tobytes())
+            source = blobs.get(id(record))
+            blob = source[1] if source is not None and source[0] is record else None
+            if blob is None:
+                # An exact-size copy: orjson's output keeps its whole write buffer allocated (~16 KB a record).
+                blob = memoryview(orjson.dumps(record)).tobytes()
+            held.records[key] = (version, blob)
             held.version_sum += version
             self.held_records += 1
 

@@ -100,7 +100,7 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
         writer.heartbeats.clear()
         closer.request_partitions = writer.request_partitions()
         closer.all_partitions = writer.all_request_partitions()
-        await closer.on_records(records, polled_s=writer.last_poll_s)
+        await closer.on_records(records, polled_s=writer.last_poll_s, serialised=writer.batch_values)
         await publisher.flush()
 
     writer.hooks.append(on_batch)

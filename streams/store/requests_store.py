@@ -13,6 +13,7 @@ after ``FINAL``; every read here uses ``FINAL``.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -94,15 +95,68 @@ def store_form(record: dict[str, Any]) -> dict[str, Any]:
     return _record(_row(record))[0]
 
 
-def _insert_rows(client: Client, database: str, rows: list[list[Any]]) -> None:
-    if rows:
-        client.insert(
-            "requests",
-            rows,
-            column_names=list(INSERT_COLUMNS),
-            database=check_identifier(database),
-            settings=SYNC_INSERT,
-        )
+_ALL_FIELDS = operator.itemgetter(*RECORD_FIELDS)
+_TIME_COLUMNS = tuple(i for i, name in enumerate(RECORD_FIELDS) if name in TIME_FIELDS)
+_ARRAY_COLUMNS = tuple(i for i, name in enumerate(RECORD_FIELDS) if name == "missing_stages")
+_MAP_COLUMNS = tuple(i for i, name in enumerate(RECORD_FIELDS) if name in ("custom_stages", "stage_repeats"))
+
+
+def _columns(
+    records: Sequence[dict[str, Any]], amendment_ids: Sequence[Sequence[str]] | None = None
+) -> list[list[Any]]:
+    """The insert's columns (``INSERT_COLUMNS`` order): the values :func:`_row` gives, built one column at a
+    time. A batch then allocates a list per column, not a list per row plus copies of every row's
+    collections; the store serialises columns anyway, so it need not transpose rows either.
+
+    Records as the join emits them carry every field: they are read in one C call each and transposed by
+    ``zip``, and only the time and collection columns are converted. A record lacking a field (optional
+    ones default, as in :func:`_row`) sends the batch through the field-by-field path."""
+    try:
+        columns = [list(column) for column in zip(*map(_ALL_FIELDS, records), strict=True)]
+    except KeyError:
+        columns = _columns_by_field(records)
+    else:
+        if not columns:
+            columns = [[] for _ in RECORD_FIELDS]
+        for i in _TIME_COLUMNS:
+            columns[i] = [None if v is None else round(v) for v in columns[i]]
+        for i in _ARRAY_COLUMNS:
+            columns[i] = [v if type(v) is list else list(v or ()) for v in columns[i]]
+        for i in _MAP_COLUMNS:
+            columns[i] = [v if type(v) is dict else dict(v or {}) for v in columns[i]]
+    columns.append([list(ids) for ids in amendment_ids] if amendment_ids is not None else [[] for _ in records])
+    return columns
+
+
+def _columns_by_field(records: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    """The record columns of :func:`_columns` for records that may lack optional fields."""
+    columns: list[list[Any]] = []
+    for name in RECORD_FIELDS:
+        if name in TIME_FIELDS:
+            columns.append([None if (v := r.get(name)) is None else round(v) for r in records])
+        elif name == "missing_stages":
+            columns.append([v if type(v := r.get(name)) is list else list(v or ()) for r in records])
+        elif name in ("custom_stages", "stage_repeats"):
+            columns.append([v if type(v := r.get(name)) is dict else dict(v or {}) for r in records])
+        elif name in _DEFAULTS:
+            default = _DEFAULTS[name]
+            columns.append([r.get(name, default) for r in records])
+        else:
+            columns.append([r[name] for r in records])  # a required field: a KeyError names it
+    return columns
+
+
+def _insert_columns(client: Client, database: str, columns: list[list[Any]]) -> None:
+    if not columns[0]:
+        return
+    client.insert(
+        "requests",
+        columns,
+        column_names=list(INSERT_COLUMNS),
+        database=check_identifier(database),
+        column_oriented=True,
+        settings=SYNC_INSERT,
+    )
 
 
 def insert_requests(client: Client, database: str, records: Sequence[dict[str, Any]]) -> None:
@@ -110,7 +164,7 @@ def insert_requests(client: Client, database: str, records: Sequence[dict[str, A
 
     Records flagged ``amend`` belong to :func:`apply_amendments`.
     """
-    _insert_rows(client, database, [_row(r) for r in records])
+    _insert_columns(client, database, _columns(records))
 
 
 def amendment_id(amendment: dict[str, Any]) -> str:
@@ -149,7 +203,7 @@ def apply_amendments(
             continue
         result = merge_fn(record, amendment)
         merged[key] = ({**result, "amend": bool(record.get("amend"))}, [*ids, ident])
-    _insert_rows(client, database, [_row(record, ids) for record, ids in merged.values()])
+    _insert_columns(client, database, _columns([r for r, _ in merged.values()], [ids for _, ids in merged.values()]))
     return [record for record, _ in merged.values()]
 
 

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import WindowCloser
 from streams.app.window_memory import WindowMemory, decode_held
@@ -36,6 +38,18 @@ def _records(n: int, ws: int = WS) -> list[dict[str, Any]]:
         )
         for i in range(n)
     ]
+
+
+def test_the_bytes_a_record_was_read_from_are_held_as_they_are() -> None:
+    memory = WindowMemory(max_records=100)
+    read, merged = _records(2)
+    wire = orjson.dumps(read)
+    stale_id = {id(merged): ({**merged}, b"not this one")}  # another object under the id: encoded again
+    memory.add([read, merged], {id(read): (read, wire), **stale_id})
+    blobs = memory.take(WS)
+    assert blobs is not None and wire in blobs and any(b is wire for b in blobs)
+    assert b"not this one" not in blobs
+    assert decode_held(blobs) == [store_form(read), store_form(merged)]
 
 
 def test_the_highest_record_version_wins_like_final_and_the_fingerprint_follows() -> None:

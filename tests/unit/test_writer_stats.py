@@ -155,11 +155,12 @@ class FakeClient:
         self.inserted: dict[str, int] = {}
         self.stats_attempts = 0
 
-    def insert(self, table: str, rows: list[list[Any]], **_: Any) -> None:
+    def insert(self, table: str, data: list[list[Any]], column_oriented: bool = False, **_: Any) -> None:
         if table == "pipeline_stats":
             self.stats_attempts += 1
             raise OSError("pipeline_stats is on fire")
-        self.inserted[table] = self.inserted.get(table, 0) + len(rows)
+        rows = len(data[0]) if column_oriented else len(data)
+        self.inserted[table] = self.inserted.get(table, 0) + rows
 
 
 class FakeConsumer:
