@@ -30,11 +30,10 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaConsumer
 from aiokafka.partitioner import DefaultPartitioner
 
-from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env
+from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, topic_partitions
 from tests.support.traffic import build_traffic, wrong_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -139,13 +138,7 @@ def _produce_with_kcat(kcat: str, bootstrap: str, topic: str, path: Path, args: 
 
 async def _read_back(bootstrap: str, topic: str, expected: int) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """Every message of ``topic`` as (partition, offset, key, value), read without a consumer group."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    tps = [TopicPartition(topic, p["partition"]) for d in described for p in d["partitions"]]
+    tps = await topic_partitions(bootstrap, topic)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     out: list[tuple[int, int, bytes | None, bytes | None]] = []

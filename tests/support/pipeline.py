@@ -217,9 +217,9 @@ def group_lag(bootstrap: str, group: str, topics: Sequence[str]) -> int:
     return asyncio.run(_group_lag(bootstrap, group, topics))
 
 
-async def read_topic(bootstrap: str, topic: str, timeout_ms: int = 3_000) -> list[tuple[bytes | None, bytes]]:
-    """Every (key, value) currently in ``topic``, read without a consumer group."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+async def topic_partitions(bootstrap: str, topic: str) -> list[Any]:
+    """The ``TopicPartition`` of every partition of ``topic``, as the broker describes it."""
+    from aiokafka import TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -228,7 +228,14 @@ async def read_topic(bootstrap: str, topic: str, timeout_ms: int = 3_000) -> lis
         described = await admin.describe_topics([topic])
     finally:
         await admin.close()
-    tps = [TopicPartition(topic, p["partition"]) for d in described for p in d["partitions"]]
+    return [TopicPartition(topic, p["partition"]) for d in described for p in d["partitions"]]
+
+
+async def read_topic(bootstrap: str, topic: str, timeout_ms: int = 3_000) -> list[tuple[bytes | None, bytes]]:
+    """Every (key, value) currently in ``topic``, read without a consumer group."""
+    from aiokafka import AIOKafkaConsumer
+
+    tps = await topic_partitions(bootstrap, topic)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     out: list[tuple[bytes | None, bytes]] = []
