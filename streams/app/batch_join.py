@@ -10,6 +10,12 @@ What is durable when (the same order as the Faust adapter, per fetched batch rat
 4. One state write per touched request goes to the compacted changelog, batched and **awaited**.
 5. Only then are the batch's offsets committed.
 
+Steps 3-5 of one fetch (its *completion*) run while the next fetch is folded: the fold yields to the
+event loop every ``FOLD_SLICE`` records, so the acknowledgements and the commit of batch N arrive during
+the fold of N+1 instead of stalling it. At most one completion is in flight, and the next one starts only
+after it ended, so records, state and offsets stay in that order across batches too. A completion that
+fails ends the process before anything later is committed.
+
 A crash before 5 replays the batch: the changelog state recognises the events already folded (by source
 offset), and a record emitted twice is absorbed by the store. A batch that raises ends the process with
 nothing committed. On revocation the in-flight batch is finished and committed before the partitions go;
@@ -29,6 +35,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -53,6 +60,8 @@ HEARTBEAT_INTERVAL_MS = 500.0
 EXIT_INGEST_HALTED = 3
 EXIT_BATCH_FAILED = 1
 _POLL_MS = 200
+#: Records folded between two yields to the event loop (the in-flight completion progresses there).
+FOLD_SLICE = 250
 
 #: The changelog keeps close to its live keys (open and remembered requests): compacted, with segments
 #: closed every 10 minutes so compaction can reach them, which bounds the restore after a rebalance.
@@ -65,6 +74,17 @@ CHANGELOG_CONFIGS: dict[str, str] = {
 Key = bytes | None
 #: (topic, partition) -> [(key, value)], in production order.
 Outputs = dict[tuple[str, int], list[tuple[Key, bytes | None]]]
+
+
+@dataclass
+class Completion:
+    """What one folded fetch still owes: its records (then heartbeats), its state, then its offsets."""
+
+    outputs: Outputs = field(default_factory=lambda: defaultdict(list))
+    state: Outputs = field(default_factory=lambda: defaultdict(list))
+    commits: dict[TopicPartition, int] = field(default_factory=dict)
+    events: int = 0
+    flush: bool = False
 
 
 def join_group_id(settings: Settings) -> str:
@@ -134,6 +154,9 @@ class BatchJoin:
         self._emitted_by_status: dict[str, Any] = {}  # status -> its records_emitted child
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
+        #: The previous fetch's completion while the next one is folded (at most one; see the docstring).
+        self._inflight: asyncio.Future[None] | None = None
+        self._unacked = 0
         metrics.health["status"] = "starting"
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -177,14 +200,17 @@ class BatchJoin:
                     break  # fetched, not folded, not committed: the next owner reads it again
                 async with self._lock:
                     try:
-                        await self.process(batch)
+                        await self.step(batch)
                     except _Halted as halted:
                         await self._page_and_exit(halted)
                     except Exception:
-                        log.critical("join batch failed; exiting so a restart replays it", exc_info=True)
-                        sys.stderr.flush()
-                        os._exit(EXIT_BATCH_FAILED)
+                        _exit_uncommitted("join batch failed")
         finally:
+            try:
+                async with self._lock:
+                    await self.settle()
+            except Exception:  # nothing after the failed step was committed: the next owner re-reads it
+                log.warning("the last batch's completion failed at stop", exc_info=True)
             await self._close()
 
     def stop(self) -> None:
@@ -208,37 +234,71 @@ class BatchJoin:
     # --- one step ---------------------------------------------------------------------------------
 
     async def process(self, batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> None:
-        """Fold one fetch, produce its outputs and state, then commit its offsets."""
+        """Fold one fetch, produce its outputs and state, then commit its offsets (a step, then settle)."""
+        await self.step(batch)
+        await self.settle()
+
+    async def step(self, batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> None:
+        """Fold one fetch, wait for the previous completion, then start this one's (in the background)."""
+        done = await self._fold_batch(batch)
+        await self.settle()
+        if done.flush or done.commits:
+            self._inflight = asyncio.ensure_future(self._complete(done))
+
+    async def settle(self) -> None:
+        """Wait for the completion in flight; its error (if any) is raised here."""
+        task, self._inflight = self._inflight, None
+        if task is not None:
+            await task
+
+    async def _fold_batch(self, batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> Completion:
+        """Decode and fold a fetch, run the idle tick, and collect what must be produced and committed."""
         m = self.metrics
         now = self._wall() * 1000.0
-        outputs: Outputs = defaultdict(list)
-        commits: dict[TopicPartition, int] = {}
-        count = 0
+        done = Completion()
+        outputs = done.outputs
         for tp, records in batch.items():
             if not records:
                 continue
             if tp.partition not in self.owned:
                 self._refetch_later(tp, records[0].offset)
                 continue
-            self._fold(records, now, outputs)
-            commits[tp] = self._next[tp.partition] = records[-1].offset + 1
-            count += len(records)
-        m.events_consumed.inc(count)
-        m.unacked_events.set(count)
+            for start in range(0, len(records), FOLD_SLICE):
+                if start:
+                    await asyncio.sleep(0)  # lets the previous completion and the fetcher progress
+                self._fold(records[start : start + FOLD_SLICE], now, outputs)
+            done.commits[tp] = self._next[tp.partition] = records[-1].offset + 1
+            done.events += len(records)
+        m.events_consumed.inc(done.events)
+        self._unacked += done.events
+        m.unacked_events.set(self._unacked)
         for partition in sorted(self.owned):
             caught_up = self._idle(partition)
-            if caught_up or TopicPartition(self.topic, partition) in commits:
+            if caught_up or TopicPartition(self.topic, partition) in done.commits:
                 for record in self.core.advance(partition, now, caught_up):
                     self._add_record(outputs, partition, record)
-        if outputs or self.core.has_dirty() or self._heartbeat_due(now):
-            await self._flush(outputs, now)
-        if commits:
+        done.flush = bool(outputs) or self.core.has_dirty() or self._heartbeat_due(now)
+        if done.flush:
+            self._add_heartbeats(outputs, now)
+            for request_id, (partition, packed) in self.core.dirty().items():
+                done.state[(self.changelog, partition)].append((request_id.encode(), packed))
+        return done
+
+    async def _complete(self, done: Completion) -> None:
+        """Records and dead letters, awaited; then state, awaited; then the offsets are committed."""
+        m = self.metrics
+        if done.flush:
+            await self._produce(done.outputs)
+            await self._produce(done.state)
+            self._sync_metrics()
+        if done.commits:
             assert self.consumer is not None
-            await self.consumer.commit(commits)
-            m.events_acked.inc(count)
+            await self.consumer.commit(done.commits)
+            m.events_acked.inc(done.events)
             m.batches.inc()
-        m.unacked_events.set(0)
-        self._update_lag(commits)
+        self._unacked -= done.events
+        m.unacked_events.set(self._unacked)
+        self._update_lag(done.commits)
 
     def _fold(self, records: list[ConsumerRecord[Any, Any]], now: float, outputs: Outputs) -> None:
         """Decode and fold one partition's records in order (the per-event loop: names bound once)."""
@@ -315,14 +375,7 @@ class BatchJoin:
         target = source % self._partitions[self.dead_letter_topic]
         outputs[(self.dead_letter_topic, target)].append((key, dl.model_dump_json().encode()))
 
-    async def _flush(self, outputs: Outputs, now: float) -> None:
-        """Records and dead letters, awaited; then state, awaited. Heartbeats ride behind the records."""
-        self._add_heartbeats(outputs, now)
-        await self._produce(outputs)
-        state: Outputs = defaultdict(list)
-        for request_id, (partition, packed) in self.core.dirty().items():
-            state[(self.changelog, partition)].append((request_id.encode(), packed))
-        await self._produce(state)
+    def _sync_metrics(self) -> None:
         c, m = self.core.counters, self.metrics
         m.open_requests.set(self.core.open_requests)
         sync_counter(m.duplicates, c.duplicates)
@@ -428,11 +481,22 @@ class BatchJoin:
     async def revoked(self, partitions: set[int]) -> None:
         """Wait for the batch in flight (committed when it ends), then drop the state of lost partitions."""
         async with self._lock:
+            try:
+                await self.settle()  # the last batch's offsets are committed while the partitions are ours
+            except Exception:
+                _exit_uncommitted("join batch failed during a rebalance")
             gone = partitions & self.owned
             self.core.revoke(gone)
             self.owned -= gone
             for partition in gone:
                 self._next.pop(partition, None)
+
+
+def _exit_uncommitted(what: str) -> None:
+    """End the process now, with nothing of the failed batch (or any later one) committed."""
+    log.critical("%s; exiting so a restart replays it", what, exc_info=True)
+    sys.stderr.flush()
+    os._exit(EXIT_BATCH_FAILED)
 
 
 class _Halted(Exception):

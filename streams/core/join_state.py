@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import orjson
 
-from schemas.events import StageEvent
+from schemas.events import KNOWN_ATTRS, StageEvent
 from schemas.records import ATTR_COLUMNS
 from schemas.vocabulary import KNOWN_STAGES
 
@@ -75,6 +75,8 @@ _ATTR_OWNERS: Final[dict[str, tuple[str, ...]]] = {
 }
 _N_ATTRS: Final = len(ATTR_COLUMNS)
 _ATTR_INDEX: Final[dict[str, int]] = {name: i for i, name in enumerate(ATTR_COLUMNS)}
+#: Every well-known attr of the input contract, unset (the start of an event's content digest).
+_NO_ATTRS: Final[dict[str, Any]] = dict.fromkeys(sorted(KNOWN_ATTRS))
 #: :attr:`PendingRequest.attrs` is sparse: ``(tag, value, tag, value, ...)`` in attr-index order, one pair per
 #: attr ever set, where ``tag = source event index * 8 + attr index`` (``>> 3`` and ``& 7`` take it apart,
 #: also for a source of -1). The changelog keeps the dense form: the ``ATTR_COLUMNS`` values, then sources.
@@ -93,9 +95,18 @@ def content_digest(
     Two copies with the same dedup key and different digests are conflicting duplicates.
     """
     attrs = event.attrs
-    # The fields' and extras' dicts, not model_dump (5x slower): an attr left unset and one set to null
-    # both read None, and say the same thing.
-    known, extra = (None, None) if attrs is None else (attrs.__dict__, attrs.__pydantic_extra__)
+    # Every well-known attr (None when unset: unset and null say the same thing) and the custom ones, as two
+    # objects: the layout the digest had when attrs was a nested model, so changelog states keep matching.
+    known: dict[str, Any] | None = None
+    extra: dict[str, Any] | None = None
+    if attrs is not None:
+        known = dict(_NO_ATTRS)
+        extra = {}
+        for name, value in attrs.items():
+            if name in known:
+                known[name] = value
+            else:
+                extra[name] = value
     payload = _dumps(
         [
             event.ts_ms,
@@ -425,12 +436,9 @@ class PendingRequest:
         sparse = self.attrs or ()
         new: dict[int, tuple[int, Any]] | None = None
         stage = event.stage
-        for name in attrs.__pydantic_fields_set__:  # the few attrs the event carries (each is independent)
+        for name, value in attrs.items():  # the few attrs the event carries (each is independent)
             i = _ATTR_INDEX.get(name)
-            if i is None:
-                continue
-            value = getattr(attrs, name)
-            if value is None:
+            if i is None or value is None:
                 continue
             for j in range(0, len(sparse), 2):
                 tag = sparse[j]

@@ -200,3 +200,29 @@ def _corrupt(index: int, value: Any) -> bytes:
 def test_from_bytes_rejects_corrupt_state(data: bytes) -> None:
     with pytest.raises(ValueError, match="req-0001"):
         PendingRequest.from_bytes("req-0001", data)
+
+
+def test_content_digests_are_stable_across_the_attrs_representation() -> None:
+    """Digests live in changelog states: these were computed when ``attrs`` was a nested model (before
+    issue 13 made it a plain dict), and a restored state must keep recognising the same duplicates."""
+    base = {
+        "request_id": "r1",
+        "tenant_id": "acme",
+        "stage": "llm_ttft",
+        "ts_ms": 1796000000000.5,
+        "duration_ms": 640.25,
+        "version_id": "v7",
+        "rollout": "canary",
+        "route": "main",
+        "fallback_level": 1,
+    }
+    cases: list[dict[str, Any]] = [
+        {},
+        {"attrs": {}},
+        {"attrs": {"trace_id": "abc"}},
+        {"attrs": {"prompt_tokens": 1200, "cached_tokens": 0, "prompt_cache_hit": True, "draft_accept_rate": 0.5}},
+        {"attrs": {"prompt_tokens": None, "custom": "x", "n": 1.5, "flag": False, "z": None}},
+        {"attrs": {"rerank_top_k": 10, "retrieval_cache_hit": False, "trace_id": "t" * 128, "k": 7}},
+    ]
+    digests = [content_digest(StageEvent.model_validate({**base, **case})) for case in cases]
+    assert digests == [-1686665198, -941366755, 218753061, 2132542831, -1928192243, 292192505]
