@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=None, help="stage events of the throughput traffic")
     p.add_argument("--requests", type=int, default=None, help="or: requests of the throughput traffic")
     p.add_argument("--naive-requests", type=int, default=None, help="requests baseline B runs over")
-    p.add_argument("--scale-events", type=int, default=120_000, help="events of each scale-out configuration")
+    p.add_argument("--scale-events", type=int, default=200_000, help="events of each scale-out configuration")
+    p.add_argument("--scale-rounds", type=int, default=3, help="rounds of 1 then 2 join workers (median reported)")
     p.add_argument("--open-requests", type=int, default=100_000, help="open requests of the memory phase")
     p.add_argument("--close-records", type=int, default=160_000, help="records of the close-burst window")
     p.add_argument("--lag-rate", type=float, default=5_000.0, help="offered events/s of the lag phase")
@@ -82,6 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.lag_high_rate = min(args.lag_high_rate, 5_000.0)
         args.lag_seconds = min(args.lag_seconds, 10.0)
         args.scale_events = min(args.scale_events, 40_000)
+        args.scale_rounds = 1
     return args
 
 
@@ -228,7 +230,10 @@ def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traf
     if "scaleout" not in args.skip:
         from bench.scaleout import measure_scaleout
 
-        run.phase("scale-out", lambda: measure_scaleout(env, traffic, args.scale_events, args.phase_timeout))
+        run.phase(
+            "scale-out",
+            lambda: measure_scaleout(env, traffic, args.scale_events, args.phase_timeout, args.scale_rounds),
+        )
     if "quix" not in args.skip:
         from bench.quix import measure_quix
 

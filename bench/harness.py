@@ -160,9 +160,13 @@ async def poll_until_async(
 
 
 def read_keys(
-    bootstrap: str, starts: dict[TopicPartition, int], ends: dict[TopicPartition, int]
+    bootstrap: str,
+    starts: dict[TopicPartition, int],
+    ends: dict[TopicPartition, int],
+    timestamps: dict[tuple[int, int], int] | None = None,
 ) -> dict[tuple[int, int], bytes]:
-    """``{(partition, offset): key}`` of the messages between ``starts`` and ``ends`` (exclusive)."""
+    """``{(partition, offset): key}`` of the messages between ``starts`` and ``ends`` (exclusive); their
+    Kafka timestamps (ms) go into ``timestamps`` when given."""
 
     async def run() -> dict[tuple[int, int], bytes]:
         consumer = AIOKafkaConsumer(
@@ -182,6 +186,8 @@ def read_keys(
                     for msg in msgs:
                         if msg.offset < ends[tp] and msg.key is not None:
                             out[(tp.partition, msg.offset)] = msg.key
+                        if timestamps is not None:
+                            timestamps[(tp.partition, msg.offset)] = msg.timestamp
                     if msgs and msgs[-1].offset >= ends[tp] - 1:
                         remaining.discard(tp)
                         consumer.pause(tp)

@@ -77,6 +77,17 @@ def lags_ms(
     return [(t - produced_at[k]) * 1000.0 for k, t in first_visible.items()]
 
 
+def join_lags_ms(
+    keys: Mapping[tuple[int, int], bytes], emitted_ms: Mapping[tuple[int, int], int], produced_at: Mapping[bytes, float]
+) -> list[float]:
+    """Per request of ``produced_at``: ms from its last event's scheduled time to the join's first record of it."""
+    first: dict[bytes, float] = {}
+    for where, key in keys.items():
+        if key in produced_at and where in emitted_ms:
+            first[key] = min(first.get(key, math.inf), emitted_ms[where] / 1000.0)
+    return [(t - produced_at[k]) * 1000.0 for k, t in first.items()]
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The lower nearest-rank quantile (numpy ``method='lower'`` for these sizes)."""
     if not values:
@@ -99,8 +110,10 @@ def measure_lag(session: PipelineSession, rate_eps: float, seconds: float, timeo
     requests_topic = settings.topic("requests")
     result: dict[str, Any] = asyncio.run(_run(session, messages, pacer, requests_topic, seconds, timeout_s))
     produced_at = {k: pacer.wall_of(ts) for k, ts in last_ts.items()}
-    keys = read_keys(settings.kafka_bootstrap, result["starts"], result["ends"])
+    emitted_ms: dict[tuple[int, int], int] = {}
+    keys = read_keys(settings.kafka_bootstrap, result["starts"], result["ends"], emitted_ms)
     lags = lags_ms(keys, result["commits"], produced_at)
+    join_lags = join_lags_ms(keys, emitted_ms, produced_at)
     missing = len(produced_at) - len(lags)
     if missing:
         raise AssertionError(f"{missing} of {len(produced_at)} lag-run requests never became visible")
@@ -119,6 +132,10 @@ def measure_lag(session: PipelineSession, rate_eps: float, seconds: float, timeo
             "requests": len(produced_at),
             "seconds": seconds,
             "commit_polls": len(result["commits"]),
+            # The share of the lag up to the join's output (the record's produce time on the requests topic);
+            # the rest is the writer's (read, insert, commit) and the 50 ms commit poll.
+            "join_output_p50_ms": percentile(join_lags, 0.5),
+            "join_output_p95_ms": percentile(join_lags, 0.95),
             "idle_tick_ms": settings.join.idle_tick_ms,
         },
     }

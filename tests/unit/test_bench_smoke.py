@@ -126,6 +126,14 @@ def test_lag_from_commit_samples() -> None:
     assert lag.percentile([float(i) for i in range(1, 101)], 0.95) == 95.0
 
 
+def test_join_share_of_the_lag_from_record_timestamps() -> None:
+    keys = {(0, 0): b"a", (0, 1): b"a", (1, 0): b"c", (1, 1): b"other"}
+    emitted = {(0, 0): 9_400, (0, 1): 9_300, (1, 0): 10_250, (1, 1): 1}
+    produced = {b"a": 9.0, b"c": 10.0, b"never": 1.0}
+    got = sorted(lag.join_lags_ms(keys, emitted, produced))
+    assert got == pytest.approx([250.0, 300.0])  # the first record of a request counts
+
+
 def test_wall_pacer_maps_event_time_to_its_origin() -> None:
     pacer = lag.WallPacer(start_ms=1_000.0)
     assert pacer.delay_s(1_000.0) <= 0.0
