@@ -81,11 +81,29 @@ def join_lags_ms(
     keys: Mapping[tuple[int, int], bytes], emitted_ms: Mapping[tuple[int, int], int], produced_at: Mapping[bytes, float]
 ) -> list[float]:
     """Per request of ``produced_at``: ms from its last event's scheduled time to the join's first record of it."""
+    return list(join_output_lags(keys, emitted_ms, produced_at).values())
+
+
+def join_output_lags(
+    keys: Mapping[tuple[int, int], bytes], emitted_ms: Mapping[tuple[int, int], int], produced_at: Mapping[bytes, float]
+) -> dict[bytes, float]:
+    """:func:`join_lags_ms` by request key."""
     first: dict[bytes, float] = {}
     for where, key in keys.items():
         if key in produced_at and where in emitted_ms:
             first[key] = min(first.get(key, math.inf), emitted_ms[where] / 1000.0)
-    return [(t - produced_at[k]) * 1000.0 for k, t in first.items()]
+    return {k: (t - produced_at[k]) * 1000.0 for k, t in first.items()}
+
+
+def _p95_by_period(lags: Mapping[bytes, float], produced_at: Mapping[bytes, float], period_s: float) -> list[float]:
+    """P95 of ``lags`` per ``period_s`` of produce time, from the first request on: where in the run lag grew."""
+    if not lags:
+        return []
+    origin = min(produced_at[k] for k in lags)
+    buckets: dict[int, list[float]] = {}
+    for key, value in lags.items():
+        buckets.setdefault(int((produced_at[key] - origin) / period_s), []).append(value)
+    return [round(percentile(buckets[i], 0.95)) if i in buckets else -1.0 for i in range(max(buckets) + 1)]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -113,7 +131,8 @@ def measure_lag(session: PipelineSession, rate_eps: float, seconds: float, timeo
     emitted_ms: dict[tuple[int, int], int] = {}
     keys = read_keys(settings.kafka_bootstrap, result["starts"], result["ends"], emitted_ms)
     lags = lags_ms(keys, result["commits"], produced_at)
-    join_lags = join_lags_ms(keys, emitted_ms, produced_at)
+    join_lags_by_key = join_output_lags(keys, emitted_ms, produced_at)
+    join_lags = list(join_lags_by_key.values())
     missing = len(produced_at) - len(lags)
     if missing:
         raise AssertionError(f"{missing} of {len(produced_at)} lag-run requests never became visible")
@@ -136,6 +155,7 @@ def measure_lag(session: PipelineSession, rate_eps: float, seconds: float, timeo
             # the rest is the writer's (read, insert, commit) and the 50 ms commit poll.
             "join_output_p50_ms": percentile(join_lags, 0.5),
             "join_output_p95_ms": percentile(join_lags, 0.95),
+            "join_output_p95_ms_by_5s": _p95_by_period(join_lags_by_key, produced_at, 5.0),
             "idle_tick_ms": settings.join.idle_tick_ms,
         },
     }
