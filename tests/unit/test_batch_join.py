@@ -165,3 +165,46 @@ def test_records_of_a_partition_not_yet_restored_are_fetched_again_not_skipped()
     assert consumer.commits == []
     assert consumer.seeks == [(TopicPartition("u.stage-events", 3), 10)]
     assert join.core.open_requests == 0
+
+
+def _two_fetches() -> tuple[dict[TopicPartition, list[Any]], dict[TopicPartition, list[Any]]]:
+    tp = TopicPartition("u.stage-events", 3)
+    first = {tp: [_record(10, "request_start", T0), _record(11, "retrieval", T0 + 10, 300.0)]}
+    second = {tp: [_record(12, "request_start", T0 + 20, rid="r2")]}
+    return first, second
+
+
+def test_a_completion_runs_behind_the_next_fold_and_keeps_the_order() -> None:
+    producer = FakeProducer()
+    join, consumer = _join(producer, [T0 + 1_000])
+    first, second = _two_fetches()
+
+    async def two_steps() -> None:
+        await join.step(first)
+        assert join._inflight is not None  # the first fetch's completion runs while the next is folded
+        await join.step(second)
+        await join.settle()
+
+    asyncio.run(two_steps())
+    assert consumer.commits == [{TopicPartition("u.stage-events", 3): 12}, {TopicPartition("u.stage-events", 3): 13}]
+    # Per fetch: records (with heartbeats), then state, then the commit; the second only after the first.
+    kinds = [line.split()[-1] for line in producer.log]
+    first_commit = kinds.index("commit")
+    assert join.changelog in kinds[:first_commit]
+    assert kinds[first_commit + 1 :].count("commit") == 1 and kinds[-1] == "commit"
+
+
+def test_a_failed_completion_commits_neither_its_fetch_nor_the_next() -> None:
+    producer = FakeProducer(fail_topic="u.changelog-never")
+    join, consumer = _join(producer, [T0 + 1_000])
+    producer.fail_topic = join.changelog  # the first fetch's state write fails
+    first, second = _two_fetches()
+
+    async def two_steps() -> None:
+        await join.step(first)
+        await join.step(second)  # raises here: the worker exits before anything later starts
+
+    with pytest.raises(ConnectionError):
+        asyncio.run(two_steps())
+    assert consumer.commits == []
+    assert join._inflight is None
