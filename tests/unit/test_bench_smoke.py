@@ -204,3 +204,9 @@ def test_naive_peer_folds_like_the_contract() -> None:
     record = naive._record(state)
     assert record.ttft_ms == 600.0 and record.retrieval_ms == 150.0 and record.other_ms == 30.0
     assert set(state.stages) == {"retrieval", "prompt_assemble", "llm_ttft"}
+
+
+def test_producer_lateness_by_period() -> None:
+    # one sample per 0.1 s of schedule: 50 samples per 5 s
+    samples = [0.0] * 50 + [120.0] + [3.0] * 49 + [7.0]
+    assert lag._max_by_period(samples, 0.1, 5.0) == [0.0, 120.0, 7.0]
