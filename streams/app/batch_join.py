@@ -62,6 +62,8 @@ EXIT_BATCH_FAILED = 1
 _POLL_MS = 200
 #: Records folded between two yields to the event loop (the in-flight completion progresses there).
 FOLD_SLICE = 250
+#: How long a stop waits for the last completion (records, state, commit) before leaving it uncommitted.
+_SETTLE_AT_STOP_S = 30.0
 
 #: The changelog keeps close to its live keys (open and remembered requests): compacted, with segments
 #: closed every 10 minutes so compaction can reach them, which bounds the restore after a rebalance.
@@ -207,10 +209,10 @@ class BatchJoin:
                         _exit_uncommitted("join batch failed")
         finally:
             try:
-                async with self._lock:
-                    await self.settle()
+                async with self._lock:  # bounded: a stop with the broker gone must still end
+                    await asyncio.wait_for(self.settle(), _SETTLE_AT_STOP_S)
             except Exception:  # nothing after the failed step was committed: the next owner re-reads it
-                log.warning("the last batch's completion failed at stop", exc_info=True)
+                log.warning("the last batch's completion did not finish at stop", exc_info=True)
             await self._close()
 
     def stop(self) -> None:
