@@ -186,8 +186,8 @@ def read_keys(
                     for msg in msgs:
                         if msg.offset < ends[tp] and msg.key is not None:
                             out[(tp.partition, msg.offset)] = msg.key
-                        if timestamps is not None:
-                            timestamps[(tp.partition, msg.offset)] = msg.timestamp
+                            if timestamps is not None:
+                                timestamps[(tp.partition, msg.offset)] = msg.timestamp
                     if msgs and msgs[-1].offset >= ends[tp] - 1:
                         remaining.discard(tp)
                         consumer.pause(tp)

@@ -78,17 +78,10 @@ def lags_ms(
     return [(t - produced_at[k]) * 1000.0 for k, t in first_visible.items()]
 
 
-def join_lags_ms(
-    keys: Mapping[tuple[int, int], bytes], emitted_ms: Mapping[tuple[int, int], int], produced_at: Mapping[bytes, float]
-) -> list[float]:
-    """Per request of ``produced_at``: ms from its last event's scheduled time to the join's first record of it."""
-    return list(join_output_lags(keys, emitted_ms, produced_at).values())
-
-
 def join_output_lags(
     keys: Mapping[tuple[int, int], bytes], emitted_ms: Mapping[tuple[int, int], int], produced_at: Mapping[bytes, float]
 ) -> dict[bytes, float]:
-    """:func:`join_lags_ms` by request key."""
+    """Per request of ``produced_at``: ms from its last event's scheduled time to the join's first record of it."""
     first: dict[bytes, float] = {}
     for where, key in keys.items():
         if key in produced_at and where in emitted_ms:

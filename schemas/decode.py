@@ -104,9 +104,7 @@ def decode_stage_event(
             return dead("invalid_key", "Kafka key is missing; it must be the request_id in UTF-8")
         if raw_key != expected_key:
             return dead("invalid_key", f"Kafka key {_short(repr(bytes(raw_key)))} is not the request_id")
-        # future_skew(), inline (once per event)
-        now = append_time_ms if append_time_ms is not None and append_time_ms >= 0 else received_at_ms
-        skew = event.ts_ms + (event.duration_ms or 0.0) - now
+        skew = future_skew(event, received_at_ms, append_time_ms)
         if skew > caps.skew_limit_ms:
             clock = "the broker's append time" if append_time_ms is not None else "the worker's clock"
             return dead(
@@ -195,21 +193,17 @@ def schema_error_summary(exc: ValidationError) -> str:
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
 
 
-_CONTEXT_CACHE: dict[tuple[int, int], dict[str, int]] = {}
-#: The caps object of the last call and its context: a worker passes the same object for every event, so
-#: one identity check replaces two attribute reads and a lookup (the reference keeps its id from reuse).
+#: The caps object of the last call and its context: a worker passes the same (frozen) object for every
+#: event, so one identity check finds it (the reference keeps its id from reuse).
 _last_context: tuple[CapsConfig | None, dict[str, int]] = (None, {})
 
 
 def _context(caps: CapsConfig) -> dict[str, int]:
     global _last_context
     last_caps, ctx = _last_context
-    if last_caps is caps:
-        return ctx
-    key = (caps.max_attrs_keys, caps.max_attrs_bytes)
-    ctx = _CONTEXT_CACHE.get(key) or {"max_attrs_keys": key[0], "max_attrs_bytes": key[1]}
-    _CONTEXT_CACHE[key] = ctx
-    _last_context = (caps, ctx)
+    if last_caps is not caps:
+        ctx = {"max_attrs_keys": caps.max_attrs_keys, "max_attrs_bytes": caps.max_attrs_bytes}
+        _last_context = (caps, ctx)
     return ctx
 
 
