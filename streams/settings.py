@@ -85,7 +85,15 @@ class JoinConfig(_Section):
     route_required_stages: dict[str, tuple[str, ...]] = Field(
         default_factory=dict, description="Per-route override of the required stages, e.g. {'fast': [...]}."
     )
-    batch_max: int = Field(10_000, gt=0, description="Events per processing batch (one state write per request).")
+    batch_max: int = Field(
+        2_000, gt=0, description="Events per fetch folded in one step; its records leave when it is folded."
+    )
+    state_every_ms: int = Field(
+        500,
+        ge=0,
+        description="The join's state (one changelog write per touched request) and its committed offsets are "
+        "written at most this often (0: after every fetch); records do not wait for it.",
+    )
     batch_within_s: float = Field(0.2, gt=0)
     consumer: Literal["batch", "faust"] = Field(
         "batch",

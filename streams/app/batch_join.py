@@ -7,8 +7,15 @@ What is durable when (the same order as the Faust adapter, per fetched batch rat
    letters. Partitions without a backlog get the idle tick.
 3. The records the core emitted and the dead letters are produced in one batch per target partition
    (explicit partition: the source partition, so no per-message partitioner) and **awaited**.
-4. One state write per touched request goes to the compacted changelog, batched and **awaited**.
-5. Only then are the batch's offsets committed.
+4. At most every ``join.state_every_ms`` (not with every fetch): one state write per request touched
+   since the last one goes to the compacted changelog, batched and **awaited**.
+5. Only then are the offsets of every fetch folded up to here committed.
+
+Records leave with every fetch, so a small fetch (``join.batch_max``) keeps the join's share of the lag
+small; the state and the commit follow on their own cadence, so a request whose events span many fetches
+is still written about once per interval, not once per fetch. A crash between a fetch's records and the
+next state write replays those fetches from the committed offsets: their records are emitted again and
+absorbed by the store, as with a crash between steps 3 and 5 of one fetch.
 
 Steps 3-5 of one fetch (its *completion*) run while the next fetch is folded: the fold yields to the
 event loop every ``FOLD_SLICE`` records, so the acknowledgements and the commit of batch N arrive during
@@ -84,9 +91,12 @@ class Completion:
 
     outputs: Outputs = field(default_factory=lambda: defaultdict(list))
     state: Outputs = field(default_factory=lambda: defaultdict(list))
+    #: The offsets of every fetch folded since the last commit, and how many events they cover.
     commits: dict[TopicPartition, int] = field(default_factory=dict)
     events: int = 0
-    flush: bool = False
+
+    def owes(self) -> bool:
+        return bool(self.outputs or self.state or self.commits)
 
 
 def join_group_id(settings: Settings) -> str:
@@ -159,6 +169,10 @@ class BatchJoin:
         #: The previous fetch's completion while the next one is folded (at most one; see the docstring).
         self._inflight: asyncio.Future[None] | None = None
         self._unacked = 0
+        #: Offsets folded but not committed yet (they wait for the next state write), and their events.
+        self._deferred: dict[TopicPartition, int] = {}
+        self._deferred_events = 0
+        self._last_state_ms = 0.0
         metrics.health["status"] = "starting"
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -210,7 +224,7 @@ class BatchJoin:
         finally:
             try:
                 async with self._lock:  # bounded: a stop with the broker gone must still end
-                    await asyncio.wait_for(self.settle(), _SETTLE_AT_STOP_S)
+                    await asyncio.wait_for(self.write_state(), _SETTLE_AT_STOP_S)
             except Exception:  # nothing after the failed step was committed: the next owner re-reads it
                 log.warning("the last batch's completion did not finish at stop", exc_info=True)
             await self._close()
@@ -236,15 +250,19 @@ class BatchJoin:
     # --- one step ---------------------------------------------------------------------------------
 
     async def process(self, batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> None:
-        """Fold one fetch, produce its outputs and state, then commit its offsets (a step, then settle)."""
-        await self.step(batch)
+        """Fold one fetch, produce its outputs and the state, then commit (a step with the state due, then
+        settle): what a step did once the interval has passed."""
+        await self.step(batch, state_due=True)
         await self.settle()
 
-    async def step(self, batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> None:
-        """Fold one fetch, wait for the previous completion, then start this one's (in the background)."""
-        done = await self._fold_batch(batch)
+    async def step(
+        self, batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]], *, state_due: bool = False
+    ) -> None:
+        """Fold one fetch, wait for the previous completion, then start this one's (in the background).
+        ``state_due``: write the state and commit now, whatever the interval."""
+        done = await self._fold_batch(batch, state_due)
         await self.settle()
-        if done.flush or done.commits:
+        if done.owes():
             self._inflight = asyncio.ensure_future(self._complete(done))
 
     async def settle(self) -> None:
@@ -253,12 +271,25 @@ class BatchJoin:
         if task is not None:
             await task
 
-    async def _fold_batch(self, batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> Completion:
+    async def write_state(self) -> None:
+        """Settle, then write the state of everything folded and commit its offsets now (a revocation, a
+        stop). The caller holds the lock."""
+        await self.settle()
+        done = Completion()
+        self._take_state(done, self._wall() * 1000.0)
+        if done.owes():
+            await self._complete(done)
+
+    async def _fold_batch(
+        self, batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]], state_due: bool = False
+    ) -> Completion:
         """Decode and fold a fetch, run the idle tick, and collect what must be produced and committed."""
         m = self.metrics
         now = self._wall() * 1000.0
         done = Completion()
         outputs = done.outputs
+        events = 0
+        folded: set[int] = set()
         for tp, records in batch.items():
             if not records:
                 continue
@@ -269,35 +300,45 @@ class BatchJoin:
                 if start:
                     await asyncio.sleep(0)  # lets the previous completion and the fetcher progress
                 self._fold(records[start : start + FOLD_SLICE], now, outputs)
-            done.commits[tp] = self._next[tp.partition] = records[-1].offset + 1
-            done.events += len(records)
-        m.events_consumed.inc(done.events)
-        self._unacked += done.events
+            self._deferred[tp] = self._next[tp.partition] = records[-1].offset + 1
+            folded.add(tp.partition)
+            events += len(records)
+        self._deferred_events += events
+        m.events_consumed.inc(events)
+        if events:
+            m.batches.inc()
+        self._unacked += events
         m.unacked_events.set(self._unacked)
         for partition in sorted(self.owned):
             caught_up = self._idle(partition)
-            if caught_up or TopicPartition(self.topic, partition) in done.commits:
+            if caught_up or partition in folded:
                 for record in self.core.advance(partition, now, caught_up):
                     self._add_record(outputs, partition, record)
-        done.flush = bool(outputs) or self.core.has_dirty() or self._heartbeat_due(now)
-        if done.flush:
-            self._add_heartbeats(outputs, now)
-            for request_id, (partition, packed) in self.core.dirty().items():
-                done.state[(self.changelog, partition)].append((request_id.encode(), packed))
+        if state_due or now - self._last_state_ms >= self.settings.join.state_every_ms:
+            self._take_state(done, now)
+        self._add_heartbeats(outputs, now)
         return done
+
+    def _take_state(self, done: Completion, now_ms: float) -> None:
+        """Move every state touched since the last write and every offset folded since the last commit
+        into ``done`` (written after its records, committed after the state)."""
+        self._last_state_ms = now_ms
+        done.state = self._dirty_state()
+        done.commits, self._deferred = self._deferred, {}
+        done.events, self._deferred_events = self._deferred_events, 0
 
     async def _complete(self, done: Completion) -> None:
         """Records and dead letters, awaited; then state, awaited; then the offsets are committed."""
         m = self.metrics
-        if done.flush:
+        if done.outputs:
             await self._produce(done.outputs)
+        if done.state:
             await self._produce(done.state)
-            self._sync_metrics()
+        self._sync_metrics()
         if done.commits:
             assert self.consumer is not None
             await self.consumer.commit(done.commits)
             m.events_acked.inc(done.events)
-            m.batches.inc()
         self._unacked -= done.events
         m.unacked_events.set(self._unacked)
         self._update_lag(done.commits)
@@ -376,6 +417,13 @@ class BatchJoin:
         key = f"{dl.source_topic}:{dl.source_partition}:{dl.source_offset}".encode()
         target = source % self._partitions[self.dead_letter_topic]
         outputs[(self.dead_letter_topic, target)].append((key, dl.model_dump_json().encode()))
+
+    def _dirty_state(self) -> Outputs:
+        """One changelog write per request touched since the last call (None: forgotten, a tombstone)."""
+        state: Outputs = defaultdict(list)
+        for key, (partition, packed) in self.core.dirty().items():
+            state[(self.changelog, partition)].append((key.encode(), packed))
+        return state
 
     def _sync_metrics(self) -> None:
         c, m = self.core.counters, self.metrics
@@ -470,10 +518,7 @@ class BatchJoin:
         self.core.legacy_keys = []
         if not legacy:
             return
-        state: Outputs = defaultdict(list)
-        for key, (partition, packed) in self.core.dirty().items():
-            state[(self.changelog, partition)].append((key.encode(), packed))
-        await self._produce(state)
+        await self._produce(self._dirty_state())
         tombstones: Outputs = defaultdict(list)
         for key, partition in legacy:
             tombstones[(self.changelog, partition)].append((key.encode(), None))
@@ -484,7 +529,7 @@ class BatchJoin:
         """Wait for the batch in flight (committed when it ends), then drop the state of lost partitions."""
         async with self._lock:
             try:
-                await self.settle()  # the last batch's offsets are committed while the partitions are ours
+                await self.write_state()  # the offsets folded are committed while the partitions are ours
             except Exception:
                 _exit_uncommitted("join batch failed during a rebalance")
             gone = partitions & self.owned

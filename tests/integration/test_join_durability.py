@@ -296,7 +296,14 @@ def test_a_short_read_cannot_commit_past_unread_records(kafka_settings: Any, tmp
     total = len(traffic.messages)
     b, topic = kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events")
     group = f"app-{kafka_settings.topic_prefix}-join"
-    env = pipeline_env(kafka_settings, tmp_path, TTFT_JOIN__CONSUMER="batch", TTFT_JOIN__BATCH_MAX=str(BATCH_MAX))
+    # State and offsets after every fetch (state_every_ms=0), so the partitions are committed part-way often.
+    env = pipeline_env(
+        kafka_settings,
+        tmp_path,
+        TTFT_JOIN__CONSUMER="batch",
+        TTFT_JOIN__BATCH_MAX=str(BATCH_MAX),
+        TTFT_JOIN__STATE_EVERY_MS="0",
+    )
     pipe = Pipeline(env, tmp_path)
     assert produce_sync(b, topic, traffic.messages) == total  # the backlog, before any join worker
     ends = asyncio.run(_end_offsets(b, topic, kafka_settings.partitions))

@@ -180,9 +180,9 @@ def test_a_completion_runs_behind_the_next_fold_and_keeps_the_order() -> None:
     first, second = _two_fetches()
 
     async def two_steps() -> None:
-        await join.step(first)
+        await join.step(first, state_due=True)
         assert join._inflight is not None  # the first fetch's completion runs while the next is folded
-        await join.step(second)
+        await join.step(second, state_due=True)
         await join.settle()
 
     asyncio.run(two_steps())
@@ -201,10 +201,72 @@ def test_a_failed_completion_commits_neither_its_fetch_nor_the_next() -> None:
     first, second = _two_fetches()
 
     async def two_steps() -> None:
-        await join.step(first)
-        await join.step(second)  # raises here: the worker exits before anything later starts
+        await join.step(first, state_due=True)
+        await join.step(second, state_due=True)  # raises here: the worker exits before anything later starts
 
     with pytest.raises(ConnectionError):
         asyncio.run(two_steps())
     assert consumer.commits == []
     assert join._inflight is None
+
+
+def test_records_leave_with_every_fetch_and_the_state_and_commit_wait_for_the_interval() -> None:
+    clock = [T0 + 11_000]
+    producer = FakeProducer()
+    join, consumer = _join(producer, clock)
+    assert join.settings.join.state_every_ms == 500
+    tp = TopicPartition("u.stage-events", 3)
+    fetches = [
+        {tp: [_record(10, "request_start", T0), _record(11, "retrieval", T0 + 10, 300.0)]},
+        {tp: [_record(12, "prompt_assemble", T0 + 320, 50.0), _record(13, "llm_ttft", T0 + 380, 600.0)]},
+        {tp: [_record(14, "first_token", T0 + 980), _record(15, "request_start", T0 + 10_000, rid="r2")]},
+    ]
+
+    async def steps() -> None:
+        for at, fetch in zip((T0 + 11_000, T0 + 11_100, T0 + 11_200), fetches, strict=True):
+            clock[0] = at
+            await join.step(fetch)
+        await join.settle()
+
+    asyncio.run(steps())
+    # The first step writes (nothing written yet); the next two fall within 500 ms: r1's record left with
+    # the third fetch, while its state and the offsets of fetches two and three wait.
+    assert consumer.commits == [{tp: 12}]
+    assert [r["status"] for r in _records(producer, b"r1")] == ["complete"]
+    assert join.metrics.unacked_events._value.get() == 4
+    states = [k for t, _, items in producer.sent if t == join.changelog for k, _ in items]
+    assert states == [b"acme\x00r1"]
+
+    async def later() -> None:
+        clock[0] = T0 + 11_600
+        await join.step({})
+        await join.settle()
+
+    asyncio.run(later())
+    assert consumer.commits[-1] == {tp: 16}
+    kinds = [line.split()[-1] for line in producer.log]
+    assert kinds[-2:] == [join.changelog, "commit"]  # one write for all that was touched, then the commit
+    states = [k for t, _, items in producer.sent if t == join.changelog for k, _ in items]
+    assert sorted(states[1:]) == [b"acme\x00r1", b"acme\x00r2"]
+    assert join.metrics.unacked_events._value.get() == 0
+
+
+def test_a_revocation_writes_the_state_and_commits_what_was_folded() -> None:
+    producer = FakeProducer()
+    join, consumer = _join(producer, [T0 + 1_000])
+    tp = TopicPartition("u.stage-events", 3)
+    join._last_state_ms = T0 + 1_000  # just written: the interval holds the state and the commit back
+
+    async def fold_then_revoke() -> None:
+        await join.step({tp: [_record(10, "request_start", T0)]})
+        assert consumer.commits == []
+        await join.revoked({3})
+
+    asyncio.run(fold_then_revoke())
+    assert consumer.commits == [{tp: 11}]
+    assert [k for t, _, items in producer.sent if t == join.changelog for k, _ in items] == [b"acme\x00r1"]
+    assert join.owned == set()
+
+
+def _records(producer: FakeProducer, key: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(v) for t, _, items in producer.sent if t == "u.requests" for k, v in items if k == key]

@@ -139,6 +139,13 @@ def test_wall_pacer_maps_event_time_to_its_origin() -> None:
     assert pacer.delay_s(1_000.0) <= 0.0
     assert pacer.origin is not None
     assert pacer.wall_of(3_000.0) == pytest.approx(pacer.origin + 2.0)
+    live = lag.WallPacer(start_ms=2_000_000.0, at_event_time=True)
+    assert live.origin == 2_000.0 and live.wall_of(2_003_000.0) == 2_003.0  # event time is wall time
+
+
+def test_a_lag_run_starts_its_event_time_after_generating_it() -> None:
+    start = lag.traffic_start_ms(20_000.0, 30.0, wall=1_000.0)
+    assert 1_002_000.0 < start < 1_300_000.0  # generation time, with slack: seconds, not minutes
 
 
 def test_profile_summary_and_flame() -> None:
