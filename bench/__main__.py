@@ -61,6 +61,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--update-doc", action="store_true", help=f"write the results table into {DOC.name}")
     p.add_argument("--render", type=Path, default=None, help="only print (and --update-doc) a saved run's JSON")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory of the JSON result")
+    p.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="TTFT_KEY=VALUE",
+        help="a setting of every worker, e.g. TTFT_JOIN__BATCH_MAX=10000 (recorded in the JSON's args)",
+    )
     args = p.parse_args(argv)
     args.skip = {s for item in args.skip for s in item.split(",") if s}
     only = {s for item in args.only for s in item.split(",") if s}
@@ -69,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = (args.skip | only) - set(PHASES)
     if unknown:
         p.error(f"unknown phase(s) {sorted(unknown)}; known: {', '.join(PHASES)}")
+    bad = [item for item in args.worker_env if not item.startswith("TTFT_") or "=" not in item]
+    if bad:
+        p.error(f"--worker-env takes TTFT_KEY=VALUE, not {bad}")
     if args.events is None:
         args.events = int(args.requests * EVENTS_PER_REQUEST) if args.requests else (40_000 if args.quick else 600_000)
     if not TRAFFIC_PHASES - args.skip:
@@ -136,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     traffic_box: list[Traffic] = []
     gen = threading.Thread(target=lambda: traffic_box.append(build_traffic(args.events)), daemon=True)
     gen.start()  # the simulator runs while the JVM starts; the broker stays on the main thread (pdeathsig)
-    env = BenchEnv(broker, root)
+    env = BenchEnv(broker, root, worker_env=dict(item.split("=", 1) for item in args.worker_env))
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so workers and the broker are stopped and the
     # figures measured so far are still written.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -36,6 +36,8 @@ class BenchEnv:
     root: Path
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     pipelines: list[Pipeline] = field(default_factory=list)
+    #: Environment of every worker of every phase (``--worker-env``), e.g. ``TTFT_JOIN__BATCH_MAX``.
+    worker_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap(self) -> str:
@@ -59,7 +61,7 @@ class BenchEnv:
 
     def pipeline(self, settings: Settings, **extra_env: str) -> Pipeline:
         """A launcher for ``ttft worker`` processes of this phase (stopped by :meth:`stop_all`)."""
-        pipe = Pipeline(pipeline_env(settings, settings.home, **extra_env), settings.home)
+        pipe = Pipeline(pipeline_env(settings, settings.home, **self.worker_env, **extra_env), settings.home)
         self.pipelines.append(pipe)
         return pipe
 

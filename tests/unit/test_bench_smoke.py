@@ -181,6 +181,9 @@ def test_bench_arguments() -> None:
     assert parse_args(["--requests", "1000"]).events == int(1000 * traffic.EVENTS_PER_REQUEST)
     with pytest.raises(SystemExit):
         parse_args(["--skip", "nonsense"])
+    assert parse_args(["--worker-env", "TTFT_JOIN__BATCH_MAX=10000"]).worker_env == ["TTFT_JOIN__BATCH_MAX=10000"]
+    with pytest.raises(SystemExit):
+        parse_args(["--worker-env", "JOIN__BATCH_MAX=1"])
 
 
 def test_naive_peer_folds_like_the_contract() -> None:
