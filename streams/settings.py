@@ -86,7 +86,7 @@ class JoinConfig(_Section):
         default_factory=dict, description="Per-route override of the required stages, e.g. {'fast': [...]}."
     )
     batch_max: int = Field(
-        2_000, gt=0, description="Events per fetch folded in one step; its records leave when it is folded."
+        10_000, gt=0, description="Events per fetch folded in one step; its records leave when it is folded."
     )
     state_every_ms: int = Field(
         500,
