@@ -7,8 +7,9 @@ What is durable when (the same order as the Faust adapter, per fetched batch rat
    letters. Partitions without a backlog get the idle tick.
 3. The records the core emitted and the dead letters are produced in one batch per target partition
    (explicit partition: the source partition, so no per-message partitioner) and **awaited**.
-4. At most every ``join.state_every_ms`` (not with every fetch): one state write per request touched
-   since the last one goes to the compacted changelog, batched and **awaited**.
+4. At most every ``join.state_every_ms``, or once ``join.batch_max`` events were folded since the last
+   write (not with every fetch): one state write per request touched since the last one goes to the
+   compacted changelog, batched and **awaited**.
 5. Only then are the offsets of every fetch folded up to here committed.
 
 Records leave with every fetch (at most ``join.batch_max`` events); the state and the commit follow on
@@ -318,7 +319,10 @@ class BatchJoin:
             if caught_up or partition in folded:
                 for record in self.core.advance(partition, now, caught_up):
                     self._add_record(outputs, partition, record)
-        if state_due or now - self._last_state_ms >= self.settings.join.state_every_ms:
+        join = self.settings.join
+        # The interval, or a full fetch's worth folded (a backlog): a write never holds more than about
+        # batch_max states, as when every fetch was written (the memory of a catch-up stays bounded).
+        if state_due or self._deferred_events >= join.batch_max or now - self._last_state_ms >= join.state_every_ms:
             self._take_state(done, now)
         self._add_heartbeats(outputs, now)
         return done

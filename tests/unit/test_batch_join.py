@@ -270,3 +270,19 @@ def test_a_revocation_writes_the_state_and_commits_what_was_folded() -> None:
 
 def _records(producer: FakeProducer, key: bytes) -> list[dict[str, Any]]:
     return [orjson.loads(v) for t, _, items in producer.sent if t == "u.requests" for k, v in items if k == key]
+
+
+def test_a_backlog_writes_the_state_once_a_full_fetch_was_folded_whatever_the_interval() -> None:
+    producer = FakeProducer()
+    join, consumer = _join(producer, [T0 + 11_000])
+    join.settings = join.settings.model_copy(update={"join": join.settings.join.model_copy(update={"batch_max": 3})})
+    join._last_state_ms = T0 + 11_000  # just written
+    tp = TopicPartition("u.stage-events", 3)
+
+    async def steps() -> None:
+        await join.step({tp: [_record(10, "request_start", T0, rid="a"), _record(11, "request_start", T0, rid="b")]})
+        await join.step({tp: [_record(12, "request_start", T0, rid="c")]})
+        await join.settle()
+
+    asyncio.run(steps())
+    assert consumer.commits == [{tp: 13}]  # the second fetch made three events: written and committed
