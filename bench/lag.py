@@ -66,14 +66,15 @@ def traffic_start_ms(rate_eps: float, seconds: float, wall: float) -> float:
     it takes to generate them), and the join, whose idle tick moved the watermarks on with the wall clock
     meanwhile, holds new requests until event time catches up: the first 10 s of the run measured that
     start-up, not the pipeline. The generation time is estimated from one second of the same traffic,
-    with slack; if it is still too short, the first messages leave late and the producer's lateness
-    (counted in the lag) says so."""
+    with slack (x2 + 3 s: one run overran x1.5 + 2 s by 2.4 s, and its late start was a burst the join
+    took the whole run to absorb); if it is still too short, the first messages leave late, the
+    producer's lateness (counted in the lag) says so, and the run's ``start_slack_s`` is negative."""
     began = time.perf_counter()
     sample = sum(
         1 for _ in generate(SCENARIO, rate_rps=rate_eps / EVENTS_PER_REQUEST, duration_s=1.0, seed=98, start_ms=0.0)
     )
     per_traffic_s = (time.perf_counter() - began) / max(sample, 1) * rate_eps
-    return (wall + 1.5 * per_traffic_s * seconds + 2.0) * 1000.0
+    return (wall + 2.0 * per_traffic_s * seconds + 3.0) * 1000.0
 
 
 def lags_ms(
@@ -154,6 +155,7 @@ def measure_lag(session: PipelineSession, rate_eps: float, seconds: float, timeo
     # reach, so a full collection cannot pause the paced producer (it would count as pipeline lag).
     gc.collect()
     gc.freeze()
+    start_slack_s = start_ms / 1000.0 - time.time()  # > 0: generated before event time starts
     try:
         result: dict[str, Any] = asyncio.run(_run(session, messages, pacer, requests_topic, seconds, timeout_s))
     finally:
@@ -181,6 +183,7 @@ def measure_lag(session: PipelineSession, rate_eps: float, seconds: float, timeo
             "events": len(messages),
             "requests": len(produced_at),
             "seconds": seconds,
+            "start_slack_s": start_slack_s,
             "commit_polls": len(result["commits"]),
             # The share of the lag up to the join's output (the record's produce time on the requests topic);
             # the rest is the writer's (read, insert, commit) and the 50 ms commit poll.
