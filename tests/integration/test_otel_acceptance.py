@@ -16,7 +16,7 @@ import math
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from streams.kafka.broker import free_port
 from streams.kafka.topics import ensure_topics
 from streams.settings import Settings
 from tests.fixtures.otel import OtelCollectorHandle
-from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, read_topic
+from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, read_topic_partitions
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.otel, pytest.mark.kafka, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -39,6 +39,10 @@ INGESTION_FIELDS = frozenset({"inserted_at", "record_version", "duplicate_events
 DEAD_REASONS = ("missing_tenant", "no_first_chunk")
 #: Epoch-ms floats near 1.8e12 are spaced 2.4e-4 ms apart, so a difference of two (ttft_ms) is exact to that.
 TIME_TOLERANCE_MS = 1e-3
+#: The workers' request timeout here: a held trace whose LLM span has not come resolves this long after its start.
+REQUEST_TIMEOUT_MS = 8_000
+#: At most this many traces may have had their root overtaken in Kafka (see :func:`_roots_overtaken`).
+MAX_OVERTAKEN = N_TRACES // 100
 
 
 def _run_service(handle: OtelCollectorHandle, out: Path) -> list[dict[str, Any]]:
@@ -66,22 +70,67 @@ def _span_messages(values: list[bytes]) -> tuple[Counter[str], set[tuple[str, st
     return per_trace, spans
 
 
-def _wait_for_spans(handle: OtelCollectorHandle, want: set[tuple[str, str]], timeout_s: float) -> list[bytes]:
-    """The span topic's messages once every span the service made is in it (bounded by ``timeout_s``)."""
+def _wait_for_spans(
+    handle: OtelCollectorHandle, want: set[tuple[str, str]], timeout_s: float
+) -> list[tuple[int, bytes]]:
+    """The span topic's (partition, message) once every span the service made is in it (bounded by
+    ``timeout_s``), each partition's in offset order."""
     deadline = time.monotonic() + timeout_s
     while True:
-        values = [v for _, v in asyncio.run(read_topic(handle.bootstrap, handle.topic))]
-        _, spans = _span_messages(values)
+        messages = [(p, v) for p, _, v in asyncio.run(read_topic_partitions(handle.bootstrap, handle.topic))]
+        _, spans = _span_messages([v for _, v in messages])
         if spans >= want or time.monotonic() > deadline:
             assert spans == want, f"{len(want - spans)} spans missing from Kafka, {len(spans - want)} unexpected"
-            return values
+            return messages
         time.sleep(1.0)
+
+
+def _roots_overtaken(messages: list[tuple[int, bytes]], traces: list[dict[str, Any]], grace_ms: int) -> set[str]:
+    """Trace ids whose root span reached Kafka only after later spans on its partition had passed the time
+    the bridge may resolve the trace without it (:meth:`streams.core.otlp_traces.TraceAssembler._due`: the
+    last span end + grace once an LLM span came, else the first start + the request timeout). The bridge
+    then resolves the trace at a fetch boundary before its root, and its request id falls back to the trace
+    id, as designed; whether it did depends on where the fetches ended.
+
+    The service exports its spans so that this does not happen (its docstring). It did for 6-10 traces a run
+    (one failed CI) while its tracer providers' own export timers could send the next window's spans ahead
+    of this window's roots. The Collector can still do it rarely: its sending queue exports several batches
+    at once, and retries a failed one after later ones."""
+    llm_spans = {span_id for t in traces for name, span_id, *_ in t["timings_us"]["spans"] if name == "llm"}
+    watermark: dict[int, int] = defaultdict(int)
+    seen: dict[str, tuple[int, int, bool]] = {}  # trace id -> (first start, last end, an LLM span came)
+    rooted: set[str] = set()
+    out: set[str] = set()
+    grace_ns, timeout_ns = grace_ms * 1_000_000, REQUEST_TIMEOUT_MS * 1_000_000
+    for partition, value in messages:
+        request = ExportTraceServiceRequest.FromString(value)
+        spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+        for span in spans:
+            trace = span.trace_id.hex()
+            if span.parent_span_id or trace in rooted:
+                continue
+            rooted.add(trace)
+            if trace in seen:
+                first, last, llm = seen[trace]
+                due = last + grace_ns if llm else max(last + grace_ns, first + timeout_ns)
+                if watermark[partition] >= due:
+                    out.add(trace)
+        for span in spans:
+            trace = span.trace_id.hex()
+            first, last, llm = seen.get(trace, (span.start_time_unix_nano, 0, False))
+            seen[trace] = (
+                min(first, span.start_time_unix_nano),
+                max(last, span.end_time_unix_nano),
+                llm or span.span_id.hex() in llm_spans,
+            )
+            watermark[partition] = max(watermark[partition], span.end_time_unix_nano)
+    return out
 
 
 def _env(settings: Settings, home: Path, otlp_topic: str) -> dict[str, str]:
     extra = {
         "TTFT_OTLP__TOPIC": otlp_topic,
-        "TTFT_JOIN__REQUEST_TIMEOUT_MS": "8000",
+        "TTFT_JOIN__REQUEST_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS),
         "TTFT_JOIN__CONSUMER": "batch",
     }
     return pipeline_env(settings, home, **extra)
@@ -161,7 +210,8 @@ def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
     traces = _run_service(otel_collector, tmp_path / "truth.json")
     service_s = time.monotonic() - started
     want_spans = {(t["trace_id"], s) for t in traces for s in t["spans"]}
-    values = _wait_for_spans(otel_collector, want_spans, timeout_s=60.0)
+    messages = _wait_for_spans(otel_collector, want_spans, timeout_s=60.0)
+    values = [v for _, v in messages]
     per_trace, _ = _span_messages(values)
     split = sum(1 for n in per_trace.values() if n > 1)
     assert len(traces) == N_TRACES and len({t["tenant"] for t in traces}) == 2
@@ -211,8 +261,16 @@ def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
         emitted.stop_all()
 
     rows = _rows(otlp)
-    assert set(rows) == {(t["tenant"], t["request_id"]) for t in mapped}
-    wrong = _differences(rows, mapped)
+    overtaken = _roots_overtaken(messages, traces, kafka_settings.join.grace_ms)
+    assert len(overtaken) <= MAX_OVERTAKEN, f"{len(overtaken)} traces' roots reached Kafka after their due time"
+    exact = [t for t in mapped if t["trace_id"] not in overtaken]
+    keys = {(t["tenant"], t["request_id"]) for t in exact}
+    for trace in (t for t in mapped if t["trace_id"] in overtaken):  # stored under one of its two ids
+        either = {(trace["tenant"], trace["request_id"]), (trace["tenant"], trace["trace_id"])}
+        assert len(either & rows.keys()) == 1, f"trace {trace['trace_id']} (root overtaken): {either & rows.keys()}"
+        keys |= either & rows.keys()
+    assert set(rows) == keys
+    wrong = _differences(rows, exact)
     assert not wrong, f"{len(wrong)} values differ from the service's ground truth, e.g. {wrong[:10]}"
 
     dls = otlp.query("SELECT reason_code, trace_id, span_id FROM {db}.dead_letters FINAL")
@@ -224,16 +282,17 @@ def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
     assert outcomes["stage"] + outcomes["dead_letter"] + outcomes["not_stage"] == len(want_spans)
 
     other = _rows(emitted)
-    assert set(other) == set(rows)
+    assert set(other) == {(t["tenant"], t["request_id"]) for t in mapped}
+    compared = {(t["tenant"], t["request_id"]) for t in exact}
     diffs = [
         f"{key}.{col}: otlp {rows[key][col]!r} emitter {other[key][col]!r}"
-        for key in rows
+        for key in compared
         for col in rows[key]
         if col not in INGESTION_FIELDS and rows[key][col] != other[key][col]
     ]
     assert not diffs, f"{len(diffs)} differences, e.g. {diffs[:10]}"
     ingestion_diffs = Counter(
-        col for key in rows for col in INGESTION_FIELDS & rows[key].keys() if rows[key][col] != other[key][col]
+        col for key in compared for col in INGESTION_FIELDS & rows[key].keys() if rows[key][col] != other[key][col]
     )
     per_tenant = Counter(t for t, _ in rows)
     status = Counter(r["status"] for r in rows.values())
@@ -245,6 +304,37 @@ def test_sdk_service_through_the_collector_matches_ground_truth_and_the_emitter(
             f"flushed apart on purpose; messages per trace {dict(sorted(spread.items()))}), "
             f"{len(values)} messages, {len(want_spans)} spans ({int(outcomes['stage'])} stage, "
             f"{int(outcomes['not_stage'])} not stage), dead letters {dict(by_reason)}, {events} emitter events "
-            f"(ingestion fields that differed: {dict(ingestion_diffs)}); service {service_s:.1f} s, "
+            f"(ingestion fields that differed: {dict(ingestion_diffs)}); {len(overtaken)} roots overtaken in "
+            f"Kafka; service {service_s:.1f} s, "
             f"workers drained both paths in {drained_s:.1f} s, total {time.monotonic() - started:.1f} s"
         )
+
+
+def _message(*spans: tuple[str, str, str, int, int]) -> bytes:
+    """One exporter message of (trace id, span id, parent id, start ms, end ms) spans."""
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for trace, span_id, parent, start, end in spans:
+        span = scope.spans.add()
+        span.trace_id, span.span_id = bytes.fromhex(trace), bytes.fromhex(span_id)
+        span.parent_span_id = bytes.fromhex(parent)
+        span.start_time_unix_nano, span.end_time_unix_nano = start * 1_000_000, end * 1_000_000
+    return request.SerializeToString()
+
+
+def test_a_root_is_overtaken_only_once_its_partition_passed_the_traces_due_time() -> None:
+    t, u = "a" * 32, "b" * 32
+    child, llm, root = ("1" * 16, "2" * 16, "3" * 16)
+    traces = [{"trace_id": t, "timings_us": {"spans": [["llm", llm, 0, 0, []]]}}]
+    kids = _message((t, child, root, 1_000, 1_500))
+    later = _message((u, "4" * 16, "", 1_000, 1_000 + REQUEST_TIMEOUT_MS))  # the due time without an LLM span
+    last = _message((t, llm, root, 1_400, 3_000), (t, root, "", 1_000, 3_100))
+    assert _roots_overtaken([(0, kids), (0, later), (0, last)], traces, 2_000) == {t}
+    assert _roots_overtaken([(0, kids), (1, later), (0, last)], traces, 2_000) == set()  # another partition
+    assert _roots_overtaken([(0, kids), (0, last), (0, later)], traces, 2_000) == set()  # the exporter's order
+    with_llm = _message((t, child, root, 1_000, 1_500), (t, llm, root, 1_400, 3_000))
+    just_before = _message((u, "4" * 16, "", 1_000, 4_999))  # the LLM's end + grace is 5,000
+    root_only = _message((t, root, "", 1_000, 3_100))
+    assert _roots_overtaken([(0, with_llm), (0, just_before), (0, root_only)], traces, 2_000) == set()
+    at_due = _message((u, "5" * 16, "", 1_000, 5_000))
+    assert _roots_overtaken([(0, with_llm), (0, at_due), (0, root_only)], traces, 2_000) == {t}

@@ -12,7 +12,10 @@ several exports, as live ones do). Every ``--split-every``-th trace is certainly
 early children first, a flush and a pause longer than the Collector's batch timeout, then its LLM and root.
 End-time order matters: a span exported seconds of event time before another that ended earlier would move
 the bridge's watermark (the latest span end) past a held trace's due time, resolving it before its root came
-(its request id then falls back to the trace id), which no live SDK does. Traces with ``tenant.id`` on their
+(its request id then falls back to the trace id), which no live SDK does. So each window is flushed twice
+(its first spans, then the split traces' LLM and root spans) before the next window's spans end: with one
+tracer provider per resource, each exporting on its own timer too, the next window's spans of one provider
+could otherwise reach the Collector before this window's root spans of another. Traces with ``tenant.id`` on their
 resource and without go through one tracer provider per resource (three in all).
 
 As it runs, the service writes its ground truth to ``--out`` (JSON): per trace the timings it passed to the
@@ -186,6 +189,9 @@ def main() -> None:
         for end_us, _, _, span, late in window:
             if late:
                 span.end(end_time=end_us * US)
+        # Exported before the next window's spans end: else one provider's background export could send
+        # the next window's spans ahead of another provider's LLM and root spans of this one.
+        flush()
         at = stop
     flush()
     for provider in providers.values():

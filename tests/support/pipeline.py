@@ -233,12 +233,19 @@ async def topic_partitions(bootstrap: str, topic: str) -> list[Any]:
 
 async def read_topic(bootstrap: str, topic: str, timeout_ms: int = 3_000) -> list[tuple[bytes | None, bytes]]:
     """Every (key, value) currently in ``topic``, read without a consumer group."""
+    return [(key, value) for _, key, value in await read_topic_partitions(bootstrap, topic, timeout_ms)]
+
+
+async def read_topic_partitions(
+    bootstrap: str, topic: str, timeout_ms: int = 3_000
+) -> list[tuple[int, bytes | None, bytes]]:
+    """Every (partition, key, value) currently in ``topic``, each partition's in offset order."""
     from aiokafka import AIOKafkaConsumer
 
     tps = await topic_partitions(bootstrap, topic)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
-    out: list[tuple[bytes | None, bytes]] = []
+    out: list[tuple[int, bytes | None, bytes]] = []
     try:
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
@@ -250,7 +257,7 @@ async def read_topic(bootstrap: str, topic: str, timeout_ms: int = 3_000) -> lis
                 break
             batch = await consumer.getmany(timeout_ms=500)
             for messages in batch.values():
-                out += [(m.key, m.value) for m in messages if m.value is not None]
+                out += [(m.partition, m.key, m.value) for m in messages if m.value is not None]
     finally:
         await consumer.stop()
     return out
