@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import gc
 import json
+import time
 from pathlib import Path
 
 import orjson
@@ -146,6 +148,17 @@ def test_wall_pacer_maps_event_time_to_its_origin() -> None:
 def test_a_lag_run_starts_its_event_time_after_generating_it() -> None:
     start = lag.traffic_start_ms(20_000.0, 30.0, wall=1_000.0)
     assert 1_003_000.0 < start < 1_400_000.0  # generation time, with slack: seconds, not minutes
+
+
+def test_lag_traffic_is_generated_again_when_its_start_came_too_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lag, "traffic_start_ms", lambda rate, seconds, wall: wall * 1000.0)  # an estimate of 0 s
+    start_ms, messages, details = lag.lag_traffic(400.0, 1.0)
+    try:
+        assert details["generate_attempts"] == 2.0 and "generate_s_attempt_1" in details
+        assert start_ms / 1000.0 - time.time() > 1.0  # 1.5x the first pass + 2 s, from when it was measured
+        assert messages and min(ts for _, _, ts in messages) >= start_ms
+    finally:
+        gc.unfreeze()
 
 
 def test_profile_summary_and_flame() -> None:
