@@ -1,10 +1,11 @@
 """Join-worker memory per open request: RSS before and after ``N`` requests are held open.
 
 A join worker on its own prefix, with a request timeout of an hour so nothing is finalised, receives
-20,000 ``request_start`` events as a warm-up (the baseline is read after them), then ``N`` more (shaped
-like the simulator's, with its attrs) and nothing else, in two halves with the RSS read after each. The
-RSS delta over ``N`` is the cost of one open request in the worker: the core's ``PendingRequest``, its
-deadline entry and its share of the changelog writes. The second half's slope is reported too.
+``request_start`` events as a warm-up (half of ``N``, at least 20,000; the baseline is read after them),
+then ``N`` more (shaped like the simulator's, with its attrs) and nothing else, in two halves with the RSS
+read after each. The RSS delta over ``N`` is the cost of one open request in the worker: the core's
+``PendingRequest``, its deadline entry and its share of the changelog writes. The second half's slope is
+reported too.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from bench.traffic import Traffic, request_starts
 
 #: Long enough that no open request times out or is evicted while the run holds them.
 HOLD_MS = 3_600_000
-#: Requests opened before the baseline is read (they stay open; the figure is over the ``count`` after).
-WARM_UP = 20_000
+#: Requests opened before the baseline is read, at least (they stay open; the figure is over the ``count``
+#: after). The warm-up is as large as each measured half, so that the transient peak of reading one such
+#: burst (fetch buffers, a fetch's decoded events, the state write) is reached before the baseline: with a
+#: 20,000 warm-up the first 50,000 cost 39-80 MB in three runs of the same code (the second 50,000: 34.0 MB
+#: in all three), and the per-request figure ranged 764-1,193 B.
+MIN_WARM_UP = 20_000
 
 
 def measure_open_requests(env: BenchEnv, traffic: Traffic, count: int, timeout_s: float = 240.0) -> dict[str, Any]:
@@ -34,10 +39,11 @@ def measure_open_requests(env: BenchEnv, traffic: Traffic, count: int, timeout_s
         TTFT_JOIN__MAX_OPEN_REQUESTS_PER_TENANT=str(max(count * 2, 200_000)),
     )
     template = next(m for m in traffic.messages if b'"request_start"' in m[1])
-    every = request_starts(template, WARM_UP + count, start_ms=time.time() * 1000.0)
-    warm_up, messages = every[:WARM_UP], every[WARM_UP:]
-    join = env.start_worker(pipe, "join")
     half = count // 2
+    warm = max(MIN_WARM_UP, half)
+    every = request_starts(template, warm + count, start_ms=time.time() * 1000.0)
+    warm_up, messages = every[:warm], every[warm:]
+    join = env.start_worker(pipe, "join")
 
     def hold(n: int) -> ProcSample:
         poll_until(
@@ -53,13 +59,13 @@ def measure_open_requests(env: BenchEnv, traffic: Traffic, count: int, timeout_s
         # The baseline is a worker that has run: the first batches grow fetch and produce buffers, caches
         # and lazily built code paths once, whatever the number of requests (they are not per request).
         produce(settings, settings.topic("stage-events"), warm_up)
-        before = hold(WARM_UP)
+        before = hold(warm)
         produce(settings, settings.topic("stage-events"), messages[:half])
-        middle = hold(WARM_UP + half)
+        middle = hold(warm + half)
         produce(settings, settings.topic("stage-events"), messages[half:])
-        after = hold(WARM_UP + count)
+        after = hold(warm + count)
         open_now = join.metric("ttft_open_requests")
-        restart_s = _restart(env, pipe, join, settings, messages[-1], WARM_UP + count, timeout_s)
+        restart_s = _restart(env, pipe, join, settings, messages[-1], warm + count, timeout_s)
     finally:
         pipe.stop_all()
     delta = after.rss_bytes - before.rss_bytes
