@@ -11,6 +11,7 @@ and confirmed after the writer stopped with ``SELECT count() FROM requests FINAL
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -60,9 +61,12 @@ class PipelineSession:
         if profile_dir is not None:
             spies.append((join, start_pyspy(join.proc.pid, profile_dir / "join-profile.txt")))
         writer = self.writer
+        consumed_all: list[float] = []
 
         def written() -> bool:
             self._sample_peaks()
+            if not consumed_all and join.metric("ttft_events_consumed_total") >= self.traffic.events:
+                consumed_all.append(time.time())
             return writer.metric("ttft_records_written_total") >= self.requests_expected
 
         done = poll_until(written, timeout_s, "every request row written", interval_s=0.5)
@@ -84,6 +88,10 @@ class PipelineSession:
                 "events": self.traffic.events,
                 "requests": self.requests_expected,
                 "seconds": elapsed,
+                # When the join had read every event (polled every 0.5 s): the rest of ``seconds`` is the
+                # end of the traffic, whose last requests close once the idle tick has moved event time on
+                # by the grace, and the writer's last batch.
+                "join_consumed_all_s": (consumed_all[0] - first) if consumed_all else None,
                 "join_events_consumed": join.metric("ttft_events_consumed_total"),
                 "join_batches": join.metric("ttft_batches_total"),
                 "writer_batches": writer.metric("ttft_batches_total"),
