@@ -215,14 +215,7 @@ class TraceAssembler:
         return True
 
     def _due(self, state: TraceState) -> int:
-        """When the watermark resolves a held trace without its root: its last span end plus the join's
-        grace once the first token is known. Before that (its LLM span may still be streaming, and spans
-        are exported when they end) no earlier than the join's request timeout after its first start: the
-        join would call the request timed out then anyway."""
-        due = state.last_end_ns + self.join.grace_ms * _NS_PER_MS
-        if state.first_token_known:
-            return due
-        return max(due, state.first_start_ns + self.join.request_timeout_ms * _NS_PER_MS)
+        return resolve_due_ns(state.first_start_ns, state.last_end_ns, state.first_token_known, self.join)
 
     def _touch(self, state: TraceState, part: _Partition) -> None:
         state.watermark_ns = part.watermark_ns
@@ -388,6 +381,18 @@ class TraceAssembler:
             self._dirty.pop(trace_id, None)
         for partition in partitions:
             self._partitions.pop(partition, None)
+
+
+def resolve_due_ns(first_start_ns: int, last_end_ns: int, first_token_known: bool, join: JoinConfig) -> int:
+    """When a partition's watermark resolves a held trace without its root (the trace resolves once the
+    watermark is at or past it): its last span end plus the join's grace once the first token is known.
+    Before that (its LLM span may still be streaming, and spans are exported when they end) no earlier than
+    the join's request timeout after its first start: the join would call the request timed out then
+    anyway."""
+    due = last_end_ns + join.grace_ms * _NS_PER_MS
+    if first_token_known:
+        return due
+    return max(due, first_start_ns + join.request_timeout_ms * _NS_PER_MS)
 
 
 def _reason(code: str) -> DeadLetterReason:

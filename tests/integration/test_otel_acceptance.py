@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from streams.core.otlp_traces import resolve_due_ns
 from streams.emit import StageEmitter
 from streams.kafka.broker import free_port
 from streams.kafka.topics import ensure_topics
-from streams.settings import Settings
+from streams.settings import JoinConfig, Settings
 from tests.fixtures.otel import OtelCollectorHandle
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, read_topic_partitions
 
@@ -87,7 +88,7 @@ def _wait_for_spans(
 
 def _roots_overtaken(messages: list[tuple[int, bytes]], traces: list[dict[str, Any]], grace_ms: int) -> set[str]:
     """Trace ids whose root span reached Kafka only after later spans on its partition had passed the time
-    the bridge may resolve the trace without it (:meth:`streams.core.otlp_traces.TraceAssembler._due`: the
+    the bridge may resolve the trace without it (:func:`streams.core.otlp_traces.resolve_due_ns`: the
     last span end + grace once an LLM span came, else the first start + the request timeout). The bridge
     then resolves the trace at a fetch boundary before its root, and its request id falls back to the trace
     id, as designed; whether it did depends on where the fetches ended.
@@ -101,7 +102,7 @@ def _roots_overtaken(messages: list[tuple[int, bytes]], traces: list[dict[str, A
     seen: dict[str, tuple[int, int, bool]] = {}  # trace id -> (first start, last end, an LLM span came)
     rooted: set[str] = set()
     out: set[str] = set()
-    grace_ns, timeout_ns = grace_ms * 1_000_000, REQUEST_TIMEOUT_MS * 1_000_000
+    join = JoinConfig(grace_ms=grace_ms, request_timeout_ms=REQUEST_TIMEOUT_MS)
     for partition, value in messages:
         request = ExportTraceServiceRequest.FromString(value)
         spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
@@ -112,8 +113,7 @@ def _roots_overtaken(messages: list[tuple[int, bytes]], traces: list[dict[str, A
             rooted.add(trace)
             if trace in seen:
                 first, last, llm = seen[trace]
-                due = last + grace_ns if llm else max(last + grace_ns, first + timeout_ns)
-                if watermark[partition] >= due:
+                if watermark[partition] >= resolve_due_ns(first, last, llm, join):
                     out.add(trace)
         for span in spans:
             trace = span.trace_id.hex()
