@@ -141,11 +141,11 @@ class PipelineSession:
 #: Inclusive shares worth tracking per worker: (label -> regex over the full frame text).
 PROFILE_GROUPS: dict[str, dict[str, str]] = {
     "join": {
-        "our batch (decode + core + flush)": r"JoinAdapter\._process_batch|BatchJoin\.process",
+        "our batch (decode + core + flush)": r"JoinFold\.fold|PartitionBatchRunner\.step",
         "decode_stage_event": r"decode_stage_event",
         "core join (streams/core)": r"streams/core/",
-        "produce + await acks (_flush)": r"JoinAdapter\._flush|BatchJoin\._flush",
-        "faust stream / conductor": r"faust/streams\.py|faust/transport/conductor\.py",
+        "produce + await acks (_flush)": r"PartitionBatchRunner\._complete|produce_batches",
+        "faust agent / channel": r"faust/streams\.py|faust/channels\.py|faust/agents/",
         "aiokafka producer": r"aiokafka/producer",
         "aiokafka fetcher": r"aiokafka/consumer/fetcher",
         "idle tick": r"JoinAdapter\._tick",

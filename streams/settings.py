@@ -95,11 +95,11 @@ class JoinConfig(_Section):
         "written at most this often (0: after every fetch); records do not wait for it.",
     )
     batch_within_s: float = Field(0.2, gt=0)
-    consumer: Literal["batch", "faust"] = Field(
+    consumer: Literal["batch"] = Field(
         "batch",
-        description="batch: our own aiokafka group consumer, whole fetches per step (streams/app/batch_join.py); "
-        "faust: the earlier Faust stream adapter (streams/app/join_app.py). Both share the consumer group and "
-        "the changelog, so a worker can switch either way.",
+        description="The join's consumer: the partition-batch runner (streams/kafka/batches.py) feeding the join's "
+        "Faust agent. The per-message Faust stream adapter ('faust') was removed; the batch runner resumes from "
+        "its committed offsets and changelog.",
     )
 
     @model_validator(mode="after")
@@ -171,8 +171,8 @@ class CapsConfig(_Section):
 
 class OtlpConfig(_Section):
     """The OpenTelemetry input: Collector ``kafkaexporter`` messages mapped to stage events (DESIGN.md,
-    "OpenTelemetry spans"). It runs inside the join process of ``join.consumer: batch`` (the default), with
-    its own consumer group (streams/app/otlp_bridge.py); the Faust join does not run it."""
+    "OpenTelemetry spans"). It runs inside the join's worker, as its own agent on its own consumer group
+    (streams/app/otlp_fold.py)."""
 
     enabled: bool = Field(True, description="Consume the OTLP span topic in the join process.")
     topic: str = Field(

@@ -1,9 +1,10 @@
-"""Process entry points for ``ttft worker``: the join (Faust), the writer (aiokafka) and both.
+"""Process entry points for ``ttft worker``: the join, the writer, and both; each role a Faust worker.
 
-Each process serves ``/metrics`` and ``/healthz`` and writes ``$TTFT_HOME/run/<role>-<worker_id>.json``
-(pid, metrics port) so operators and tests can find it. SIGTERM stops gracefully: the join keeps open
-requests in its durable state (they resume after a restart, never finalised early); the writer finishes
-the batch in flight and commits it.
+Each role runs under ``faust.Worker`` with its folds as Faust agents (streams/app/agents.py), serves
+``/metrics`` and ``/healthz`` and writes ``$TTFT_HOME/run/<role>-<worker_id>.json`` (pid, metrics port) so
+operators and tests can find it. SIGTERM stops gracefully: the join keeps open requests in its durable
+state (they resume after a restart, never finalised early); the writer finishes the batch in flight and
+commits it. A stop that cannot finish within ``STOP_DEADLINE_S`` leaves its step uncommitted.
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ from streams.app.metrics import WorkerMetrics, serve_metrics
 from streams.settings import Settings
 
 if TYPE_CHECKING:
-    from streams.app.batch_join import Outputs
+    from streams.app.agents import RoleParts
+    from streams.kafka.batches import Outputs
 
 log = logging.getLogger("ttft.worker")
-
-EXIT_INGEST_HALTED = 3
 
 
 def default_worker_id() -> str:
@@ -44,53 +44,6 @@ def _write_run_file(settings: Settings, role: str, worker_id: str, port: int) ->
     path = run_dir / f"{role}-{worker_id}.json"
     path.write_text(json.dumps({"pid": os.getpid(), "role": role, "worker_id": worker_id, "metrics_port": port}))
     return path
-
-
-async def _ensure_topics(settings: Settings) -> None:
-    from streams.kafka.topics import ensure_topics
-
-    await ensure_topics(settings)
-
-
-#: A stopping worker that has not finished by then abandons its batch in flight (uncommitted, so replayed).
-STOP_DEADLINE_S = 15.0
-
-
-def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning") -> int:
-    """Run a join worker until stopped: Faust's stream, or our batch consumer (``join.consumer``)."""
-    if settings.join.consumer == "batch":
-        return asyncio.run(_batch_join_main(settings, worker_id, metrics_port))
-    import faust
-
-    from streams.app.join_app import create_join_app
-
-    metrics = WorkerMetrics("join", worker_id)
-    worker_dir = settings.home / "workers" / f"join-{worker_id}"
-    worker_dir.mkdir(parents=True, exist_ok=True)
-    asyncio.run(_ensure_topics(settings))
-    app = create_join_app(settings, metrics, str(worker_dir))
-    state: dict[str, Any] = {}
-
-    @app.task  # type: ignore[untyped-decorator]
-    async def _serve() -> None:
-        # mode's worker leaves the root logger at DEBUG: every aiokafka/faust debug call then builds a record
-        # the handler drops (about 7 % of the join's CPU in the bench profile).
-        logging.getLogger().setLevel(getattr(logging, loglevel.upper(), logging.WARNING))
-        runner, port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
-        state["runner"] = runner
-        state["run_file"] = _write_run_file(settings, "join", worker_id, port)
-        log.warning("join worker %s: metrics on http://%s:%d/metrics", worker_id, settings.metrics_host, port)
-
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
-    try:
-        worker.execute_from_commandline()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    finally:
-        run_file = state.get("run_file")
-        if isinstance(run_file, Path):
-            run_file.unlink(missing_ok=True)
-    return 0
 
 
 def _freeze_startup_objects() -> None:
@@ -115,81 +68,136 @@ def _report_core_build(metrics: WorkerMetrics) -> None:
         log.warning("join core: %s", native.STATUS)
 
 
-async def _batch_join_main(settings: Settings, worker_id: str, metrics_port: int) -> int:
-    from streams.app.batch_join import BatchJoin
-    from streams.app.otlp_bridge import OtlpBridge
+def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning") -> int:
+    """Run a join worker (the join's agent, and the OTLP bridge's with ``otlp.enabled``) until stopped."""
+    return _run_role(settings, "join", worker_id, metrics_port, loglevel)
 
-    metrics = WorkerMetrics("join", worker_id)
-    await _ensure_topics(settings)
-    runner, port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
-    run_file = _write_run_file(settings, "join", worker_id, port)
-    log.warning(
-        "join worker %s (batch consumer): metrics on http://%s:%d/metrics", worker_id, settings.metrics_host, port
-    )
-    join = BatchJoin(settings, metrics, fault_injector=_produce_fault_from_env(settings))
-    _report_core_build(metrics)
-    # The OTLP input feeds ttft.stage-events from the Collector's topic, in this process (streams/app/otlp_bridge.py).
-    bridge = OtlpBridge(settings, metrics) if settings.otlp.enabled else None
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    stopped = asyncio.Event()
 
-    def _on_signal() -> None:
-        join.stop()
-        if bridge is not None:
-            bridge.stop()
-        stopped.set()
-        # Bounded stop: a batch stuck on a dead broker is cancelled (nothing of it is committed).
-        loop.call_later(STOP_DEADLINE_S, lambda: task.cancel() if task is not None else None)
+def run_writer(settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning") -> int:
+    """Run the store writer's agent (with the window closer and the rule engine) until stopped."""
+    return _run_role(settings, "writer", worker_id, metrics_port, loglevel)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal)
-    try:
-        await join.start()
-        if bridge is not None:
-            await bridge.start()
+
+def _run_role(settings: Settings, role: str, worker_id: str, metrics_port: int, loglevel: str) -> int:
+    """One role under Faust's worker: its agents, then its runners started by a service (streams/app/agents.py)."""
+    import faust
+
+    from streams.app.agents import RoleParts, RoleService, create_role_app
+
+    app = create_role_app(settings, role, worker_id)
+    metrics = WorkerMetrics(role, worker_id)
+    body = _join_parts(app, settings, metrics) if role == "join" else _writer_parts(app, settings, metrics)
+    held: dict[str, Any] = {}
+
+    async def start() -> None:
+        # mode's worker leaves the root logger at DEBUG: every aiokafka debug call then builds a record the
+        # handler drops (about 7 % of the join's CPU in a bench profile).
+        logging.getLogger().setLevel(getattr(logging, loglevel.upper(), logging.WARNING))
+        from streams.kafka.topics import ensure_topics
+
+        await ensure_topics(settings)
+        held["server"], port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
+        held["run_file"] = _write_run_file(settings, role, worker_id, port)
+        log.warning("%s worker %s: metrics on http://%s:%d/metrics", role, worker_id, settings.metrics_host, port)
+        await body.start()
         _freeze_startup_objects()
-        if bridge is None:
-            await join.run()
-        else:
-            await asyncio.gather(join.run(), bridge.run())
-    except asyncio.CancelledError:
-        if not stopped.is_set():
-            raise
-        log.warning("join worker %s: stop deadline passed; the batch in flight was not committed", worker_id)
+
+    async def cleanup() -> None:
+        server = held.pop("server", None)
+        if server is not None:
+            await server.cleanup()
+
+    parts = RoleParts(start=start, run=body.run, stop=body.stop, close=body.close, cleanup=cleanup)
+    app.service(RoleService(app, role, parts))  # type: ignore[arg-type]  # an instance is accepted too
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
     finally:
-        await runner.cleanup()
-        run_file.unlink(missing_ok=True)
+        run_file = held.get("run_file")
+        if isinstance(run_file, Path):
+            run_file.unlink(missing_ok=True)
     return 0
 
 
-def run_writer(settings: Settings, worker_id: str, metrics_port: int) -> int:
-    """Run the store writer until SIGTERM/SIGINT."""
-    return asyncio.run(_writer_main(settings, worker_id, metrics_port))
+def _join_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RoleParts:
+    """The join's runner and agent, and the OTLP bridge's beside it (``otlp.enabled``)."""
+    from streams.app.agents import RoleParts, fold_agent
+    from streams.app.join_fold import JoinFold, join_runner_config, join_runner_metrics
+    from streams.app.otlp_fold import OtlpFold, otlp_runner_config, otlp_runner_metrics
+    from streams.kafka.batches import PartitionBatchRunner
+
+    join = JoinFold(settings, metrics)
+    runners = [
+        PartitionBatchRunner(
+            settings,
+            join_runner_config(settings),
+            join,
+            metrics=join_runner_metrics(metrics),
+            submit=fold_agent(app, "join", join),
+            fault_injector=_produce_fault_from_env(settings),
+        )
+    ]
+    if settings.otlp.enabled:  # the Collector's topic feeds ttft.stage-events, in this process
+        bridge = OtlpFold(settings, metrics)
+        runners.append(
+            PartitionBatchRunner(
+                settings,
+                otlp_runner_config(settings),
+                bridge,
+                metrics=otlp_runner_metrics(metrics),
+                submit=fold_agent(app, "otlp", bridge),
+            )
+        )
+
+    async def start() -> None:
+        _report_core_build(metrics)
+        for runner in runners:
+            await runner.start()
+
+    async def run() -> None:
+        await asyncio.gather(*(runner.run() for runner in runners))
+
+    def stop() -> None:
+        for runner in runners:
+            runner.stop()
+
+    async def close() -> None:
+        for runner in runners:
+            await runner.close()
+
+    return RoleParts(start=start, run=run, stop=stop, close=close, cleanup=close)
 
 
-async def _writer_main(settings: Settings, worker_id: str, metrics_port: int) -> int:
+def _writer_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RoleParts:
+    """The store writer's runner and agent, with the window closer, rules and alert delivery as its hooks."""
+    from streams.app.agents import RoleParts, fold_agent
     from streams.app.writer import LINGER_MS, StoreWriter
     from streams.app.writer_hooks import install_hooks
 
-    metrics = WorkerMetrics("writer", worker_id)
-    await _ensure_topics(settings)
-    runner, port = await serve_metrics(metrics, metrics_port, host=settings.metrics_host)
-    run_file = _write_run_file(settings, "writer", worker_id, port)
-    log.warning("writer %s: metrics on http://%s:%d/metrics", worker_id, settings.metrics_host, port)
-    writer = StoreWriter(settings, metrics, linger_ms=LINGER_MS, fault_injector=_fault_from_env())
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(writer.stop()))
-    try:
+    submits: list[Any] = []
+
+    async def submit(step: Any) -> None:
+        await submits[0](step)
+
+    writer = StoreWriter(settings, metrics, linger_ms=LINGER_MS, fault_injector=_fault_from_env(), submit=submit)
+    submits.append(fold_agent(app, "writer", writer))
+
+    async def start() -> None:
         await writer.start()
         await install_hooks(writer, settings, metrics)
-        _freeze_startup_objects()  # as the join does: full collections then skip the start-up heap
-        await writer.run()
-    finally:
-        await runner.cleanup()
-        run_file.unlink(missing_ok=True)
-    return 0
+
+    def stop() -> None:
+        writer.runner.stop()
+
+    async def close() -> None:
+        await writer.runner.close()
+
+    async def nothing() -> None:
+        return None
+
+    return RoleParts(start=start, run=writer.run, stop=stop, close=close, cleanup=nothing)
 
 
 def _fault_from_env() -> Any:

@@ -1,7 +1,7 @@
 """Worker gauges as ``pipeline_stats`` rows (the health dashboard's lag, latency and open-request panels).
 
 The writer is the only process with the store (chDB allows one writer), so it writes its own gauges and
-the join workers' gauges, which their watermark heartbeats carry (``streams/app/join_app.py``).
+the join workers' gauges, which their watermark heartbeats carry (``streams/app/join_fold.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ STATS_INTERVAL_S = 10.0
 
 
 class JoinStats:
-    """The latest gauges of each join worker, read from its watermark heartbeats (see join_app).
+    """The latest gauges of each join worker, read from its watermark heartbeats (see join_fold).
 
     A worker not heard from for ``forget_after_s`` (it stopped, or its partitions moved) is dropped, so a
     dead worker's last open-request count is not summed forever.

@@ -1,8 +1,9 @@
 """The store writer: ``ttft.requests`` and ``ttft.dead-letter`` -> ClickHouse, committed after the insert.
 
-It is a plain aiokafka consumer group (``<app_id>-writer``), not a Faust agent, so that it commits exactly
-the offsets of the batch it inserted (no single-offset holes, faust-streaming#606) and can run inside
-the Faust worker (``--role all``) or alone (``--role writer``).
+:class:`StoreWriter` is the writer's fold of the partition-batch runner (:mod:`streams.kafka.batches`,
+consumer group ``<app_id>-writer``; a Faust agent under ``ttft worker``, :mod:`streams.app.agents`): the
+runner commits exactly the offsets of the fetch the fold inserted, after it returned (no single-offset
+holes, faust-streaming#606).
 
 Invariants:
 - Offsets are committed only after every row of the batch is in ClickHouse or in ``dead_letters``. An
@@ -28,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from schemas.dead_letter import DeadLetter, make_dead_letter
@@ -36,7 +37,16 @@ from streams.app.metrics import WorkerMetrics
 from streams.app.stats import STATS_INTERVAL_S, JoinStats, StatsReporter
 from streams.core.join import merge_records
 from streams.core.watermarks import WATERMARK_KEY
-from streams.kafka.topics import kafka_client_kwargs
+from streams.kafka.batches import (
+    Emit,
+    Outputs,
+    PartitionBatchRunner,
+    PartitionView,
+    Records,
+    RunnerConfig,
+    RunnerMetrics,
+    Submit,
+)
 from streams.settings import Settings
 from streams.store.client import StoreUnavailable, make_client
 from streams.store.dead_letter_store import insert_dead_letters
@@ -48,7 +58,10 @@ log = logging.getLogger("ttft.writer")
 #: Store failures worth waiting out: the server or the network, never a bug in our code.
 RETRIABLE: tuple[type[BaseException], ...] = (ClickHouseError, StoreUnavailable, OSError, TimeoutError)
 
-#: How long the live writer keeps polling after the first records of a batch (StoreWriter._linger).
+#: How long the live writer keeps polling after the first records of a fetch. A join flush reaches the
+#: writer over several fetches (one per partition leader response); each insert has a fixed cost in the
+#: store (a new part: ~15 ms of CPU in chDB whatever its size), so one insert for what arrives together is
+#: cheaper than one per fetch. Nothing is committed before its insert; rows become visible at most this later.
 LINGER_MS = 50
 
 #: Called after each poll: with the inserted records once the batch is committed, with ``[]`` after an
@@ -72,12 +85,10 @@ class StoreWriter:
         fault_injector: Callable[[], None] | None = None,
         stats_interval_s: float | None = STATS_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        submit: Submit | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.batch_max = batch_max
-        self.batch_timeout_ms = batch_timeout_ms
-        self.linger_ms = linger_ms
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttft-store")
         self.client: Any = None
         self.hooks: list[BatchHook] = []
@@ -89,11 +100,6 @@ class StoreWriter:
         #: of encoding the record again; the record is held so that its id cannot be reused meanwhile.
         self.batch_values: dict[int, tuple[dict[str, Any], bytes]] = {}
         self._fault = fault_injector
-        self._stopping = asyncio.Event()
-        self._clock = clock
-        #: Seconds the latest poll waited for messages: the window closer's idle clock counts only these,
-        #: never the time spent in the store (see WindowCloser.on_records).
-        self.last_poll_s = 0.0
         #: True while a store call is failing and being retried (cleared by the next success).
         self.store_failing = False
         #: The join workers' gauges, as their heartbeats carry them.
@@ -110,9 +116,27 @@ class StoreWriter:
                 interval_s=stats_interval_s,
                 join_samples=self.join_stats.samples,
             )
-        self.consumer: AIOKafkaConsumer | None = None
         self.requests_topic = settings.topic("requests")
         self.dead_letter_topic = settings.topic("dead-letter")
+        config = RunnerConfig(
+            name="writer",
+            group_id=f"{settings.app_id}-writer",
+            topics=(self.requests_topic, self.dead_letter_topic),
+            batch_max=batch_max,
+            poll_ms=batch_timeout_ms,
+            linger_ms=linger_ms,
+            fetch_max_bytes=16 * 1_048_576,
+            max_partition_fetch_bytes=8 * 1_048_576,
+            max_poll_interval_ms=3_600_000,  # a store outage is waited out with the fetch uncommitted
+            owns_partitions=False,
+        )
+        runner_metrics = RunnerMetrics(
+            unacked=metrics.unacked_records, batches=metrics.batches, lag=metrics.consumer_lag, health=metrics.health
+        )
+        #: Consume → this fold → commit; ``submit`` is where the Faust agent takes the fetch (streams/app/agents.py).
+        self.runner = PartitionBatchRunner(
+            settings, config, self, metrics=runner_metrics, submit=submit, monotonic=clock
+        )
 
     async def _in_store(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a blocking store call on the single store thread (chDB wants one writer thread)."""
@@ -132,21 +156,22 @@ class StoreWriter:
         applied = await self._retry("migrate", lambda: apply_migrations(self.client, self.settings.clickhouse_database))
         if applied:
             log.info("applied migrations: %s", ", ".join(applied))
-        self.consumer = AIOKafkaConsumer(
-            self.requests_topic,
-            self.dead_letter_topic,
-            group_id=f"{self.settings.app_id}-writer",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=self.batch_max,
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-            session_timeout_ms=int(self.settings.session_timeout_s * 1000),
-            heartbeat_interval_ms=1000,
-            max_poll_interval_ms=3_600_000,
-            **kafka_client_kwargs(self.settings),
-        )
-        await self.consumer.start()
-        self.metrics.health["status"] = "ok"
+        await self.runner.start()
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer | None:
+        """The runner's group consumer (``<app_id>-writer``)."""
+        return self.runner.consumer
+
+    @consumer.setter
+    def consumer(self, consumer: AIOKafkaConsumer | None) -> None:
+        self.runner.consumer = consumer
+
+    @property
+    def last_poll_s(self) -> float:
+        """Seconds the latest poll waited for messages: the window closer's idle clock counts only these,
+        never the time spent in the store (see WindowCloser.on_records)."""
+        return self.runner.last_poll_s
 
     def request_partitions(self) -> list[int]:
         """The ``ttft.requests`` partitions this writer currently owns."""
@@ -169,23 +194,16 @@ class StoreWriter:
 
     async def stop(self) -> None:
         """Finish the batch in flight (it is committed or not at all), then leave the group."""
-        self._stopping.set()
+        self.runner.stop()
 
     async def run(self) -> None:
-        assert self.consumer is not None
-        stats = asyncio.create_task(self.stats.run(self._stopping)) if self.stats is not None else None
+        """Run the batches through this fold until :meth:`stop`, then the stop hooks, then leave the group."""
+        stopping = asyncio.Event()
+        stats = asyncio.create_task(self.stats.run(stopping)) if self.stats is not None else None
         try:
-            while not self._stopping.is_set():
-                started = self._clock()
-                batch = await self.consumer.getmany(timeout_ms=self.batch_timeout_ms, max_records=self.batch_max)
-                if batch and self.linger_ms > 0:
-                    batch = await self._linger(batch)
-                self.last_poll_s = max(0.0, self._clock() - started)
-                if batch:
-                    await self._process(batch)
-                else:
-                    await self._idle()
+            await self.runner.run(close=False)
         finally:
+            stopping.set()
             if stats is not None:
                 stats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -194,34 +212,29 @@ class StoreWriter:
                 result = fn()
                 if asyncio.iscoroutine(result):
                     await result
-            await self.consumer.stop()
+            await self.runner.close()
             self.executor.shutdown(wait=True)
 
-    async def _linger(
-        self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
-    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
-        """Poll on for up to ``linger_ms`` after the first records, while more arrive (up to ``batch_max``).
+    # --- BatchFold --------------------------------------------------------------------------------
 
-        A join flush reaches the writer over several fetches (one per partition leader response); each
-        insert has a fixed cost in the store (a new part: ~15 ms of CPU in chDB whatever its size), so one
-        insert for what arrives together is cheaper than one per fetch. Nothing is committed before its
-        insert, as before; the rows become visible at most ``linger_ms`` later.
-        """
-        assert self.consumer is not None
-        merged = {tp: list(messages) for tp, messages in batch.items()}
-        count = sum(len(messages) for messages in merged.values())
-        deadline = self._clock() + self.linger_ms / 1000.0
-        while count < self.batch_max and not self._stopping.is_set():
-            remaining_ms = int((deadline - self._clock()) * 1000.0)
-            if remaining_ms <= 0:
-                break
-            more = await self.consumer.getmany(timeout_ms=remaining_ms, max_records=self.batch_max - count)
-            if not more:
-                break
-            for tp, messages in more.items():
-                merged.setdefault(tp, []).extend(messages)
-                count += len(messages)
-        return merged
+    async def fold(self, records: Records, now_ms: float, view: PartitionView, emit: Emit) -> None:
+        """Insert a fetch (or run the idle hooks after an empty poll); the runner commits it afterwards."""
+        if records:
+            await self._process(records)
+        else:
+            await self._idle()
+
+    def take_dirty(self) -> Outputs:
+        return {}
+
+    async def restore(self, partitions: list[TopicPartition]) -> None:
+        return None
+
+    def revoke(self, partitions: set[TopicPartition]) -> None:
+        return None
+
+    def completed(self) -> None:
+        return None
 
     async def _idle(self) -> None:
         for hook in self.hooks:
@@ -229,19 +242,14 @@ class StoreWriter:
             if asyncio.iscoroutine(result):
                 await result
 
-    async def _process(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
-        assert self.consumer is not None
+    async def _process(self, batch: Records) -> None:
         records: list[dict[str, Any]] = []
         amendments: list[dict[str, Any]] = []
         dead_letters: list[dict[str, Any]] = []
         heartbeats: list[tuple[int, int, float]] = []
-        offsets: dict[TopicPartition, int] = {}
         #: id(record) -> (record, where it came from); holding the record keeps its id unique in the batch.
-        sources: dict[int, tuple[dict[str, Any], TopicPartition, ConsumerRecord[bytes, bytes]]] = {}
-        n = 0
+        sources: dict[int, tuple[dict[str, Any], TopicPartition, Any]] = {}
         for tp, messages in batch.items():
-            offsets[tp] = messages[-1].offset + 1
-            n += len(messages)
             for msg in messages:
                 if msg.value is None:
                     continue
@@ -259,7 +267,6 @@ class StoreWriter:
                     amendments.append(value)
                 else:
                     records.append(value)
-        self.metrics.unacked_records.set(n)
         records = _keep_most_complete(records)
         db = self.settings.clickhouse_database
         refused: list[tuple[dict[str, Any], str]] = []
@@ -292,19 +299,12 @@ class StoreWriter:
                     await result
         finally:
             self.batch_values = {}
-        await self.consumer.commit(offsets)
-        self.metrics.unacked_records.set(0)
-        for tp, committed in offsets.items():
-            highwater = self.consumer.highwater(tp)
-            if highwater is not None:
-                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - committed))
-        self.metrics.batches.inc()
 
     def _refused_letter(
         self,
         record: dict[str, Any],
         reason: str,
-        sources: dict[int, tuple[dict[str, Any], TopicPartition, ConsumerRecord[bytes, bytes]]],
+        sources: dict[int, tuple[dict[str, Any], TopicPartition, Any]],
     ) -> dict[str, Any]:
         """The ``store_rejected`` dead letter of a record the store refused (its own message's bytes)."""
         _, tp, msg = sources[id(record)]

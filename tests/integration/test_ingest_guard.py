@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from streams.app.join_app import EXIT_INGEST_HALTED
+from streams.kafka.batches import EXIT_INGEST_HALTED
 from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce_sync, read_topic
 from tests.support.traffic import build_traffic
 

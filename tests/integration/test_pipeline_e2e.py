@@ -66,10 +66,9 @@ def _check_store(pipe: Pipeline, traffic: Traffic) -> None:
     assert raw[0]["n"] >= traffic.malformed
 
 
-@pytest.mark.parametrize("consumer", ["batch", "faust"])
-def test_pipeline_joins_10k_requests_exactly(kafka_settings: Any, tmp_path: Path, consumer: str) -> None:
+def test_pipeline_joins_10k_requests_exactly(kafka_settings: Any, tmp_path: Path) -> None:
     traffic = _traffic()
-    pipe = Pipeline(pipeline_env(kafka_settings, tmp_path, TTFT_JOIN__CONSUMER=consumer), tmp_path)
+    pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
     try:
         join, writer = _start(pipe)
         n = produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), traffic.messages)
@@ -82,32 +81,33 @@ def test_pipeline_joins_10k_requests_exactly(kafka_settings: Any, tmp_path: Path
     _check_store(pipe, traffic)
 
 
-def test_switching_join_consumer_resumes_from_committed_offsets(kafka_settings: Any, tmp_path: Path) -> None:
-    """Faust join first, stopped mid-stream; the batch join then takes over the same group and changelog:
-    nothing re-read from the start, nothing skipped, open requests carried over."""
+def test_a_new_join_worker_resumes_from_the_committed_offsets(kafka_settings: Any, tmp_path: Path) -> None:
+    """A join worker stopped mid-stream; a new one (an upgrade) takes over the same group and changelog,
+    whose names are the ones every earlier join used: nothing re-read from the start, nothing skipped, open
+    requests carried over."""
     traffic = _traffic()
     half = len(traffic.messages) // 2
     pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
     b, topic = kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events")
     group = f"app-{kafka_settings.topic_prefix}-join"
     try:
-        old = pipe.start("join", free_port(), extra_env={"TTFT_JOIN__CONSUMER": "faust"})
+        old = pipe.start("join", free_port())
         writer = pipe.start("writer", free_port())
         pipe.wait_healthy(old)
         pipe.wait_healthy(writer)
         produce_sync(b, topic, traffic.messages[:half])
-        pipe.wait_for(lambda: group_lag(b, group, [topic]) == 0, 180, "the Faust join to commit the first half")
+        pipe.wait_for(lambda: group_lag(b, group, [topic]) == 0, 180, "the first join to commit the first half")
         assert pipe.stop(old) == 0
-        new = pipe.start("join", free_port(), extra_env={"TTFT_JOIN__CONSUMER": "batch"})
+        new = pipe.start("join", free_port())
         pipe.wait_healthy(new)
         produce_sync(b, topic, traffic.messages[half:])
-        pipe.wait_for(lambda: _drained(kafka_settings, new), 180, "the batch join to drain")
+        pipe.wait_for(lambda: _drained(kafka_settings, new), 180, "the new join to drain")
         consumed = new.metric("ttft_events_consumed_total")
         assert pipe.stop(new) == 0
         assert pipe.stop(writer) == 0
     finally:
         pipe.stop_all()
-    # The batch join read only what the Faust join had not committed (the second half, give or take the
+    # The new join read only what the first had not committed (the second half, give or take the
     # last uncommitted batch), and the store holds every request exactly.
     assert consumed <= len(traffic.messages) - half + 10_000, consumed
     assert consumed >= len(traffic.messages) - half, consumed

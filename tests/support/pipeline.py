@@ -157,9 +157,6 @@ def pipeline_env(settings: Any, home: Path, **extra: str) -> dict[str, str]:
         TTFT_WINDOWS__IDLE_CLOSE_S="8",
         PYTHONPATH=str(REPO),
     )
-    # Run the whole suite on the other join consumer: TTFT_TEST_JOIN_CONSUMER=batch|faust.
-    if os.environ.get("TTFT_TEST_JOIN_CONSUMER"):
-        env["TTFT_JOIN__CONSUMER"] = os.environ["TTFT_TEST_JOIN_CONSUMER"]
     env.update(extra)
     return env
 

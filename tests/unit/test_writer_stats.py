@@ -212,7 +212,7 @@ def test_failing_stats_writes_never_stop_or_hold_up_the_records(caplog: pytest.L
 
     def stop_after_two_failed_rounds() -> None:
         if client.stats_attempts >= 2:
-            writer._stopping.set()
+            writer.runner.stop()
 
     consumer.after_poll = stop_after_two_failed_rounds
     with caplog.at_level(logging.WARNING, logger="ttft.writer"):

@@ -1,0 +1,243 @@
+"""The join as a fold of the partition-batch runner: stage events in, request records out.
+
+:class:`JoinFold` decodes each record of a fetch and folds it through :class:`streams.core.join.RequestJoin`
+(bad ones become dead letters), advances the partitions that moved or are idle, and emits the records,
+the dead letters and the watermark heartbeats. The runner (:mod:`streams.kafka.batches`) owns the order
+in which they become durable: records, then the state of every request touched (one changelog write per
+request per checkpoint, at most every ``join.state_every_ms`` or ``join.batch_max`` events), then the
+offsets. A crash before the commit replays the fetches: the restored state recognises the events already
+folded (by source offset), and a record emitted twice is absorbed by the store.
+
+The consumer group and the changelog topic keep the names the earlier Faust adapter used
+(``{app_id}-join`` and ``{app_id}-join-join-state-changelog``), so an upgrade resumes from the committed
+offsets with the open requests intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+from aiokafka import ConsumerRecord, TopicPartition
+
+from schemas.dead_letter import DeadLetter
+from schemas.decode import decode_stage_event
+from streams.app.join_changelog import restore_partitions
+from streams.app.join_guard import halt_alert, report_quarantines, sync_counter
+from streams.app.metrics import WorkerMetrics
+from streams.core.guard import DeadLetterGuard
+from streams.core.join import RequestJoin
+from streams.core.watermarks import WATERMARK_KEY
+from streams.kafka.batches import Emit, IngestHalted, Outputs, PartitionView, Records, RunnerConfig, RunnerMetrics
+from streams.settings import Settings
+
+JOIN_STATE_TABLE = "join-state"
+HEARTBEAT_INTERVAL_MS = 500.0
+#: Records folded between two yields to the event loop (the in-flight completion progresses there).
+FOLD_SLICE = 250
+
+
+def join_group_id(settings: Settings) -> str:
+    """The join's consumer group: the id Faust gave the join app, so offsets carry over."""
+    return f"{settings.app_id}-join"
+
+
+def changelog_topic(settings: Settings) -> str:
+    """The compacted topic of the join state (Faust's name for the ``join-state`` table's changelog)."""
+    return f"{join_group_id(settings)}-{JOIN_STATE_TABLE}-changelog"
+
+
+def join_runner_config(settings: Settings) -> RunnerConfig:
+    """The join's consumer: whole fetches of ``join.batch_max`` events, completed behind the next fold."""
+    join = settings.join
+    return RunnerConfig(
+        name="join",
+        group_id=join_group_id(settings),
+        topics=(settings.topic("stage-events"),),
+        output_topics=(settings.topic("requests"), settings.topic("dead-letter")),
+        changelog=changelog_topic(settings),
+        batch_max=join.batch_max,
+        # A fetch is join.batch_max events (10k ~ 4 MB): 16 MiB of prefetch keeps the consumer ahead without
+        # holding 64 MiB of fetch buffers in every worker (RSS per open request).
+        fetch_max_bytes=16 * 1_048_576,
+        max_partition_fetch_bytes=2 * 1_048_576,
+        state_every_ms=float(join.state_every_ms),
+        state_every_events=join.batch_max,
+        pipelined=True,
+    )
+
+
+def join_runner_metrics(metrics: WorkerMetrics) -> RunnerMetrics:
+    return RunnerMetrics(
+        consumed=metrics.events_consumed,
+        acked=metrics.events_acked,
+        unacked=metrics.unacked_events,
+        batches=metrics.batches,
+        lag=metrics.consumer_lag,
+        health=metrics.health,
+    )
+
+
+class JoinFold:
+    """Stage events → request records, dead letters and watermark heartbeats (module docstring)."""
+
+    def __init__(
+        self, settings: Settings, metrics: WorkerMetrics, *, wall_clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._wall = wall_clock
+        self.core = RequestJoin(settings.join, settings.windows.window_s * 1000)
+        self.topic = settings.topic("stage-events")
+        self.requests_topic = settings.topic("requests")
+        self.dead_letter_topic = settings.topic("dead-letter")
+        self.changelog = changelog_topic(settings)
+        self.guard = DeadLetterGuard(
+            settings.caps.halt_window_messages,
+            settings.caps.halt_dead_letter_share,
+            settings.caps.max_quarantined_tenants,
+        )
+        self._last_heartbeat_ms = 0.0
+        self._emitted_by_status: dict[str, Any] = {}  # status -> its records_emitted child
+        #: Old (bare request id) changelog keys to delete once their re-keyed states are written.
+        self._legacy_tombstones: list[tuple[str, int]] = []
+        metrics.health["status"] = "starting"
+
+    # --- BatchFold --------------------------------------------------------------------------------
+
+    async def fold(self, records: Records, now_ms: float, view: PartitionView, emit: Emit) -> None:
+        folded: set[int] = set()
+        for tp, items in records.items():
+            for start in range(0, len(items), FOLD_SLICE):
+                if start:
+                    await asyncio.sleep(0)  # lets the previous completion and the fetcher progress
+                self._fold(items[start : start + FOLD_SLICE], now_ms, emit)
+            folded.add(tp.partition)
+        for tp in sorted(view.owned):
+            caught_up = view.idle(tp)
+            if caught_up or tp.partition in folded:
+                for record in self.core.advance(tp.partition, now_ms, caught_up):
+                    self._add_record(emit, tp.partition, record)
+        self._add_heartbeats(emit, view, now_ms)
+
+    def take_dirty(self) -> Outputs:
+        """One changelog write per request touched since the last call (None: forgotten, a tombstone); the
+        deletions of re-keyed legacy keys follow the writes of their new keys."""
+        state: Outputs = defaultdict(list)
+        for key, (partition, packed) in self.core.dirty().items():
+            state[(self.changelog, partition)].append((key.encode(), packed))
+        for key, partition in self._legacy_tombstones:
+            state[(self.changelog, partition)].append((key.encode(), None))
+        self._legacy_tombstones = []
+        return state
+
+    async def restore(self, partitions: list[TopicPartition]) -> None:
+        ps = [tp.partition for tp in partitions]
+        await restore_partitions(self.settings, self.changelog, ps, self.core)
+        # States restored under a bare request id move to their (tenant, id) key: the core marked the new
+        # entries dirty; the old keys are deleted after them, in the next checkpoint.
+        owned = set(ps)
+        self._legacy_tombstones += [(key, p) for key, p in self.core.legacy_keys if p in owned]
+        self.core.legacy_keys = [(key, p) for key, p in self.core.legacy_keys if p not in owned]
+        self.metrics.open_requests.set(self.core.open_requests)
+
+    def revoke(self, partitions: set[TopicPartition]) -> None:
+        self.core.revoke({tp.partition for tp in partitions})
+
+    def completed(self) -> None:
+        c, m = self.core.counters, self.metrics
+        m.open_requests.set(self.core.open_requests)
+        sync_counter(m.duplicates, c.duplicates)
+        sync_counter(m.late_events, c.late_events)
+        sync_counter(m.evictions, c.evictions)
+        sync_counter(m.replayed_events, c.replayed)
+        for cap, total in c.caps.items():
+            sync_counter(m.caps_tripped.labels(cap), total)
+
+    # --- the per-event loop -----------------------------------------------------------------------
+
+    def _fold(self, records: Sequence[ConsumerRecord[Any, Any]], now: float, emit: Emit) -> None:
+        """Decode and fold one partition's records in order (names bound once)."""
+        caps = self.settings.caps
+        guard, add, decode = self.guard, self.core.add, decode_stage_event
+        for record in records:
+            p = record.partition
+            append_time = record.timestamp if record.timestamp_type == 1 else None  # LogAppendTime: the broker's
+            decoded = decode(
+                record.value,
+                record.key,
+                record.topic,
+                p,
+                record.offset,
+                record.timestamp,
+                caps,
+                now,
+                append_time_ms=append_time,
+            )
+            if guard.observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
+                self._halt(decoded, record)
+            if guard.newly_quarantined:
+                report_quarantines(self.settings, guard, self.metrics)
+            if isinstance(decoded, DeadLetter):
+                self._add_dead_letter(emit, p, decoded)
+                continue
+            for out in add(decoded, p, now, offset=record.offset):
+                if isinstance(out, dict):
+                    self._add_record(emit, p, out)
+                else:
+                    self._add_dead_letter(emit, p, out.to_dead_letter(_Source(record), now, caps))
+
+    def _add_record(self, emit: Emit, source: int, record: dict[str, Any]) -> None:
+        status = record["status"]
+        counter = self._emitted_by_status.get(status)
+        if counter is None:  # labels() looks the child up under a lock: once per status, not per record
+            counter = self._emitted_by_status[status] = self.metrics.records_emitted.labels(status)
+        counter.inc()
+        emit(self.requests_topic, record["request_id"].encode(), orjson.dumps(record), source)
+
+    def _add_dead_letter(self, emit: Emit, source: int, dl: DeadLetter) -> None:
+        self.metrics.dead_letters.labels(dl.reason_code).inc()
+        key = f"{dl.source_topic}:{dl.source_partition}:{dl.source_offset}".encode()
+        emit(self.dead_letter_topic, key, dl.model_dump_json().encode(), source)
+
+    def _add_heartbeats(self, emit: Emit, view: PartitionView, now_ms: float) -> None:
+        """Each owned partition's watermark, on every requests partition, after the records it vouches for
+        (the writer closes windows on the minimum; a partition without events sends nothing, one whose
+        backlog is not read yet sends 0, which holds the writer's windows until it is)."""
+        if now_ms - self._last_heartbeat_ms < HEARTBEAT_INTERVAL_MS:
+            return
+        self._last_heartbeat_ms = now_ms
+        stats = {
+            "worker_id": self.metrics.worker_id,
+            "open_requests": self.core.open_requests,
+            "evictions": self.core.counters.evictions,
+        }
+        for tp in sorted(view.owned):
+            watermark = self.core.watermark(tp.partition)
+            if not watermark and not view.unread_backlog(tp):
+                continue  # never carried an event: holds nobody back
+            value = orjson.dumps(
+                {"watermark_ms": watermark, "source_partition": tp.partition, "lag": view.lag(tp), **stats}
+            )
+            emit.everywhere(self.requests_topic, WATERMARK_KEY, value)
+
+    def _halt(self, decoded: Any, record: ConsumerRecord[Any, Any]) -> None:
+        """The dead-letter guard tripped: page, then exit with nothing of this batch committed."""
+        where = (record.topic, record.partition, record.offset)
+        key, value = halt_alert(self.settings, self.guard, decoded, where, self._wall() * 1000.0)
+        raise IngestHalted(self.settings.topic("alerts"), key, value)
+
+
+class _Source:
+    """A consumer record seen as :class:`streams.core.join.SourceMessage` (timestamp in seconds)."""
+
+    def __init__(self, record: ConsumerRecord[Any, Any]) -> None:
+        self.value: bytes | None = record.value
+        self.topic: str = record.topic
+        self.partition: int = record.partition
+        self.offset: int = record.offset
+        self.timestamp: float | None = None if record.timestamp is None else record.timestamp / 1000.0

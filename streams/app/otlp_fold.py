@@ -1,0 +1,132 @@
+"""OTLP spans in, stage events out: the Collector's kafkaexporter topic as a fold of the partition-batch runner.
+
+It runs in the join's ``ttft worker`` beside the join (``otlp.enabled``), on its own consumer group
+(``{app_id}-otlp``) of ``otlp.topic``. :class:`OtlpFold` decodes each message (an
+``ExportTraceServiceRequest``; a bad one is a dead letter) and folds its spans through
+:class:`streams.core.otlp_traces.TraceAssembler`; the resolved stage events go to ``ttft.stage-events``
+keyed by request id, on the partition the emitter's producer would pick for that key (so an emitted and an
+OTLP request meet the join alike). The runner (:mod:`streams.kafka.batches`) makes them durable in order:
+events and dead letters, then the state of every trace touched (compacted
+``{app_id}-otlp-traces-changelog``, a tombstone once forgotten), then the offsets, with every fetch.
+
+A crash before the commit replays the fetch: the restored traces recognise spans already forwarded, and an
+event produced twice carries the same ``event_id`` (the span id), which the join counts once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+from aiokafka import TopicPartition
+
+from schemas.dead_letter import DeadLetter
+from schemas.otlp import decode_otlp_message
+from streams.app.join_changelog import restore_partitions
+from streams.app.join_guard import sync_counter
+from streams.app.metrics import WorkerMetrics
+from streams.core.otlp_traces import SPAN_OUTCOMES, ForwardedEvent, Output, TraceAssembler
+from streams.kafka.batches import Emit, Outputs, PartitionView, Records, RunnerConfig, RunnerMetrics, by_key
+from streams.settings import Settings
+
+#: Messages per fetch: an OTLP message holds many spans, so fewer than the join's events per fetch.
+BATCH_MESSAGES = 500
+
+
+def otlp_group_id(settings: Settings) -> str:
+    """The bridge's consumer group."""
+    return f"{settings.app_id}-otlp"
+
+
+def otlp_changelog_topic(settings: Settings) -> str:
+    """The compacted topic of the held and remembered traces (key: trace id)."""
+    return f"{settings.app_id}-otlp-traces-changelog"
+
+
+def otlp_runner_config(settings: Settings) -> RunnerConfig:
+    """The bridge's consumer: state and commit with every fetch; events routed as the emitter's producer."""
+    return RunnerConfig(
+        name="otlp",
+        group_id=otlp_group_id(settings),
+        topics=(settings.otlp.topic,),
+        output_topics=(settings.topic("stage-events"), settings.topic("dead-letter")),
+        routes={settings.topic("stage-events"): by_key},
+        changelog=otlp_changelog_topic(settings),
+        batch_max=BATCH_MESSAGES,
+        # The join's prefetch in the same process (an OTLP message is larger, but 500 of them fit).
+        fetch_max_bytes=16 * 1_048_576,
+        max_partition_fetch_bytes=8 * 1_048_576,
+    )
+
+
+def otlp_runner_metrics(metrics: WorkerMetrics) -> RunnerMetrics:
+    return RunnerMetrics(acked=metrics.otlp_messages, lag=metrics.consumer_lag)
+
+
+class OtlpFold:
+    """OTLP messages → stage events and dead letters (module docstring)."""
+
+    def __init__(
+        self, settings: Settings, metrics: WorkerMetrics, *, wall_clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._wall = wall_clock
+        self.topic = settings.otlp.topic
+        self.stage_topic = settings.topic("stage-events")
+        self.dead_letter_topic = settings.topic("dead-letter")
+        self.changelog = otlp_changelog_topic(settings)
+        self.core = TraceAssembler(settings.otlp, settings.join, settings.caps, self.topic)
+
+    async def fold(self, records: Records, now_ms: float, view: PartitionView, emit: Emit) -> None:
+        s = self.settings
+        for tp, items in records.items():
+            for record in items:
+                decoded = decode_otlp_message(
+                    record.value,
+                    s.otlp.encoding,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    kafka_timestamp_ms=record.timestamp,
+                    caps=s.caps,
+                    received_at_ms=now_ms,
+                )
+                if isinstance(decoded, DeadLetter):
+                    self._emit(emit, tp.partition, [decoded])
+                else:
+                    self._emit(emit, tp.partition, self.core.add_message(decoded, tp.partition, record.offset, now_ms))
+        for tp in sorted(view.owned):
+            if tp in records or view.idle(tp):
+                self._emit(emit, tp.partition, self.core.advance(tp.partition, now_ms))
+
+    def take_dirty(self) -> Outputs:
+        state: Outputs = defaultdict(list)
+        for trace_id, (partition, packed) in self.core.dirty().items():
+            state[(self.changelog, partition)].append((trace_id.encode(), packed))
+        return state
+
+    async def restore(self, partitions: list[TopicPartition]) -> None:
+        await restore_partitions(self.settings, self.changelog, [tp.partition for tp in partitions], self.core)
+
+    def revoke(self, partitions: set[TopicPartition]) -> None:
+        self.core.revoke({tp.partition for tp in partitions})
+
+    def completed(self) -> None:
+        c, m = self.core.counters, self.metrics
+        for outcome in SPAN_OUTCOMES:
+            sync_counter(m.otlp_spans.labels(outcome), c.spans[outcome])
+        for cap, total in c.caps.items():
+            sync_counter(m.caps_tripped.labels(cap), total)
+        m.otlp_traces_held.set(self.core.held_traces)
+        m.otlp_spans_held.set(self.core.held_spans)
+
+    def _emit(self, emit: Emit, source: int, items: list[Output]) -> None:
+        for item in items:
+            if isinstance(item, ForwardedEvent):
+                emit(self.stage_topic, item.request_id.encode(), item.value, source)
+            else:
+                self.metrics.dead_letters.labels(item.reason_code).inc()
+                where = f"{item.source_topic}:{item.source_partition}:{item.source_offset}:{item.span_id or ''}"
+                emit(self.dead_letter_topic, where.encode(), item.model_dump_json().encode(), source)

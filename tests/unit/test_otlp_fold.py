@@ -1,0 +1,48 @@
+"""The OTLP mapping's fold on the runner, with fake Kafka clients: stage events on the partition the
+emitter's producer would pick, held traces, bad messages. The runner's contract for every fold is in
+tests/unit/test_batches.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+
+from tests.support.fake_kafka import FakeProducer
+from tests.unit.test_batches import OTLP, otlp_records, otlp_rig, otlp_spec
+
+TP = TopicPartition(OTLP, 3)
+
+
+def test_events_go_to_the_emitters_partition_of_their_request_id() -> None:
+    producer = FakeProducer()
+    rig = otlp_rig(producer)
+    spec = otlp_spec()
+    asyncio.run(rig.runner.process({TP: otlp_records(spec, 3)}))
+    assert rig.consumer.commits == [{TP: 3}]
+    key = spec.rid.encode()
+    want = DefaultPartitioner()(key, list(range(8)), list(range(8)))
+    sent = producer.values("u.stage-events")
+    assert {p for p, _, _ in sent} == {want} and {k for _, k, _ in sent} == {key}
+    assert {orjson.loads(v or b"")["stage"] for _, _, v in sent} >= {"request_start", "llm_ttft", "first_token"}
+
+
+def test_a_held_trace_writes_state_and_commits_without_events() -> None:
+    producer = FakeProducer()
+    rig = otlp_rig(producer)
+    asyncio.run(rig.runner.process({TP: otlp_records(otlp_spec(), 3)[:1]}))
+    assert not producer.values("u.stage-events")
+    assert [t for t, _, _ in producer.sent] == [rig.changelog]
+    assert rig.consumer.commits == [{TP: 1}]
+
+
+def test_a_malformed_message_is_dead_lettered_and_committed() -> None:
+    producer = FakeProducer()
+    rig = otlp_rig(producer)
+    bad = ConsumerRecord(OTLP, 3, 7, 0, 0, b"k", b"\xff\xff garbage", None, 0, 0, [])  # type: ignore[call-arg]
+    asyncio.run(rig.runner.process({TP: [bad]}))
+    (dead,) = [orjson.loads(v or b"") for _, _, v in producer.values("u.dead-letter")]
+    assert (dead["reason_code"], dead["source_offset"]) == ("otlp_decode", 7)
+    assert rig.consumer.commits == [{TP: 8}]
