@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,8 +25,8 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
-from streams.app.join_changelog import restore_partitions
 from streams.app.join_guard import halt_alert, report_quarantines, sync_counter
+from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics
 from streams.core.guard import DeadLetterGuard
 from streams.core.join import RequestJoin
@@ -82,20 +81,17 @@ def join_runner_metrics(metrics: WorkerMetrics) -> RunnerMetrics:
     )
 
 
-class JoinFold:
+class JoinFold(KeyedStateFold):
     """Stage events → request records, dead letters and watermark heartbeats (module docstring)."""
+
+    core: RequestJoin
 
     def __init__(
         self, settings: Settings, metrics: WorkerMetrics, *, wall_clock: Callable[[], float] = time.time
     ) -> None:
-        self.settings = settings
-        self.metrics = metrics
-        self._wall = wall_clock
+        super().__init__(settings, metrics, changelog_topic(settings), wall_clock)
         self.core = RequestJoin(settings.join, settings.windows.window_s * 1000)
-        self.topic = settings.topic("stage-events")
         self.requests_topic = settings.topic("requests")
-        self.dead_letter_topic = settings.topic("dead-letter")
-        self.changelog = changelog_topic(settings)
         self.guard = DeadLetterGuard(
             settings.caps.halt_window_messages,
             settings.caps.halt_dead_letter_share,
@@ -127,26 +123,20 @@ class JoinFold:
     def take_dirty(self) -> Outputs:
         """One changelog write per request touched since the last call (None: forgotten, a tombstone); the
         deletions of re-keyed legacy keys follow the writes of their new keys."""
-        state: Outputs = defaultdict(list)
-        for key, (partition, packed) in self.core.dirty().items():
-            state[(self.changelog, partition)].append((key.encode(), packed))
+        state = super().take_dirty()
         for key, partition in self._legacy_tombstones:
-            state[(self.changelog, partition)].append((key.encode(), None))
+            state.setdefault((self.changelog, partition), []).append((key.encode(), None))
         self._legacy_tombstones = []
         return state
 
     async def restore(self, partitions: list[TopicPartition]) -> None:
-        ps = [tp.partition for tp in partitions]
-        await restore_partitions(self.settings, self.changelog, ps, self.core)
+        await super().restore(partitions)
         # States restored under a bare request id move to their (tenant, id) key: the core marked the new
         # entries dirty; the old keys are deleted after them, in the next checkpoint.
-        owned = set(ps)
+        owned = {tp.partition for tp in partitions}
         self._legacy_tombstones += [(key, p) for key, p in self.core.legacy_keys if p in owned]
         self.core.legacy_keys = [(key, p) for key, p in self.core.legacy_keys if p not in owned]
         self.metrics.open_requests.set(self.core.open_requests)
-
-    def revoke(self, partitions: set[TopicPartition]) -> None:
-        self.core.revoke({tp.partition for tp in partitions})
 
     def completed(self) -> None:
         c, m = self.core.counters, self.metrics

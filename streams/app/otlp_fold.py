@@ -16,43 +16,32 @@ event produced twice carries the same ``event_id`` (the span id), which the join
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable
-
-from aiokafka import TopicPartition
 
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import decode_otlp_message
-from streams.app.join_changelog import restore_partitions
 from streams.app.join_guard import sync_counter
+from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics
 from streams.core.otlp_traces import SPAN_OUTCOMES, ForwardedEvent, Output, TraceAssembler
-from streams.kafka.batches import Emit, Outputs, PartitionView, Records, RunnerConfig, RunnerMetrics, by_key
+from streams.kafka.batches import Emit, PartitionView, Records, RunnerConfig, RunnerMetrics, by_key
 from streams.settings import Settings
 
 #: Messages per fetch: an OTLP message holds many spans, so fewer than the join's events per fetch.
 BATCH_MESSAGES = 500
 
 
-def otlp_group_id(settings: Settings) -> str:
-    """The bridge's consumer group."""
-    return f"{settings.app_id}-otlp"
-
-
-def otlp_changelog_topic(settings: Settings) -> str:
-    """The compacted topic of the held and remembered traces (key: trace id)."""
-    return f"{settings.app_id}-otlp-traces-changelog"
-
-
 def otlp_runner_config(settings: Settings) -> RunnerConfig:
-    """The bridge's consumer: state and commit with every fetch; events routed as the emitter's producer."""
+    """The bridge's consumer group ``{app_id}-otlp``: state and commit with every fetch; events routed as
+    the emitter's producer routes them; the held and remembered traces in ``{app_id}-otlp-traces-changelog``
+    (key: trace id)."""
     return RunnerConfig(
         name="otlp",
-        group_id=otlp_group_id(settings),
+        group_id=f"{settings.app_id}-otlp",
         topics=(settings.otlp.topic,),
         output_topics=(settings.topic("stage-events"), settings.topic("dead-letter")),
         routes={settings.topic("stage-events"): by_key},
-        changelog=otlp_changelog_topic(settings),
+        changelog=f"{settings.app_id}-otlp-traces-changelog",
         batch_max=BATCH_MESSAGES,
         # The join's prefetch in the same process (an OTLP message is larger, but 500 of them fit).
         fetch_max_bytes=16 * 1_048_576,
@@ -64,20 +53,17 @@ def otlp_runner_metrics(metrics: WorkerMetrics) -> RunnerMetrics:
     return RunnerMetrics(acked=metrics.otlp_messages, lag=metrics.consumer_lag)
 
 
-class OtlpFold:
+class OtlpFold(KeyedStateFold):
     """OTLP messages → stage events and dead letters (module docstring)."""
+
+    core: TraceAssembler
 
     def __init__(
         self, settings: Settings, metrics: WorkerMetrics, *, wall_clock: Callable[[], float] = time.time
     ) -> None:
-        self.settings = settings
-        self.metrics = metrics
-        self._wall = wall_clock
-        self.topic = settings.otlp.topic
+        super().__init__(settings, metrics, str(otlp_runner_config(settings).changelog), wall_clock)
         self.stage_topic = settings.topic("stage-events")
-        self.dead_letter_topic = settings.topic("dead-letter")
-        self.changelog = otlp_changelog_topic(settings)
-        self.core = TraceAssembler(settings.otlp, settings.join, settings.caps, self.topic)
+        self.core = TraceAssembler(settings.otlp, settings.join, settings.caps, settings.otlp.topic)
 
     async def fold(self, records: Records, now_ms: float, view: PartitionView, emit: Emit) -> None:
         s = self.settings
@@ -100,18 +86,6 @@ class OtlpFold:
         for tp in sorted(view.owned):
             if tp in records or view.idle(tp):
                 self._emit(emit, tp.partition, self.core.advance(tp.partition, now_ms))
-
-    def take_dirty(self) -> Outputs:
-        state: Outputs = defaultdict(list)
-        for trace_id, (partition, packed) in self.core.dirty().items():
-            state[(self.changelog, partition)].append((trace_id.encode(), packed))
-        return state
-
-    async def restore(self, partitions: list[TopicPartition]) -> None:
-        await restore_partitions(self.settings, self.changelog, [tp.partition for tp in partitions], self.core)
-
-    def revoke(self, partitions: set[TopicPartition]) -> None:
-        self.core.revoke({tp.partition for tp in partitions})
 
     def completed(self) -> None:
         c, m = self.core.counters, self.metrics

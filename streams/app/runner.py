@@ -141,15 +141,9 @@ def _join_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RolePar
     ]
     if settings.otlp.enabled:  # the Collector's topic feeds ttft.stage-events, in this process
         bridge = OtlpFold(settings, metrics)
-        runners.append(
-            PartitionBatchRunner(
-                settings,
-                otlp_runner_config(settings),
-                bridge,
-                metrics=otlp_runner_metrics(metrics),
-                submit=fold_agent(app, "otlp", bridge),
-            )
-        )
+        agent = fold_agent(app, "otlp", bridge)
+        config, bridge_metrics = otlp_runner_config(settings), otlp_runner_metrics(metrics)
+        runners.append(PartitionBatchRunner(settings, config, bridge, metrics=bridge_metrics, submit=agent))
 
     async def start() -> None:
         _report_core_build(metrics)
