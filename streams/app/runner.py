@@ -136,14 +136,19 @@ def _join_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RolePar
             join,
             metrics=join_runner_metrics(metrics),
             submit=fold_agent(app, "join", join),
-            fault_injector=_produce_fault_from_env(settings),
+            fault_injector=_produce_fault_from_env(
+                settings, "TTFT_FAULT_PRODUCE_FAIL_FILE", settings.topic("requests")
+            ),
         )
     ]
     if settings.otlp.enabled:  # the Collector's topic feeds ttft.stage-events, in this process
         bridge = OtlpFold(settings, metrics)
         agent = fold_agent(app, "otlp", bridge)
         config, bridge_metrics = otlp_runner_config(settings), otlp_runner_metrics(metrics)
-        runners.append(PartitionBatchRunner(settings, config, bridge, metrics=bridge_metrics, submit=agent))
+        fault = _produce_fault_from_env(settings, "TTFT_FAULT_OTLP_PRODUCE_FAIL_FILE", settings.topic("stage-events"))
+        runners.append(
+            PartitionBatchRunner(settings, config, bridge, metrics=bridge_metrics, submit=agent, fault_injector=fault)
+        )
 
     async def start() -> None:
         _report_core_build(metrics)
@@ -208,30 +213,24 @@ def _fault_from_env() -> Any:
     return check
 
 
-def _produce_fault_from_env(settings: Settings) -> Callable[[Outputs], None] | None:
-    """Test hook: ``TTFT_FAULT_PRODUCE_FAIL_FILE=path`` makes the batch join's produce of request records
-    fail while that file exists (a produce of heartbeats or state alone still goes through), as a broker
-    refusing the records would: the batch raises and the worker exits uncommitted."""
-    path = os.environ.get("TTFT_FAULT_PRODUCE_FAIL_FILE")
+def _produce_fault_from_env(settings: Settings, variable: str, topic: str) -> Callable[[Outputs], None] | None:
+    """Test hook: ``<variable>=path`` makes a runner's produce of messages to ``topic`` fail while that file
+    exists (a produce of heartbeats or state alone still goes through), as a broker refusing them would: the
+    step raises and the worker exits uncommitted. ``TTFT_FAULT_PRODUCE_FAIL_FILE``: the join's request
+    records; ``TTFT_FAULT_OTLP_PRODUCE_FAIL_FILE``: the OTLP bridge's stage events."""
+    path = os.environ.get(variable)
     if not path:
         return None
     from streams.core.watermarks import WATERMARK_KEY
 
     marker = Path(path)
-    requests_topic = settings.topic("requests")
 
     def check(outputs: Outputs) -> None:
         if not marker.exists():
             return
-        records = sum(
-            1
-            for (topic, _), items in outputs.items()
-            if topic == requests_topic
-            for key, _ in items
-            if key != WATERMARK_KEY
-        )
-        if records:
-            raise ConnectionError(f"injected produce failure: {records} request records (TTFT_FAULT_PRODUCE_FAIL_FILE)")
+        messages = sum(1 for (t, _), items in outputs.items() if t == topic for key, _ in items if key != WATERMARK_KEY)
+        if messages:
+            raise ConnectionError(f"injected produce failure: {messages} messages to {topic} ({variable})")
 
     return check
 
