@@ -17,7 +17,8 @@ from streams.settings import load_settings
     type=click.Choice(["all", "join", "writer"]),
     default="all",
     show_default=True,
-    help="join: Faust join workers (scale out); writer: the store writer (one per embedded chDB store).",
+    help="join: the join and OTLP agents (scale out by partitions); writer: the store writer's agent (one per "
+    "embedded chDB store); all: both, as two child processes. Each role runs under Faust's worker.",
 )
 @click.option("--worker-id", default=None, help="Stable id of this worker (default host-pid).")
 @click.option("--metrics-port", type=int, default=None, help="Port of /metrics and /healthz (0 = free).")
