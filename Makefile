@@ -11,8 +11,12 @@ KAFKA_STAMP := $(KAFKA_LIBS)/.complete-$(shell cat deploy/kafka/pom.xml 2>/dev/n
 OTEL_DIR := $(CACHE)/otel
 OTEL_STAMP := $(OTEL_DIR)/.built-$(shell cat deploy/otel/builder-config.yaml 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# The fast tier (`make test-fast`): unit and in-process tests, the in-process chDB ones included; nothing
+# that needs the real broker, worker subprocesses, Alertmanager or the Collector. Unmarked tests cannot
+# open a socket or the store (tests/fixtures/network_guard.py), so these markers keep the tier honest.
+FAST_MARKERS := not kafka and not e2e and not alertmanager and not otel and not slow
 
-.PHONY: setup demo demo-otel test lint bench clean kafka-jars alertmanager kcat venv otelcol native
+.PHONY: setup demo demo-otel test test-fast lint bench clean kafka-jars alertmanager kcat venv otelcol native
 
 setup: venv native kafka-jars alertmanager kcat
 
@@ -62,8 +66,14 @@ demo: setup $(if $(filter --otel,$(DEMO_ARGS)),otelcol)
 demo-otel:
 	@$(MAKE) --no-print-directory demo DEMO_ARGS="--otel $(filter-out --otel,$(DEMO_ARGS))"
 
+# The whole suite (~24 min on 2 cores); the 25 slowest tests are listed at the end.
 test: setup otelcol
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+
+# Unit and in-process tests only (~2.5 min on 2 cores); needs neither the Kafka jars, Alertmanager, kcat
+# nor the Collector.
+test-fast: venv native
+	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" --durations=10 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
 lint: venv
 	$(BIN)/ruff check streams schemas tests bench

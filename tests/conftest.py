@@ -11,6 +11,8 @@ pytest_plugins = [
     "tests.fixtures.pipeline_run",
     "tests.fixtures.store_exit",
     "tests.fixtures.otel",
+    "tests.fixtures.network_guard",
+    "pytester",
 ]
 
 

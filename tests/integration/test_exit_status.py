@@ -22,6 +22,9 @@ from tests.support.pipeline import REPO, Pipeline, pipeline_env
 from tests.support.scenarios import free_port
 
 TTFT = str(Path(sys.executable).with_name("ttft"))
+#: Every check starts processes dozens of times (tens of seconds each): not for the fast tier.
+pytestmark = pytest.mark.slow
+
 RUNS = 30
 PARALLEL = 3
 

@@ -24,6 +24,9 @@ from click.testing import CliRunner, Result
 from streams.cli.main import main
 from streams.grafana.build import config_settings, dashboard_models
 
+#: The stand-in Grafana is an HTTP server on a loopback port in the test process.
+pytestmark = pytest.mark.net
+
 TOKEN = "glsa_test_token"
 
 

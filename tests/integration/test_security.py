@@ -204,6 +204,7 @@ def test_wrong_sasl_password_fails_without_echoing_it(sasl_broker: tuple[LocalBr
         pytest.param(["db", "migrate"], id="store-unreachable"),
     ],
 )
+@pytest.mark.net
 def test_cli_errors_do_not_echo_secrets(args: list[str], tmp_path: Path) -> None:
     sasl, ch, url = _marker("sasl"), _marker("ch"), _marker("url")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTFT_")}
@@ -225,6 +226,7 @@ def test_cli_errors_do_not_echo_secrets(args: list[str], tmp_path: Path) -> None
     assert _leaked(text, [sasl, ch, url]) == [], text[-2000:]
 
 
+@pytest.mark.net
 def test_clickhouse_connection_error_hides_password(caplog: pytest.LogCaptureFixture) -> None:
     url_secret, ch_secret = _marker("url"), _marker("ch")
     caplog.set_level(logging.DEBUG)
@@ -240,6 +242,7 @@ def test_clickhouse_connection_error_hides_password(caplog: pytest.LogCaptureFix
             assert _leaked(text, [url_secret, ch_secret]) == []
 
 
+@pytest.mark.net
 def test_alertmanager_delivery_errors_hide_url_credentials(caplog: pytest.LogCaptureFixture) -> None:
     secret = _marker("am")
     caplog.set_level(logging.DEBUG)

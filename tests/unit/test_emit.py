@@ -56,6 +56,7 @@ def _decoded(emitter: StageEmitter) -> list[StageEvent]:
     return events
 
 
+@pytest.mark.net
 def test_calls_return_immediately_and_drop_with_a_counter_without_a_broker(closed_port: int) -> None:
     async def scenario() -> None:
         emitter = _emitter(closed_port, max_buffer=100)
@@ -93,6 +94,7 @@ def test_calls_return_immediately_and_drop_with_a_counter_without_a_broker(close
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
+@pytest.mark.net
 def test_the_oldest_events_are_the_ones_dropped(closed_port: int) -> None:
     async def scenario() -> None:
         emitter = _emitter(closed_port, max_buffer=3)
@@ -106,6 +108,7 @@ def test_the_oldest_events_are_the_ones_dropped(closed_port: int) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
+@pytest.mark.net
 def test_nothing_raises_into_the_service(closed_port: int) -> None:
     async def scenario() -> None:
         emitter = _emitter(closed_port)
@@ -134,6 +137,7 @@ def test_nothing_raises_into_the_service(closed_port: int) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
+@pytest.mark.net
 def test_spans_use_the_monotonic_clock_and_instants_share_it(closed_port: int) -> None:
     async def scenario() -> None:
         mono = FakeMonotonic()

@@ -14,6 +14,9 @@ import pytest
 from streams.otel.collector import CollectorError, LocalCollector
 from tests.fixtures.otel import free_otel_ports
 
+#: Loopback ports bound in the test process and by the stand-in binary; no real Collector.
+pytestmark = pytest.mark.net
+
 STUBBORN = f"""#!{sys.executable}
 import os, signal, socket, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

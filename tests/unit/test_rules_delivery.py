@@ -5,6 +5,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from streams.alerting.alertmanager import AlertmanagerClient, alertmanager_alert
 from streams.alerting.outbox import DeliveryState, alert_message, deliver_due
 from streams.rules import AlertTransition
@@ -104,6 +106,7 @@ def test_muted_transitions_and_muted_loop_never_page() -> None:
     assert sink.posts == [] and state.stats.muted == 2 and state.owed == {}
 
 
+@pytest.mark.net
 def test_client_reports_failure_instead_of_raising_when_nothing_listens() -> None:
     slept: list[float] = []
 

@@ -98,6 +98,7 @@ def test_grafana_push_cli_never_echoes_the_secret(form: tuple[str, list[str]]) -
     _clean(repr(result.exception), secrets)
 
 
+@pytest.mark.net
 @settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 @given(form=url_forms())
 def test_store_errors_retry_logs_and_metrics_never_show_the_secret(
