@@ -29,6 +29,8 @@ from streams.settings import CapsConfig
 _MAX_ERRORS_IN_DETAIL: Final = 3
 #: What StageEvent.model_validate calls, without its Python wrapper (the same validation, once per event).
 _validate: Final = StageEvent.__pydantic_validator__.validate_python
+#: The same validation straight from the bytes (one pass of pydantic-core's parser, no intermediate dict).
+_validate_json: Final = StageEvent.__pydantic_validator__.validate_json
 _MAX_MSG_CHARS: Final = 120
 
 
@@ -54,7 +56,9 @@ def decode_stage_event(
 
     def dead(reason: DeadLetterReason, detail: str) -> DeadLetter:
         request_id = tenant_id = None
-        if isinstance(parsed, dict):
+        if isinstance(parsed, StageEvent):
+            request_id, tenant_id = parsed.request_id, parsed.tenant_id
+        elif isinstance(parsed, dict):
             rid, tid = parsed.get("request_id"), parsed.get("tenant_id")
             request_id = rid if isinstance(rid, str) else None
             tenant_id = tid if isinstance(tid, str) else None
@@ -78,6 +82,9 @@ def decode_stage_event(
             raw_value = b"" if raw_value is None else bytes(raw_value)
         if len(raw_value) > caps.max_event_bytes:
             return dead("too_large", f"value is {len(raw_value)} bytes, the cap is {caps.max_event_bytes}")
+        parsed = _valid_at_once(raw_value, caps)
+        if parsed is not None:
+            return _checked(parsed, raw_key, received_at_ms, append_time_ms, caps, dead)
         try:
             parsed = orjson.loads(raw_value)
         except orjson.JSONDecodeError as exc:
@@ -89,7 +96,6 @@ def decode_stage_event(
         if duplicate is not None:
             return dead("duplicate_key", f"JSON object repeats the key {_short(repr(duplicate))}")
         try:
-            # Validating orjson's dict beats a second parse by pydantic's (laxer: NaN) JSON parser.
             event: StageEvent = _validate(parsed, context=_context(caps))
         except ValidationError as exc:
             # A valid StageEvent nests at most 2 deep, so depth only needs checking on failure.
@@ -99,20 +105,7 @@ def decode_stage_event(
             if not isinstance(parsed, dict):
                 return dead("schema", f"value must be a JSON object, not {_json_type(parsed)}")
             return dead("schema", schema_error_summary(exc))
-        expected_key = event.request_id.encode("utf-8")
-        if raw_key is None:
-            return dead("invalid_key", "Kafka key is missing; it must be the request_id in UTF-8")
-        if raw_key != expected_key:
-            return dead("invalid_key", f"Kafka key {_short(repr(bytes(raw_key)))} is not the request_id")
-        skew = future_skew(event, received_at_ms, append_time_ms)
-        if skew > caps.skew_limit_ms:
-            clock = "the broker's append time" if append_time_ms is not None else "the worker's clock"
-            return dead(
-                "timestamp_skew",
-                f"the event ends {skew:.0f} ms after {clock} "
-                f"(limit {caps.skew_limit_ms} ms; past times are never refused)",
-            )
-        return event
+        return _checked(event, raw_key, received_at_ms, append_time_ms, caps, dead)
     except Exception as exc:  # a bug here must not stop the pipeline: dead-letter and keep going
         try:
             return dead("schema", f"unexpected decode failure: {type(exc).__name__}: {_short(str(exc))}")
@@ -128,6 +121,48 @@ def decode_stage_event(
                 max_original_bytes=0,
                 received_at_ms=0.0,
             )
+
+
+def _valid_at_once(raw: bytes, caps: CapsConfig) -> StageEvent | None:
+    """The event when the bytes hold a valid one with no repeated key, validated in one pass from the bytes;
+    None when anything is wrong or uncertain: the caller then takes the step-by-step path, whose checks
+    (strict JSON by orjson, duplicate keys, the schema) classify the failure as before.
+
+    pydantic-core's parser is laxer than orjson in two ways, both covered: it reads NaN and Infinity (no
+    field accepts them, so validation fails), and it keeps integers past 64 bits (``bounded_attrs`` turns
+    them into floats, as orjson reads them). Like orjson it keeps the last of repeated keys, so the colon
+    count of :func:`duplicate_key` runs here too, on the keys the event set."""
+    try:
+        event: StageEvent = _validate_json(raw, context=_context(caps))
+    except ValidationError:
+        return None
+    attrs = event.attrs
+    if raw.count(b":") > len(event.model_fields_set) + (len(attrs) if attrs is not None else 0):
+        return None  # a colon in a string, or a repeated key: the full check decides
+    return event
+
+
+def _checked(
+    event: StageEvent,
+    raw_key: bytes | None,
+    received_at_ms: float,
+    append_time_ms: float | None,
+    caps: CapsConfig,
+    dead: Any,
+) -> StageEvent | DeadLetter:
+    """The checks after the schema: the Kafka key, then the future skew."""
+    if raw_key is None:
+        return dead("invalid_key", "Kafka key is missing; it must be the request_id in UTF-8")  # type: ignore[no-any-return]
+    if raw_key != event.request_id.encode("utf-8"):
+        return dead("invalid_key", f"Kafka key {_short(repr(bytes(raw_key)))} is not the request_id")  # type: ignore[no-any-return]
+    skew = future_skew(event, received_at_ms, append_time_ms)
+    if skew > caps.skew_limit_ms:
+        clock = "the broker's append time" if append_time_ms is not None else "the worker's clock"
+        return dead(  # type: ignore[no-any-return]
+            "timestamp_skew",
+            f"the event ends {skew:.0f} ms after {clock} (limit {caps.skew_limit_ms} ms; past times are never refused)",
+        )
+    return event
 
 
 class _DuplicateKey(Exception):

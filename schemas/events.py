@@ -108,7 +108,11 @@ def bounded_attrs(attrs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]
             if not math.isfinite(value):
                 raise ValueError(f"attrs.{key} must be finite")
             size += len(key) + 8
-        elif kind is int or kind is bool or value is None:
+        elif kind is int:
+            if not _INT64_MIN <= value <= _UINT64_MAX:  # past 64 bits a JSON integer is a float (as orjson reads it)
+                attrs[key] = float(value)
+            size += len(key) + 8
+        elif kind is bool or value is None:
             size += len(key) + 8
         else:
             raise ValueError(f"attrs.{key} must be a JSON scalar")
@@ -119,6 +123,8 @@ def bounded_attrs(attrs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]
 
 
 _NO_CONTEXT: Final[dict[str, int]] = {}
+_INT64_MIN: Final = -(2**63)
+_UINT64_MAX: Final = 2**64 - 1
 
 
 # The cross-field rule of `_cross_field`, for JSON Schema users (a null duration counts as absent).

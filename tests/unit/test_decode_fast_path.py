@@ -1,0 +1,101 @@
+"""The one-pass validation from the bytes (``_valid_at_once``) gives the event the step-by-step path gives
+(orjson, the duplicate-key check, then the schema), and steps aside whenever it could differ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import decode
+from schemas.events import StageEvent
+from streams.settings import CapsConfig
+
+EXAMPLES = Path(decode.__file__).parent / "examples"
+CAPS = CapsConfig()
+BASE = {"request_id": "r1", "tenant_id": "acme", "stage": "retrieval", "ts_ms": 1_796_000_000_000, "duration_ms": 5}
+
+
+def _step_by_step(raw: bytes) -> StageEvent | None:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if decode.duplicate_key(raw, parsed) is not None:
+        return None
+    try:
+        return decode._validate(parsed, context=decode._context(CAPS))  # type: ignore[no-any-return]
+    except Exception:
+        return None
+
+
+def _all_examples() -> list[Path]:
+    return sorted(p for p in EXAMPLES.rglob("*.json") if "stage" in str(p))
+
+
+@pytest.mark.parametrize("path", _all_examples(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_example_gets_the_same_event_or_the_full_check(path: Path) -> None:
+    raw = path.read_bytes()
+    fast = decode._valid_at_once(raw, CAPS)
+    if fast is not None:
+        assert fast == _step_by_step(raw)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        b'{"x": 123456789012345678901234567890}',
+        b'{"x": -123456789012345678901234567890}',
+        b'{"x": 18446744073709551615}',
+        b'{"x": -9223372036854775808}',
+    ],
+)
+def test_integers_past_64_bits_become_floats_as_orjson_reads_them(attrs: bytes) -> None:
+    raw = orjson.dumps(BASE)[:-1] + b',"attrs":' + attrs + b"}"
+    fast = decode._valid_at_once(raw, CAPS)
+    assert fast is not None and fast == _step_by_step(raw)
+    assert fast.attrs is not None and type(fast.attrs["x"]) is type(orjson.loads(attrs)["x"])
+    orjson.dumps(fast.attrs)  # a record carrying it can always be written
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"request_id":"r1","request_id":"r2","tenant_id":"acme","stage":"retrieval","ts_ms":1796000000000,"duration_ms":5}',
+        b'{"request_id":"r1","tenant_id":"acme","stage":"retrieval","ts_ms":1796000000000,"duration_ms":NaN}',
+        b'{"request_id":"a:b","tenant_id":"acme","stage":"retrieval","ts_ms":1796000000000,"duration_ms":5}',
+    ],
+)
+def test_repeated_keys_nan_and_colons_in_strings_take_the_full_check(raw: bytes) -> None:
+    assert decode._valid_at_once(raw, CAPS) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["prompt_tokens", "cached_tokens", "prompt_cache_hit", "custom", "k2", "trace_id"]),
+        st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), st.text(max_size=20), st.none()),
+        max_size=4,
+    ),
+    st.sampled_from(["request_start", "retrieval", "llm_ttft", "my_stage"]),
+    st.one_of(st.none(), st.floats(min_value=0, max_value=1e7, allow_nan=False)),
+)
+def test_generated_events_agree_with_the_step_by_step_path(attrs: dict, stage: str, duration: float | None) -> None:
+    event: dict[str, object] = {**BASE, "stage": stage, "attrs": attrs}
+    if duration is None:
+        event.pop("duration_ms")
+    else:
+        event["duration_ms"] = duration
+    try:
+        raw = orjson.dumps(event)
+    except TypeError:
+        return
+    fast = decode._valid_at_once(raw, CAPS)
+    if fast is not None:
+        assert fast == _step_by_step(raw)
+    full = decode.decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, 1_797_000_000_000.0)
+    slow = _step_by_step(raw)
+    assert (full == slow) if slow is not None else not isinstance(full, StageEvent)
