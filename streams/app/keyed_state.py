@@ -3,21 +3,28 @@
 Both keep their open work (requests, traces) in a core that marks what it touched as dirty and can restore
 and drop it by partition; :class:`KeyedStateFold` turns that into the runner's ``take_dirty``, ``restore``
 and ``revoke`` (:class:`streams.kafka.batches.BatchFold`).
+
+Restoring reads each newly owned changelog partition from its start to the end offset seen when restoring
+began, keeps the latest value per key and loads the live ones into the core. It runs before the
+partition's input is fetched, so nothing is folded on missing state.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.app.join_changelog import restore_partitions
 from streams.app.metrics import WorkerMetrics
 from streams.kafka.batches import Outputs
+from streams.kafka.topics import kafka_client_kwargs
 from streams.settings import Settings
+
+log = logging.getLogger("ttft.state")
 
 
 class KeyedCore(Protocol):
@@ -60,3 +67,53 @@ class KeyedStateFold:
 
 def _numbers(partitions: Iterable[TopicPartition]) -> list[int]:
     return sorted(tp.partition for tp in partitions)
+
+
+#: How long one restore may take before the worker gives up (the group then moves the partitions on).
+RESTORE_TIMEOUT_S = 120.0
+
+
+async def restore_partitions(settings: Settings, topic: str, partitions: list[int], core: KeyedCore) -> int:
+    """Load the latest state of every live key of ``partitions`` into ``core``; returns how many."""
+    if not partitions:
+        return 0
+    tps = [TopicPartition(topic, p) for p in partitions]
+    consumer = AIOKafkaConsumer(
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 * 1_048_576,
+        fetch_max_bytes=64 * 1_048_576,
+        **kafka_client_kwargs(settings),
+    )
+    await consumer.start()
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    started = time.monotonic()
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        pending = {tp for tp in tps if ends[tp] > 0}
+        while pending:
+            if time.monotonic() - started > RESTORE_TIMEOUT_S:
+                raise TimeoutError(f"restoring {topic} partitions {partitions} took over {RESTORE_TIMEOUT_S:.0f} s")
+            batch = await consumer.getmany(*pending, timeout_ms=500, max_records=50_000)
+            for tp, records in batch.items():
+                for record in records:
+                    if record.key is not None and record.offset < ends[tp]:
+                        latest[record.key] = (tp.partition, record.value)
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    finally:
+        await consumer.stop()
+    restored = 0
+    for key, (partition, packed) in latest.items():
+        if packed is None:
+            continue
+        try:
+            core.restore(key.decode(), packed, partition)
+        except (ValueError, UnicodeDecodeError):
+            log.warning("changelog partition %d: unreadable state for key %r; skipped", partition, key[:80])
+            continue
+        restored += 1
+    log.info("restored %d requests from %s in %.1f s", restored, topic, time.monotonic() - started)
+    return restored
