@@ -29,7 +29,19 @@ from bench.results import RESULTS_DIR, RunReport, git_commit, machine_info, rend
 from bench.traffic import EVENTS_PER_REQUEST, Traffic, build_traffic
 from streams.store.shutdown import exit_process
 
-PHASES = ("simspeed", "raw", "pipeline", "lag", "naive", "memory", "closeburst", "scaleout", "quix", "spanmetrics")
+PHASES = (
+    "simspeed",
+    "raw",
+    "pipeline",
+    "lag",
+    "naive",
+    "memory",
+    "closeburst",
+    "scaleout",
+    "quix",
+    "spanmetrics",
+    "otlpbridge",
+)
 #: Phases that read the generated traffic; when all are skipped, only a token amount is generated.
 TRAFFIC_PHASES = frozenset({"raw", "pipeline", "lag", "naive", "memory", "scaleout"})
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -55,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip", action="append", default=[], help=f"phases to skip, any of {','.join(PHASES)}")
     p.add_argument("--only", action="append", default=[], help="run only these phases (same names as --skip)")
     p.add_argument("--otel-traces", type=int, default=None, help="traces of the spanmetrics phase (3,000)")
+    p.add_argument("--bridge-traces", type=int, default=None, help="traces per Collector run of otlpbridge (20,000)")
+    p.add_argument("--bridge-rounds", type=int, default=None, help="Collector runs per variant of otlpbridge (2)")
     p.add_argument("--phase-timeout", type=float, default=600.0, help="seconds a phase may take to drain")
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every phase (~2 min)")
     p.add_argument("--profile", action="store_true", help="py-spy the join and writer in the pipeline phase")
@@ -85,6 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.events = min(args.events, 1_000)
     if args.otel_traces is None:
         args.otel_traces = 1_000 if args.quick else 3_000
+    if args.bridge_traces is None:
+        args.bridge_traces = 5_000 if args.quick else 20_000
+    if args.bridge_rounds is None:
+        args.bridge_rounds = 1 if args.quick else 2
     if args.naive_requests is None:
         args.naive_requests = 1_500 if args.quick else 8_000
     if args.quick:
@@ -177,7 +195,24 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if run.failed else 0
 
 
+def join_core_status(worker_env: dict[str, str]) -> str:
+    """The build of the join's core the workers run (:data:`streams.core.native.STATUS` in them):
+    ``native`` unless ``--worker-env TTFT_NATIVE=0`` or the compiled modules do not match the tree. The
+    workers get no ``TTFT_*`` variable of this process but ``--worker-env`` ones (``pipeline_env``)."""
+    from streams.core import native
+
+    if worker_env.get("TTFT_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return "python (TTFT_NATIVE=0)"
+    problem = native.check_manifest()
+    return "native" if problem is None else f"python ({problem})"
+
+
 def _report(run: Run, args: argparse.Namespace, started_at: datetime, wall0: float, load: Any) -> RunReport:
+    from streams.core import native
+
+    worker_env = dict(item.split("=", 1) for item in args.worker_env)
+    join_core = join_core_status(worker_env)
+    run.figures["join_core_native"] = 1.0 if join_core == "native" else 0.0
     meta = {
         "started_at": started_at.isoformat(timespec="seconds"),
         "commit": git_commit(),
@@ -188,6 +223,9 @@ def _report(run: Run, args: argparse.Namespace, started_at: datetime, wall0: flo
             for k, v in vars(args).items()
         },
         "failed_phases": run.failed,
+        # Which join core the workers ran (``join_core_native`` in the figures), and this process's.
+        "join_core": join_core,
+        "join_core_bench_process": native.STATUS,
         # Other work on the machine skews every absolute figure; the ratios and CPU figures less so.
         "loadavg_start": load,
         "loadavg_end": os.getloadavg(),
@@ -256,6 +294,23 @@ def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traf
             update={"otlp": settings.otlp.model_copy(update={"topic": f"{settings.topic_prefix}.otlp_spans"})}
         )
         run.phase("spanmetrics", lambda: measure_spanmetrics(settings, settings.home, args.otel_traces))
+    if "otlpbridge" not in args.skip:
+        from bench.otlpbridge import measure_otlpbridge, with_topic
+
+        bridge = env.settings("otlpbridge")
+        bridge = with_topic(bridge, f"{bridge.topic_prefix}.otlp_spans")
+        run.phase(
+            "otlp bridge",
+            lambda: measure_otlpbridge(
+                bridge,
+                bridge.home,
+                traces=args.bridge_traces,
+                rounds=args.bridge_rounds,
+                reads=1 if args.quick else 3,
+                worker_env=env.worker_env,
+                timeout_s=args.phase_timeout,
+            ),
+        )
 
 
 def _renamed(result: dict[str, Any], old: str, new: str) -> dict[str, Any]:

@@ -46,6 +46,7 @@ ROWS: tuple[Row, ...] = (
     Row("cpu", "ours: join worker CPU per event", "pipeline_join_cpu_us_per_event", "us", 1),
     Row("cpu", "ours: writer CPU per event", "pipeline_writer_cpu_us_per_event", "us", 1),
     Row("cpu", "machine busy during ours", "pipeline_machine_busy", "%", 0),
+    Row("cpu", "join core compiled with mypyc (1: yes, 0: Python source)", "join_core_native", ""),
     Row("lag", "offered load", "lag_offered_eps", "ev/s"),
     Row("lag", "achieved produce rate", "lag_achieved_eps", "ev/s"),
     Row("lag", "join grace", "join_grace_ms", "ms"),
@@ -95,6 +96,34 @@ ROWS: tuple[Row, ...] = (
         "otel", "LLM span P95 (spanmetrics default) vs first chunk", "otel_llm_ttft_p95_spanmetrics_default_err", "%", 0
     ),
     Row("otel", "LLM span P95 (spanmetrics tuned) vs first chunk", "otel_llm_ttft_p95_spanmetrics_tuned_err", "%", 0),
+    Row("otlp bridge", "spans read (one Collector run's topic)", "otlp_bridge_spans", ""),
+    Row("otlp bridge", "bridge (runner + OtlpFold) first fetch -> last commit", "otlp_bridge_spans_per_s", "spans/s"),
+    Row("otlp bridge", "bridge CPU per span", "otlp_bridge_cpu_us_per_span", "us", 1),
+    Row(
+        "otlp bridge",
+        "raw aiokafka read of the same messages, CPU per span",
+        "otlp_bridge_raw_cpu_us_per_span",
+        "us",
+        2,
+    ),
+    Row("otlp bridge", "bridge / raw CPU per span", "otlp_bridge_cpu_vs_raw", "x", 0),
+    Row(
+        "otlp bridge",
+        "Collector CPU per span, with spanmetrics",
+        "otel_collector_cpu_us_per_span_with_spanmetrics",
+        "us",
+        2,
+    ),
+    Row(
+        "otlp bridge",
+        "Collector CPU per span, without spanmetrics",
+        "otel_collector_cpu_us_per_span_without_spanmetrics",
+        "us",
+        2,
+    ),
+    Row(
+        "otlp bridge", "spanmetrics connectors' CPU per span (difference)", "otel_spanmetrics_cpu_us_per_span", "us", 2
+    ),
     Row("simulator", "simulator", "sim_events_per_s", "ev/s"),
     Row("simulator", "orjson.dumps of the same events", "orjson_dump_events_per_s", "ev/s"),
     Row("simulator", "simulator / orjson.dumps", "sim_vs_orjson", "x", 3),
@@ -123,6 +152,9 @@ def derive(figures: Figures) -> Figures:
     out["pipeline_vs_naive"] = _ratio(out.get("pipeline_events_per_s"), out.get("naive_events_per_s"))
     out["scale_ratio"] = _ratio(out.get("scale_2w_events_per_s"), out.get("scale_1w_events_per_s"))
     out["sim_vs_orjson"] = _ratio(out.get("sim_events_per_s"), out.get("orjson_dump_events_per_s"))
+    out["otlp_bridge_cpu_vs_raw"] = _ratio(
+        out.get("otlp_bridge_cpu_us_per_span"), out.get("otlp_bridge_raw_cpu_us_per_span")
+    )
     for key in ("scale_1w", "scale_2w"):  # join CPU per event: cores over events/s
         cores, eps = out.get(f"{key}_join_cores"), out.get(f"{key}_events_per_s")
         out[f"{key}_join_cpu_us_per_event"] = None if not cores or not eps else cores / eps * 1e6

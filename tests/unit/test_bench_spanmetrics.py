@@ -59,6 +59,17 @@ def test_issue15_target() -> None:
 
 def test_only_runs_one_phase_with_token_traffic() -> None:
     args = parse_args(["--only", "spanmetrics", "--otel-traces", "500"])
-    assert args.skip == {"simspeed", "raw", "pipeline", "lag", "naive", "memory", "closeburst", "scaleout", "quix"}
+    assert args.skip == {
+        "simspeed",
+        "raw",
+        "pipeline",
+        "lag",
+        "naive",
+        "memory",
+        "closeburst",
+        "scaleout",
+        "quix",
+        "otlpbridge",
+    }
     assert args.events <= 1_000 and args.otel_traces == 500
     assert parse_args([]).otel_traces == 3_000
