@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import time
 from pathlib import Path
 
@@ -233,3 +234,12 @@ def test_producer_lateness_by_period() -> None:
     # one sample per 0.1 s of schedule: 50 samples per 5 s
     samples = [0.0] * 50 + [120.0] + [3.0] * 49 + [7.0]
     assert lag._max_by_period(samples, 0.1, 5.0) == [0.0, 120.0, 7.0]
+
+
+def test_the_lag_runs_achieved_rate_is_its_steady_state_between_5_s_and_2_s_before_the_end() -> None:
+    from bench.lag import steady_rate
+
+    # 20k/s for 30 s, then a tail: the samples outside [5 s, 28 s] do not count.
+    samples = [(100.0 + t, int(20_000 * t)) for t in range(31)] + [(135.0, 610_000)]
+    assert steady_rate(samples, 100.0, 30.0) == 20_000
+    assert math.isnan(steady_rate(samples[:3], 100.0, 30.0))
