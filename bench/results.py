@@ -217,6 +217,7 @@ def evaluate_targets(figures: Mapping[str, float | None]) -> list[TargetResult]:
     v = f.get("scale_ratio")
     add("2 join workers >= 1.3x one", v, v is not None and v >= 1.3, f"{v or 0:.2f}x")
     results += _issue13_targets(f, add)
+    _issue24_targets(f, add)
     errs = [f.get(f"otel_{stage}_p95_ours_err") for stage in ("retrieval", "llm_ttft")]
     worst = None if any(e is None for e in errs) else max(e for e in errs if e is not None)
     add(
@@ -265,6 +266,20 @@ def _issue13_targets(f: Mapping[str, float | None], add: Callable[[str, float | 
     v = f.get("scale_cpu_ratio")
     add("issue 13: 2 join workers' CPU/event within 15 % of one", v, v is not None and v <= 1.15, f"{v or 0:.2f}x")
     return []
+
+
+def _issue24_targets(f: Mapping[str, float | None], add: Callable[[str, float | None, bool, str], None]) -> None:
+    """The runner's targets (issue 24): the join's CPU per event against the raw consume's, the 20k ev/s
+    lag run's producer at its offered rate, the OTLP bridge measured beside spanmetrics."""
+    join, raw = f.get("pipeline_join_cpu_us_per_event"), f.get("raw_cpu_us_per_event")
+    v = join / raw if join is not None and raw else None
+    add("issue 24: join CPU/event <= 5x the raw consume's", v, v is not None and v <= 5.0, f"{v or 0:.2f}x")
+    v, offered = f.get("lag_high_achieved_eps"), f.get("lag_high_offered_eps")
+    ok = v is not None and offered is not None and v >= 0.98 * offered
+    add("issue 24: the 20k ev/s lag run reaches its offered rate", v, ok, f"{v or 0:,.0f} of {offered or 0:,.0f} ev/s")
+    v, peer = f.get("otlp_bridge_cpu_us_per_span"), f.get("otel_spanmetrics_cpu_us_per_span")
+    shown = f"{v or 0:.1f} us/span (spanmetrics {peer or 0:.2f})"
+    add("issue 24: OTLP bridge CPU per span measured beside spanmetrics", v, v is not None and peer is not None, shown)
 
 
 def format_value(value: float | None, row: Row) -> str:

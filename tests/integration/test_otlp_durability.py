@@ -56,8 +56,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.e2e, pytest.mark.clickhouse]
 
 N_TRACES = 300
 #: A grace longer than any stall below (a restart, the broker's outage), and the join's request timeout.
-SLOW_RELEASE = {"TTFT_JOIN__GRACE_MS": "20000", "TTFT_JOIN__REQUEST_TIMEOUT_MS": "30000"}
-#: How long the pipeline may take to drain after a fault (the join's last releases wait ~30 s of idle ticks).
+SLOW_RELEASE = {"TTFT_JOIN__GRACE_MS": "20000", "TTFT_JOIN__REQUEST_TIMEOUT_MS": "22000"}
+#: How long the pipeline may take to drain after a fault (the join's last releases wait ~22 s of idle ticks).
 DRAIN_S = 120.0
 #: The fault fires while the bridge has committed between these shares of the messages sent.
 ARM_FROM, ARM_TO = 0.2, 0.8

@@ -213,7 +213,7 @@ def test_join_restart_mid_stream_loses_and_duplicates_nothing(kafka_settings: Se
     specs, messages, _ = _traces(N_TRACES)
     # A grace longer than the restart takes: the traces held at the stop stay held (an idle partition's
     # watermark would otherwise resolve them on wall time, before their roots arrive).
-    env = _env(kafka_settings, tmp_path, TTFT_JOIN__GRACE_MS="20000", TTFT_JOIN__REQUEST_TIMEOUT_MS="30000")
+    env = _env(kafka_settings, tmp_path, TTFT_JOIN__GRACE_MS="20000", TTFT_JOIN__REQUEST_TIMEOUT_MS="22000")
     pipe = Pipeline(env, tmp_path)
     topic = f"{kafka_settings.topic_prefix}-otlp_spans"
     b, group = kafka_settings.kafka_bootstrap, f"app-{kafka_settings.topic_prefix}-otlp"
