@@ -35,6 +35,10 @@ GOOD: dict[str, float | None] = {
     "otel_llm_ttft_p95_ours_err": 0.006,
     "lag_high_offered_eps": 20_000.0,
     "lag_high_p95_ms": 3_800.0,
+    "lag_high_achieved_eps": 19_900.0,
+    "raw_cpu_us_per_event": 6.5,
+    "otlp_bridge_cpu_us_per_span": 50.0,
+    "otel_spanmetrics_cpu_us_per_span": 1.0,
     "close_window_records": 160_000.0,
     "close_commit_delay_during_max_ms": 600.0,
     "scale_1w_join_cores": 0.9,
@@ -54,7 +58,7 @@ def test_derive_adds_ratios() -> None:
 def test_every_target_holds_on_good_figures() -> None:
     statuses = {t.name: t.status for t in evaluate_targets(GOOD)}
     assert set(statuses.values()) == {"holds"}, statuses
-    assert len(statuses) == 19
+    assert len(statuses) == 22
 
 
 def test_targets_fail_and_go_unmeasured() -> None:
@@ -64,6 +68,11 @@ def test_targets_fail_and_go_unmeasured() -> None:
     assert by_name[">= 20,000 ev/s end to end, one join worker"].status == "fails"
     assert by_name["lag P95 <= grace + 2 s at 5,000 ev/s"].measured == "4,500 ms (limit 4,000 ms)"
     assert by_name["2 join workers >= 1.3x one"].status == "fails"
+    slow = {**GOOD, "raw_cpu_us_per_event": 5.0, "lag_high_achieved_eps": 16_400.0}
+    by_name = {t.name: t for t in evaluate_targets(slow)}
+    assert by_name["issue 24: join CPU/event <= 5x the raw consume's"].measured == "6.00x"
+    assert by_name["issue 24: join CPU/event <= 5x the raw consume's"].status == "fails"
+    assert by_name["issue 24: the 20k ev/s lag run reaches its offered rate"].status == "fails"
     assert {t.status for t in evaluate_targets({})} == {"not measured"}
 
 
@@ -83,7 +92,7 @@ def test_report_json_markdown_and_tables(tmp_path: Path) -> None:
     path = report.write(tmp_path)
     data = json.loads(path.read_text())
     assert data["figures"]["pipeline_vs_raw"] == pytest.approx(0.3)
-    assert [t["status"] for t in data["targets"]].count("holds") == 19
+    assert [t["status"] for t in data["targets"]].count("holds") == 22
     md = render_markdown(report)
     assert "| throughput | ours / A | 0.300 | x |" in md
     assert "commit `abc1234`" in md
