@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -77,7 +77,11 @@ class RoleParts:
     #: Leave the groups when a stop abandoned the step in flight.
     close: Callable[[], Awaitable[None]]
     #: After the role ended either way (the metrics server, the run file).
-    cleanup: Callable[[], Awaitable[None]]
+    cleanup: Callable[[], Awaitable[None]] = field(default=lambda: _nothing())
+
+
+async def _nothing() -> None:
+    return None
 
 
 class RoleService(Service):  # type: ignore[misc]

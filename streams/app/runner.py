@@ -166,7 +166,7 @@ def _join_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RolePar
         for runner in runners:
             await runner.close()
 
-    return RoleParts(start=start, run=run, stop=stop, close=close, cleanup=close)
+    return RoleParts(start=start, run=run, stop=stop, close=close)
 
 
 def _writer_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RoleParts:
@@ -193,10 +193,7 @@ def _writer_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RoleP
     async def close() -> None:
         await writer.runner.close()
 
-    async def nothing() -> None:
-        return None
-
-    return RoleParts(start=start, run=writer.run, stop=stop, close=close, cleanup=nothing)
+    return RoleParts(start=start, run=writer.run, stop=stop, close=close)
 
 
 def _fault_from_env() -> Any:
