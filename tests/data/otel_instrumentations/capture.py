@@ -1,0 +1,261 @@
+"""Capture the spans that real OpenAI instrumentations export, as the Collector's Kafka exporter carries them.
+
+A small RAG service calls the ``openai`` client against a local OpenAI-compatible stub on loopback: three
+requests per library, each a trace with a root span (the service's ``POST /ask``), the retrieval spans the
+library's convention names (made by the service, as a RAG framework would: OpenInference ``RETRIEVER`` and
+``RERANKER`` span kinds, or GenAI ``gen_ai.operation.name = retrieval``) around an embeddings call, then a
+chat completion:
+
+1. ``stream``: streaming (``stream=True``, usage in the last chunk); the stub sends the first chunk
+   :data:`FIRST_CHUNK_DELAY_S` after the request and the rest :data:`CHUNK_GAP_S` apart;
+2. ``non_stream``: the same call without streaming (the stub answers after :data:`NON_STREAM_DELAY_S`);
+3. ``retried``: streaming, the retrieval tried twice (two sibling retrieval spans under the root; under
+   OpenInference a ``RERANKER`` span under the second).
+
+Each library runs unmodified in its own process (they patch the same client), with a
+``SimpleSpanProcessor`` into an ``InMemorySpanExporter``. The finished spans are encoded with the OTLP
+exporters' own encoder (``encode_spans``) into one ``ExportTraceServiceRequest`` per trace: what the
+Collector's Kafka exporter writes with ``encoding: otlp_proto`` and ``partition_traces_by_id: true`` (it
+re-encodes the same resource, scope and spans). The tenant is the resource attribute ``tenant.id``, as the
+Collector's ``resource`` processor sets it for a team that configures only the Collector.
+
+Outputs in ``--out`` (this folder by default), per library ``<name>``:
+
+- ``<name>.otlp``: the messages, each as a 4-byte big-endian length and the serialized request;
+- ``<name>.json``: what the service itself saw per trace (trace id, streaming or not, its retrieval
+  attempts, the client's wall time just before the call and at the first chunk, in ns), and the versions.
+
+Run it with a venv of its own (README.md beside this file), never the project's::
+
+    python3.11 -m venv /tmp/instr
+    /tmp/instr/bin/pip install -r tests/data/otel_instrumentations/requirements.txt
+    /tmp/instr/bin/python tests/data/otel_instrumentations/capture.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+#: Library name -> (distribution, module of its ``OpenAIInstrumentor``).
+LIBRARIES: dict[str, tuple[str, str]] = {
+    "openinference": ("openinference-instrumentation-openai", "openinference.instrumentation.openai"),
+    "openllmetry": ("opentelemetry-instrumentation-openai", "opentelemetry.instrumentation.openai"),
+    "openai_v2": ("opentelemetry-instrumentation-openai-v2", "opentelemetry.instrumentation.openai_v2"),
+}
+OTHER_DISTRIBUTIONS = ("openai", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-common")
+TENANT = "acme"
+MODEL = "gpt-4o-mini"
+EMBEDDING_MODEL = "text-embedding-3-small"
+FIRST_CHUNK_DELAY_S = 0.120
+CHUNK_GAP_S = 0.030
+CHUNKS = ("Paris", " is", " the", " capital", ".")
+NON_STREAM_DELAY_S = 0.150
+EMBEDDING_DELAY_S = 0.040
+#: The service's own work between retrieval and the LLM call (prompt assembly), which no library traces.
+PROMPT_WORK_S = 0.025
+USAGE = {
+    "prompt_tokens": 812,
+    "completion_tokens": len(CHUNKS),
+    "total_tokens": 812 + len(CHUNKS),
+    "prompt_tokens_details": {"cached_tokens": 512},
+}
+
+
+class StubHandler(BaseHTTPRequestHandler):
+    """``POST /v1/chat/completions`` (streaming or not) and ``POST /v1/embeddings``, with fixed delays."""
+
+    protocol_version = "HTTP/1.0"  # the body ends when the connection closes: no chunked encoding to write
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        if self.path.endswith("/embeddings"):
+            time.sleep(EMBEDDING_DELAY_S)
+            data = [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}]
+            usage = {"prompt_tokens": 8, "total_tokens": 8}
+            self._json({"object": "list", "data": data, "model": body.get("model"), "usage": usage})
+        elif body.get("stream"):
+            self._stream(body)
+        else:
+            time.sleep(NON_STREAM_DELAY_S)
+            message = {"role": "assistant", "content": "".join(CHUNKS)}
+            self._json(
+                {
+                    "id": "chatcmpl-stub",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": USAGE,
+                }
+            )
+
+    def _json(self, doc: dict[str, Any]) -> None:
+        raw = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _stream(self, body: dict[str, Any]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        time.sleep(FIRST_CHUNK_DELAY_S)
+        for i, text in enumerate(CHUNKS):
+            if i:
+                time.sleep(CHUNK_GAP_S)
+            delta: dict[str, Any] = {"content": text}
+            if i == 0:
+                delta["role"] = "assistant"
+            self._event(self._chunk(body, [{"index": 0, "delta": delta, "finish_reason": None}]))
+        self._event(self._chunk(body, [{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self._event({**self._chunk(body, []), "usage": USAGE})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _chunk(self, body: dict[str, Any], choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": choices,
+        }
+
+    def _event(self, doc: dict[str, Any]) -> None:
+        self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+        self.wfile.flush()
+
+
+def serve() -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StubHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+def versions(library: str) -> dict[str, str]:
+    return {name: metadata.version(name) for name in (LIBRARIES[library][0], *OTHER_DISTRIBUTIONS)}
+
+
+def run_library(library: str, out: Path) -> None:
+    """One process: instrument, run the three requests, write ``<library>.otlp`` and ``<library>.json``."""
+    import importlib
+
+    import openai
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    exporter = InMemorySpanExporter()
+    resource = Resource.create({"service.name": "rag-api", "service.version": "1.4.2", "tenant.id": TENANT})
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    importlib.import_module(LIBRARIES[library][1]).OpenAIInstrumentor().instrument(tracer_provider=provider)
+    tracer = provider.get_tracer("rag-api")
+    server, base_url = serve()
+    client = openai.OpenAI(base_url=base_url, api_key="stub-key", max_retries=0)
+    question = "What is the capital of France?"
+
+    def retrieve(attempt: int, last: bool) -> None:
+        """One retrieval attempt: the convention's retrieval span around an embeddings call (and, under
+        OpenInference, a reranker: after the retriever, or inside the retried one)."""
+        if library == "openinference":
+            attrs = {"openinference.span.kind": "RETRIEVER", "input.value": question}
+            with tracer.start_as_current_span("retrieve", attributes=attrs):
+                client.embeddings.create(model=EMBEDDING_MODEL, input=question)
+                time.sleep(0.020 if attempt == 0 and not last else 0.060)  # the vector search
+                if attempt == 1:
+                    with tracer.start_as_current_span("rerank", attributes={"openinference.span.kind": "RERANKER"}):
+                        time.sleep(0.030)
+            if attempt == 0 and last:
+                with tracer.start_as_current_span("rerank", attributes={"openinference.span.kind": "RERANKER"}):
+                    time.sleep(0.030)
+        else:
+            attrs = {"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": "docs"}
+            with tracer.start_as_current_span("retrieval docs", kind=SpanKind.CLIENT, attributes=attrs):
+                client.embeddings.create(model=EMBEDDING_MODEL, input=question)
+                time.sleep(0.020 if attempt == 0 and not last else 0.060)
+
+    truth: list[dict[str, Any]] = []
+    for case in ("stream", "non_stream", "retried"):
+        streaming = case != "non_stream"
+        attempts = 2 if case == "retried" else 1
+        with tracer.start_as_current_span("POST /ask", kind=SpanKind.SERVER) as root:
+            for attempt in range(attempts):
+                retrieve(attempt, last=attempt == attempts - 1)
+            time.sleep(PROMPT_WORK_S)
+            messages: Any = [{"role": "user", "content": question}]
+            called_ns = time.time_ns()
+            first_chunk_ns = None
+            if streaming:
+                stream = client.chat.completions.create(
+                    model=MODEL, messages=messages, stream=True, stream_options={"include_usage": True}
+                )
+                for _ in _chunks(stream):
+                    if first_chunk_ns is None:
+                        first_chunk_ns = time.time_ns()
+            else:
+                client.chat.completions.create(model=MODEL, messages=messages)
+            answered_ns = time.time_ns()
+        truth.append(
+            {
+                "case": case,
+                "trace_id": format(root.get_span_context().trace_id, "032x"),
+                "streaming": streaming,
+                "retrieval_attempts": attempts,
+                "called_ns": called_ns,
+                "first_chunk_ns": first_chunk_ns,
+                "answered_ns": answered_ns,
+            }
+        )
+    server.shutdown()
+    provider.force_flush()
+    spans = exporter.get_finished_spans()
+    with (out / f"{library}.otlp").open("wb") as f:
+        for trace in truth:
+            mine = [s for s in spans if format(s.context.trace_id, "032x") == trace["trace_id"]]
+            raw = encode_spans(mine).SerializeToString()
+            f.write(struct.pack(">I", len(raw)) + raw)
+    doc = {"library": library, "versions": versions(library), "tenant": TENANT, "traces": truth}
+    (out / f"{library}.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _chunks(stream: Any) -> Iterator[Any]:
+    yield from stream
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--library", choices=sorted(LIBRARIES), help="run one library (this process)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    args = parser.parse_args()
+    if args.library:
+        run_library(args.library, args.out)
+        return
+    for library in LIBRARIES:  # one process each: the libraries patch the same client
+        cmd = [sys.executable, __file__, "--library", library, "--out", str(args.out)]
+        subprocess.run(cmd, check=True, timeout=120)
+        print(f"{library}: {args.out / (library + '.otlp')}")
+
+
+if __name__ == "__main__":
+    main()
