@@ -65,6 +65,9 @@ class OtlpSpan:
     end_ns: int
     attributes: Attributes
     events: tuple[OtlpSpanEvent, ...] = ()
+    #: The instrumentation scope that made the span (e.g. ``openinference.instrumentation.openai``).
+    scope_name: str = ""
+    scope_version: str = ""
 
     @property
     def is_root(self) -> bool:
@@ -134,6 +137,7 @@ def _flatten(request: ExportTraceServiceRequest) -> list[OtlpSpan]:
     for resource_spans in request.resource_spans:
         resource = _attributes(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
+            scope_name, scope_version = scope_spans.scope.name, scope_spans.scope.version
             for span in scope_spans.spans:
                 where = f"span {len(spans)} ({span.name[:80]!r})"
                 trace_id = _hex_id(span.trace_id, _TRACE_ID_BYTES, f"{where}: trace_id")
@@ -150,6 +154,8 @@ def _flatten(request: ExportTraceServiceRequest) -> list[OtlpSpan]:
                         end_ns=span.end_time_unix_nano,
                         attributes={**resource, **_attributes(span.attributes)},
                         events=events,
+                        scope_name=scope_name,
+                        scope_version=scope_version,
                     )
                 )
     return spans

@@ -105,6 +105,12 @@ class WorkerMetrics:
             ["outcome"],
             registry=r,
         )
+        self.otlp_no_first_chunk = Counter(
+            "ttft_otlp_no_first_chunk",
+            "LLM spans dead-lettered no_first_chunk, by the instrumentation scope that made them (name, version)",
+            ["scope", "scope_version"],
+            registry=r,
+        )
         self.otlp_spans_held = Gauge("ttft_otlp_spans_held", "OTLP spans held until their trace resolves", registry=r)
         self.otlp_traces_held = Gauge("ttft_otlp_traces_held", "OTLP traces held, not yet resolved", registry=r)
         self.health: dict[str, Any] = {"status": "starting", "role": role, "worker_id": worker_id}

@@ -93,6 +93,8 @@ class OtlpFold(KeyedStateFold):
             sync_counter(m.otlp_spans.labels(outcome), c.spans[outcome])
         for cap, total in c.caps.items():
             sync_counter(m.caps_tripped.labels(cap), total)
+        for (scope, version), total in c.no_first_chunk.items():
+            sync_counter(m.otlp_no_first_chunk.labels(scope, version), total)
         m.otlp_traces_held.set(self.core.held_traces)
         m.otlp_spans_held.set(self.core.held_spans)
 

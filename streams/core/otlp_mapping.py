@@ -1,8 +1,9 @@
 """What one OTLP span says for the stage-event mapping (DESIGN.md, "OpenTelemetry spans"), as plain data.
 
-A span is read once, when it arrives, into a :class:`SpanNote`: the stage it maps to (if any), its time to
-first chunk for an LLM span, the well-known attrs it carries and the context attributes (request id,
-tenant, version, rollout, route) found on it. The trace assembler (:mod:`streams.core.otlp_traces`) holds
+A span is read once, when it arrives, into a :class:`SpanNote`: the stage it maps to (if any), its first
+chunk and whether it streamed for an LLM span (the conventions' names are in
+:mod:`streams.core.otlp_conventions`), the well-known attrs it carries and the context attributes (request
+id, tenant, version, rollout, route) found on it. The trace assembler (:mod:`streams.core.otlp_traces`) holds
 the notes of a trace and, once the trace is resolved, turns them into stage-event dicts with
 :func:`stage_event` and the trace's :class:`TraceContext`.
 
@@ -14,11 +15,21 @@ order in which the exporter sent the spans.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from schemas.otlp import AttrValue, OtlpSpan
-from schemas.vocabulary import is_stage_name
+from streams.core.otlp_conventions import (
+    EMBEDDING,
+    MODEL_ATTRS,
+    first_chunk,
+    is_retriever,
+    model_of,
+    span_stage,
+    streaming,
+    token_attrs,
+)
 
 #: Context fields and, per field, the attributes that supply it, first match wins.
 CONTEXT_ATTRS: Final[dict[str, tuple[str, ...]]] = {
@@ -26,24 +37,18 @@ CONTEXT_ATTRS: Final[dict[str, tuple[str, ...]]] = {
     "tenant_id": ("ttft.tenant_id", "tenant.id"),
     "version_id": ("ttft.version_id", "service.version"),
     "rollout": ("ttft.rollout",),
-    "route": ("ttft.route", "gen_ai.request.model"),
+    "route": ("ttft.route", *MODEL_ATTRS),
     "fallback_level": ("ttft.fallback_level",),
 }
-_CONTEXT_NAMES: Final = frozenset(name for names in CONTEXT_ATTRS.values() for name in names)
+#: Context attributes read from every span; the model attributes only from LLM spans (an embeddings span
+#: names its embedding model, which is no route).
+_CONTEXT_NAMES: Final = frozenset(n for names in CONTEXT_ATTRS.values() for n in names) - frozenset(MODEL_ATTRS)
 #: ``ttft.*`` attributes that are mapping inputs, not request attrs.
 _NOT_ATTRS: Final = frozenset({"ttft.stage", *(n for n in _CONTEXT_NAMES if n.startswith("ttft."))})
-#: ``openinference.span.kind`` -> stage (``EMBEDDING`` only inside a retriever, see :data:`EMBEDDING`).
-OPENINFERENCE_STAGES: Final[dict[str, str]] = {"RETRIEVER": "retrieval", "RERANKER": "rerank", "LLM": "llm_ttft"}
-GEN_AI_LLM_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content"})
-FIRST_CHUNK_EVENTS: Final = frozenset({"gen_ai.first_chunk", "First Token Stream Event"})
-#: The provisional stage of an ``EMBEDDING`` span: ``vector_recall`` if a retriever span encloses it.
-EMBEDDING: Final = "~embedding"
-RETRIEVER_KIND: Final = "RETRIEVER"
-#: Token-count attributes -> the request attrs they fill, first match wins.
-_TOKEN_ATTRS: Final[dict[str, tuple[str, ...]]] = {
-    "prompt_tokens": ("gen_ai.usage.input_tokens",),
-    "cached_tokens": ("gen_ai.usage.cache_read_input_tokens", "gen_ai.usage.cached_tokens"),
-}
+#: Stages whose spans' token counts are read (the owners of ``prompt_tokens`` and ``cached_tokens``).
+_TOKEN_STAGES: Final = frozenset({"llm_ttft", "prompt_assemble"})
+#: What a derived ``prompt_assemble`` starts after: the end of the last of these before the LLM span.
+_BEFORE_PROMPT: Final = frozenset({"retrieval", "rerank"})
 
 
 @dataclass(slots=True)
@@ -60,9 +65,17 @@ class SpanNote:
     first_chunk_ns: int | None = None
     attrs: dict[str, AttrValue] = field(default_factory=dict)
     context: dict[str, AttrValue] = field(default_factory=dict)
+    #: An LLM span's call streamed (True), did not (False), or the span does not say (None).
+    streaming: bool | None = None
+    #: The attribute or event that gave ``first_chunk_ns``, and what was ignored on the way (a reason).
+    first_chunk_source: str = ""
+    first_chunk_problem: str = ""
+    #: The instrumentation scope that made the span (name, version).
+    scope_name: str = ""
+    scope_version: str = ""
 
     def pack(self) -> list[Any]:
-        return [
+        row = [
             self.span_id,
             self.parent,
             self.start_ns,
@@ -74,64 +87,50 @@ class SpanNote:
             self.attrs,
             self.context,
         ]
+        if self.stage == "llm_ttft":  # the other spans leave these at their defaults: no bytes for them
+            row += [
+                self.streaming,
+                self.first_chunk_source,
+                self.first_chunk_problem,
+                self.scope_name,
+                self.scope_version,
+            ]
+        return row
 
     @classmethod
     def unpack(cls, row: list[Any]) -> SpanNote:
+        """From :meth:`pack` (a row of the ten fields packed before the LLM fields existed reads too)."""
         return cls(*row)
 
 
 def note_span(span: OtlpSpan, offset: int) -> SpanNote:
-    """Read one span: its stage (or ``None``), first chunk, attrs and context attributes."""
+    """Read one span: its stage (or ``None``), first chunk, attrs and context attributes (never raises)."""
     a = span.attributes
-    stage = _stage_of(a)
-    first_chunk = _first_chunk_ns(span) if stage == "llm_ttft" else None
+    stage = span_stage(a)
     context = {name: a[name] for name in _CONTEXT_NAMES if name in a}
-    return SpanNote(
+    note = SpanNote(
         span_id=span.span_id,
         parent=span.parent_span_id,
         start_ns=span.start_ns,
         end_ns=span.end_ns,
         offset=offset,
         stage=stage,
-        retriever=a.get("openinference.span.kind") == RETRIEVER_KIND,
-        first_chunk_ns=first_chunk,
-        attrs=_request_attrs(a),
+        retriever=is_retriever(a),
+        attrs=_request_attrs(a, stage),
         context=context,
     )
+    if stage == "llm_ttft":
+        chunk = first_chunk(span)
+        note.first_chunk_ns, note.first_chunk_source = chunk.at_ns, chunk.source
+        note.first_chunk_problem = chunk.problem
+        note.streaming = streaming(a)
+        note.scope_name, note.scope_version = span.scope_name, span.scope_version
+        context.update(model_of(a))
+    return note
 
 
-def _stage_of(a: dict[str, AttrValue]) -> str | None:
-    explicit = a.get("ttft.stage")
-    if isinstance(explicit, str) and is_stage_name(explicit):
-        return explicit
-    kind = a.get("openinference.span.kind")
-    if isinstance(kind, str):
-        if kind == "EMBEDDING":
-            return EMBEDDING
-        if kind in OPENINFERENCE_STAGES:
-            return OPENINFERENCE_STAGES[kind]
-    if a.get("gen_ai.operation.name") in GEN_AI_LLM_OPERATIONS:
-        return "llm_ttft"
-    return None
-
-
-def _first_chunk_ns(span: OtlpSpan) -> int | None:
-    """When the first chunk came: ``gen_ai.response.time_to_first_chunk`` (seconds after the start), else
-    the earliest first-chunk span event; ``None`` when the span says neither."""
-    seconds = span.attributes.get("gen_ai.response.time_to_first_chunk")
-    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
-        return span.start_ns + round(seconds * 1e9)
-    times = [e.time_ns for e in span.events if e.name in FIRST_CHUNK_EVENTS]
-    return min(times) if times else None
-
-
-def _request_attrs(a: dict[str, AttrValue]) -> dict[str, AttrValue]:
-    out: dict[str, AttrValue] = {}
-    for target, names in _TOKEN_ATTRS.items():
-        for name in names:
-            if name in a:
-                out[target] = a[name]
-                break
+def _request_attrs(a: dict[str, AttrValue], stage: str | None) -> dict[str, AttrValue]:
+    out: dict[str, AttrValue] = token_attrs(a) if stage in _TOKEN_STAGES else {}
     for name, value in a.items():
         if name.startswith("ttft.") and name not in _NOT_ATTRS:
             out[name[5:]] = value
@@ -201,16 +200,58 @@ def stage_events(note: SpanNote, stage: str, ctx: TraceContext) -> list[dict[str
     of the trace sets it explicitly); raises :class:`Unmappable`."""
     ms = ns_to_ms(note.start_ns)
     if stage == "llm_ttft":
-        if note.first_chunk_ns is None:
-            raise Unmappable("no_first_chunk", "LLM span without time_to_first_chunk or a first-chunk event")
-        ttfc = (note.first_chunk_ns - note.start_ns) / 1e6
-        events = [_event(note, ctx, stage, ms, ttfc)]
-        if not ctx.explicit_first_token:
-            events.append(_event(note, ctx, "first_token", ns_to_ms(note.first_chunk_ns), None))
-        return events
+        return _llm_events(note, ctx, ms)
     if stage in ("request_start", "first_token"):
         return [_event(note, ctx, stage, ms, None)]
     return [_event(note, ctx, stage, ms, (note.end_ns - note.start_ns) / 1e6)]
+
+
+def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, Any]]:
+    """``llm_ttft`` up to the first chunk (and ``first_token`` there). A call that did not stream gets its
+    whole duration (its answer came at once, at the span's end), marked ``streaming = false``."""
+    extra: dict[str, AttrValue] = {} if note.streaming is not False else {"streaming": False}
+    first = note.first_chunk_ns
+    if first is None:
+        if note.streaming is not False:
+            raise Unmappable("no_first_chunk", no_first_chunk_detail(note))
+        first = max(note.end_ns, note.start_ns)
+    events = [_event(note, ctx, "llm_ttft", ms, (first - note.start_ns) / 1e6, extra)]
+    if not ctx.explicit_first_token:
+        events.append(_event(note, ctx, "first_token", ns_to_ms(first), None))
+    return events
+
+
+def no_first_chunk_detail(note: SpanNote) -> str:
+    """Why an LLM span gave no ``llm_ttft``: the dead letter's detail, naming what the span lacked."""
+    if note.streaming is None:
+        what = "LLM span with no first-chunk attribute or event and no streaming flag (a stream cannot be told apart)"
+    else:
+        what = "streaming LLM span without a first-chunk attribute or event"
+    scope = f" (scope {note.scope_name or '?'} {note.scope_version or '?'})"
+    problem = f"; ignored: {note.first_chunk_problem}" if note.first_chunk_problem else ""
+    return what + scope + problem
+
+
+def derived_prompt_assemble(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[SpanNote, dict[str, Any]] | None:
+    """A ``prompt_assemble`` event for a trace that has none: from the end of its last retrieval or rerank
+    span to the start of its (first) LLM span, marked ``derived = true``; its event id is the LLM span's id
+    plus ``/prompt_assemble``, so a replay dedups. ``None`` when the trace has a prompt span, no LLM span or
+    nothing retrieved before it. Raises :class:`Unmappable` (no tenant), like every event."""
+    staged = [(stage_of(n, ctx), n) for n in notes]
+    if any(stage == "prompt_assemble" for stage, _ in staged):
+        return None
+    llms = [n for stage, n in staged if stage == "llm_ttft"]
+    if not llms:
+        return None
+    llm = min(llms, key=lambda n: (n.start_ns, n.span_id))
+    ends = [n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT and n.end_ns <= llm.start_ns]
+    if not ends:
+        return None
+    last = max(ends)
+    gap_ms = (llm.start_ns - last) / 1e6
+    event = _event(llm, ctx, "prompt_assemble", ns_to_ms(last), gap_ms, {"derived": True}, own=False)
+    event["event_id"] = f"{llm.span_id}/prompt_assemble"
+    return llm, event
 
 
 def request_start_event(note: SpanNote, ctx: TraceContext) -> dict[str, Any]:
@@ -218,8 +259,18 @@ def request_start_event(note: SpanNote, ctx: TraceContext) -> dict[str, Any]:
     return _event(note, ctx, "request_start", ns_to_ms(note.start_ns), None)
 
 
-def _event(note: SpanNote, ctx: TraceContext, stage: str, ts_ms: float, duration_ms: float | None) -> dict[str, Any]:
-    """A stage-event dict with exactly the fields :func:`streams.emit.event_json` writes."""
+def _event(
+    note: SpanNote,
+    ctx: TraceContext,
+    stage: str,
+    ts_ms: float,
+    duration_ms: float | None,
+    extra: dict[str, AttrValue] | None = None,
+    *,
+    own: bool = True,
+) -> dict[str, Any]:
+    """A stage-event dict with exactly the fields :func:`streams.emit.event_json` writes; its attrs are
+    the span's own (``own``), ``extra`` and the trace id."""
     tenant = ctx.lookup(note, "tenant_id")
     if not isinstance(tenant, str) or not tenant:
         raise Unmappable("missing_tenant", "no ttft.tenant_id or tenant.id on the span, its resource or its trace")
@@ -238,5 +289,5 @@ def _event(note: SpanNote, ctx: TraceContext, stage: str, ts_ms: float, duration
     if fallback is not None:
         event["fallback_level"] = fallback
     event["event_id"] = note.span_id
-    event["attrs"] = {**note.attrs, "trace_id": ctx.trace_id}
+    event["attrs"] = {**(note.attrs if own else {}), **(extra or {}), "trace_id": ctx.trace_id}
     return event

@@ -36,7 +36,15 @@ import orjson
 from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
 from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
-from streams.core.otlp_mapping import SpanNote, TraceContext, Unmappable, note_span, stage_events, stage_of
+from streams.core.otlp_mapping import (
+    SpanNote,
+    TraceContext,
+    Unmappable,
+    derived_prompt_assemble,
+    note_span,
+    stage_events,
+    stage_of,
+)
 from streams.core.otlp_mapping import request_start_event as root_event
 from streams.core.otlp_state import TraceState
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
@@ -44,6 +52,11 @@ from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 _NS_PER_MS: Final = 1_000_000
 #: Span outcomes counted by :attr:`AssemblerCounters.spans`.
 SPAN_OUTCOMES: Final = ("stage", "not_stage", "dead_letter", "replayed")
+#: Instrumentation scopes counted apart in :attr:`AssemblerCounters.no_first_chunk` (scope names come from the
+#: input: the rest are counted as one, :data:`OTHER_SCOPE`, so a metric label cannot grow without bound).
+MAX_SCOPES: Final = 64
+OTHER_SCOPE: Final = ("__other__", "")
+_SCOPE_CHARS: Final = 128
 _OVER_SPAN_CAP: Final = "trace over otlp.max_spans_per_trace"
 
 
@@ -60,10 +73,19 @@ Output = ForwardedEvent | DeadLetter
 
 @dataclass(slots=True)
 class AssemblerCounters:
-    """Monotonic counts: spans by outcome and tripped caps."""
+    """Monotonic counts: spans by outcome, tripped caps, and LLM spans without a first chunk per
+    instrumentation scope ``(name, version)``: what a team must fix, and in which library."""
 
     spans: Counter[str] = field(default_factory=Counter)
     caps: Counter[str] = field(default_factory=Counter)
+    no_first_chunk: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def count_no_first_chunk(self, scope_name: str, scope_version: str) -> None:
+        """One more LLM span of this scope without a first chunk (past :data:`MAX_SCOPES`: :data:`OTHER_SCOPE`)."""
+        scope = (scope_name[:_SCOPE_CHARS], scope_version[:_SCOPE_CHARS])
+        if scope not in self.no_first_chunk and len(self.no_first_chunk) >= MAX_SCOPES:
+            scope = OTHER_SCOPE
+        self.no_first_chunk[scope] += 1
 
 
 @dataclass(slots=True)
@@ -232,6 +254,7 @@ class TraceAssembler:
             out.extend(self._start_events(state, root, ctx, now_ms))
         for note in sorted(state.notes.values(), key=lambda n: (n.start_ns, n.span_id)):
             out.extend(self._map(state, note, ctx, now_ms))
+        out.extend(self._derived_prompt(state, ctx, now_ms))
         if state.root is not None:
             if state.root.span_id not in state.handled:
                 self.counters.spans["not_stage"] += 1
@@ -283,6 +306,18 @@ class TraceAssembler:
             return [self._dead_letter(state, note, _reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, [event], ctx, now_ms)
 
+    def _derived_prompt(self, state: TraceState, ctx: TraceContext, now_ms: float) -> list[Output]:
+        """The derived ``prompt_assemble`` of a trace without a prompt span (no span of its own: not counted
+        as one; a trace without a tenant has its spans dead-lettered already)."""
+        try:
+            derived = derived_prompt_assemble(state.notes.values(), ctx)
+        except Unmappable:
+            return []
+        if derived is None:
+            return []
+        llm, event = derived
+        return self._validated(state, llm, [event], ctx, now_ms, span=False)
+
     def _map(self, state: TraceState, note: SpanNote, ctx: TraceContext, now_ms: float) -> list[Output]:
         """The events of one held or late span (nothing for a span that turns out to be no stage)."""
         state.handled.add(note.span_id)
@@ -296,14 +331,24 @@ class TraceAssembler:
             events = stage_events(note, stage, ctx)
         except Unmappable as exc:
             self.counters.spans["dead_letter"] += 1
+            if exc.reason == "no_first_chunk":
+                self.counters.count_no_first_chunk(note.scope_name, note.scope_version)
             return [self._dead_letter(state, note, _reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, events, ctx, now_ms)
 
     def _validated(
-        self, state: TraceState, note: SpanNote, events: list[dict[str, object]], ctx: TraceContext, now_ms: float
+        self,
+        state: TraceState,
+        note: SpanNote,
+        events: list[dict[str, object]],
+        ctx: TraceContext,
+        now_ms: float,
+        *,
+        span: bool = True,
     ) -> list[Output]:
         """Each event as the join will decode it; one that fails is dead-lettered with the span's ids. The
-        span counts as a stage span, or as dead-lettered when any of its events failed."""
+        span counts as a stage span, or as dead-lettered when any of its events failed (``span`` false: the
+        events are derived from the trace, and count as no span)."""
         out: list[Output] = []
         for event in events:
             value = orjson.dumps(event)
@@ -313,8 +358,9 @@ class TraceAssembler:
                 out.append(decoded.model_copy(update={"trace_id": state.trace_id, "span_id": note.span_id}))
             else:
                 out.append(ForwardedEvent(ctx.request_id, value))
-        failed = any(isinstance(o, DeadLetter) for o in out)
-        self.counters.spans["dead_letter" if failed else "stage"] += 1
+        if span:
+            failed = any(isinstance(o, DeadLetter) for o in out)
+            self.counters.spans["dead_letter" if failed else "stage"] += 1
         return out
 
     def _dead_letter(
@@ -337,6 +383,8 @@ class TraceAssembler:
                 "end_time_unix_nano": note.end_ns,
                 "stage": note.stage,
                 "first_chunk_unix_nano": note.first_chunk_ns,
+                "streaming": note.streaming,
+                "scope": [note.scope_name, note.scope_version],
                 "context_attributes": note.context,
                 "attrs": note.attrs,
             }

@@ -46,3 +46,19 @@ def test_a_malformed_message_is_dead_lettered_and_committed() -> None:
     (dead,) = [orjson.loads(v or b"") for _, _, v in producer.values("u.dead-letter")]
     assert (dead["reason_code"], dead["source_offset"]) == ("otlp_decode", 7)
     assert rig.consumer.commits == [{TP: 8}]
+
+
+def test_llm_spans_without_a_first_chunk_are_counted_by_scope() -> None:
+    producer = FakeProducer()
+    rig = otlp_rig(producer)
+    spec = otlp_spec()
+    llm = next(s for s in spec.spans if s.name == "llm")
+    llm.events.clear()
+    llm.attributes.pop("gen_ai.response.time_to_first_chunk", None)
+    asyncio.run(rig.runner.process({TP: otlp_records(spec, 1)}))
+    rig.fold.completed()
+    (dead,) = [orjson.loads(v or b"") for _, _, v in producer.values("u.dead-letter")]
+    assert dead["reason_code"] == "no_first_chunk"
+    # the test traffic's spans have an unnamed scope
+    assert rig.fold.metrics.otlp_no_first_chunk.labels("", "")._value.get() == 1.0
+    assert b'ttft_otlp_no_first_chunk_total{scope="",scope_version=""} 1.0' in rig.fold.metrics.render()

@@ -1,0 +1,202 @@
+"""What the instrumentation conventions say about one span, read from its attributes and events (pure).
+
+The OpenTelemetry input (DESIGN.md, "OpenTelemetry spans") meets spans made by several instrumentations,
+each with its own names: OpenInference (``openinference.span.kind``, ``llm.*``), the GenAI semantic
+conventions (``gen_ai.*``), OpenLLMetry (GenAI names plus one event per streamed chunk), OpenLIT and Strands
+(``gen_ai.server.time_to_first_token`` on the span) and the Vercel AI SDK (``ai.*``). This module knows
+those names, and nothing else does: which stage a span is, whether an LLM call streamed, when its first
+chunk came, and its token counts. ``docs/otlp-mapping.md`` has the table of libraries each was tested with.
+
+Nothing here raises on what a span says: a value that is not a finite number in range (NaN, Infinity, a
+negative or a first chunk past the span's end) is ignored, and :class:`FirstChunk` says why, so the caller
+can dead-letter the span with that reason instead of failing the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+import orjson
+
+from schemas.otlp import AttrValue, OtlpSpan
+from schemas.vocabulary import is_stage_name
+
+#: ``openinference.span.kind`` -> stage (``EMBEDDING`` only inside a retriever, see :data:`EMBEDDING`).
+OPENINFERENCE_STAGES: Final[dict[str, str]] = {
+    "RETRIEVER": "retrieval",
+    "RERANKER": "rerank",
+    "PROMPT": "prompt_assemble",
+    "LLM": "llm_ttft",
+}
+#: ``gen_ai.operation.name`` -> stage (``embeddings`` only inside a retrieval, see :data:`EMBEDDING`).
+GEN_AI_STAGES: Final[dict[str, str]] = {
+    "retrieval": "retrieval",
+    "chat": "llm_ttft",
+    "text_completion": "llm_ttft",
+    "generate_content": "llm_ttft",
+}
+#: Vercel AI SDK provider-call spans (``ai.operationId``) -> whether the call streams.
+VERCEL_LLM_OPERATIONS: Final[dict[str, bool]] = {
+    "ai.streamText.doStream": True,
+    "ai.streamObject.doStream": True,
+    "ai.generateText.doGenerate": False,
+    "ai.generateObject.doGenerate": False,
+}
+#: The provisional stage of an embedding span: ``vector_recall`` if a retrieval span encloses it.
+EMBEDDING: Final = "~embedding"
+#: First-chunk attributes, first found wins: (name, nanoseconds per unit).
+FIRST_CHUNK_ATTRS: Final = (
+    ("gen_ai.response.time_to_first_chunk", 1e9),  # GenAI semantic conventions, seconds
+    ("gen_ai.server.time_to_first_token", 1e9),  # OpenLIT, Strands: seconds
+    ("ai.response.msToFirstChunk", 1e6),  # Vercel AI SDK: milliseconds
+)
+#: Span events that mark a first chunk; the earliest one within the span counts.
+FIRST_CHUNK_EVENTS: Final = frozenset(
+    {
+        "gen_ai.first_chunk",
+        "First Token Stream Event",  # OpenInference
+        "gen_ai.content.completion.chunk",  # OpenLLMetry: one per chunk
+        "ai.stream.firstChunk",  # Vercel AI SDK
+    }
+)
+#: Boolean attributes that say whether an LLM call streamed, first found wins.
+STREAM_FLAGS: Final = ("gen_ai.is_streaming", "llm.is_streaming", "gen_ai.request.stream")
+#: OpenInference keeps the request's parameters as JSON; ``stream`` absent means the API default, no stream.
+INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"
+_MAX_PARAMETERS_CHARS: Final = 65_536
+#: Token-count attributes -> the request attr they fill, first match wins.
+TOKEN_ATTRS: Final[dict[str, tuple[str, ...]]] = {
+    "prompt_tokens": ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
+    "cached_tokens": (
+        "gen_ai.usage.cache_read.input_tokens",
+        "gen_ai.usage.cache_read_input_tokens",
+        "gen_ai.usage.cached_tokens",
+        "llm.token_count.prompt_details.cache_read",
+    ),
+}
+_MAX_TOKENS: Final = 10_000_000
+#: The model of an LLM span, first found wins (the ``route`` when no ``ttft.route`` is set).
+MODEL_ATTRS: Final = ("gen_ai.request.model", "gen_ai.response.model", "llm.model_name")
+
+
+def span_stage(a: dict[str, AttrValue]) -> str | None:
+    """The stage a span's attributes name: ``ttft.stage``, else its OpenInference kind, its GenAI operation
+    or a Vercel AI SDK provider call; :data:`EMBEDDING` for an embedding span; ``None`` for no stage."""
+    explicit = a.get("ttft.stage")
+    if isinstance(explicit, str) and is_stage_name(explicit):
+        return explicit
+    kind = a.get("openinference.span.kind")
+    if isinstance(kind, str):
+        if kind == "EMBEDDING":
+            return EMBEDDING
+        if kind in OPENINFERENCE_STAGES:
+            return OPENINFERENCE_STAGES[kind]
+    operation = a.get("gen_ai.operation.name")
+    if isinstance(operation, str):
+        if operation == "embeddings":
+            return EMBEDDING
+        if operation in GEN_AI_STAGES:
+            return GEN_AI_STAGES[operation]
+    if a.get("ai.operationId") in VERCEL_LLM_OPERATIONS:
+        return "llm_ttft"
+    return None
+
+
+def is_retriever(a: dict[str, AttrValue]) -> bool:
+    """A retrieval span by its kind or operation (an embedding span inside it is ``vector_recall``)."""
+    return a.get("openinference.span.kind") == "RETRIEVER" or a.get("gen_ai.operation.name") == "retrieval"
+
+
+@dataclass(frozen=True, slots=True)
+class FirstChunk:
+    """When an LLM span's first chunk came (``at_ns``, None when the span does not say), which attribute or
+    event said so (``source``), and what was ignored on the way (``problem``, empty when nothing was)."""
+
+    at_ns: int | None
+    source: str = ""
+    problem: str = ""
+
+
+def first_chunk(span: OtlpSpan) -> FirstChunk:
+    """The first chunk of an LLM span: the first valid attribute of :data:`FIRST_CHUNK_ATTRS` (time after
+    the span's start), else the earliest :data:`FIRST_CHUNK_EVENTS` event within the span. Never raises."""
+    start, end = span.start_ns, span.end_ns
+    longest = end - start if end >= start else None
+    problems: list[str] = []
+    for name, ns_per_unit in FIRST_CHUNK_ATTRS:
+        if name not in span.attributes:
+            continue
+        value = span.attributes[name]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            problems.append(f"{name} = {value!r} is not a number")
+            continue
+        if not math.isfinite(value) or value < 0:
+            problems.append(f"{name} = {value!r} is not a finite number >= 0")
+            continue
+        after = value * ns_per_unit
+        if longest is not None and after > longest:
+            problems.append(f"{name} = {value!r} is after the span's end")
+            continue
+        return FirstChunk(start + round(after), name, "; ".join(problems))
+    times = [e.time_ns for e in span.events if e.name in FIRST_CHUNK_EVENTS]
+    inside = [t for t in times if t >= start and (longest is None or t <= end)]
+    if inside:
+        earliest = min(inside)
+        name = next(e.name for e in span.events if e.name in FIRST_CHUNK_EVENTS and e.time_ns == earliest)
+        return FirstChunk(earliest, name, "; ".join(problems))
+    if times:
+        problems.append(f"{len(times)} first-chunk event(s) outside the span's time")
+    return FirstChunk(None, "", "; ".join(problems))
+
+
+def streaming(a: dict[str, AttrValue]) -> bool | None:
+    """Whether an LLM call streamed, as its span says (:data:`STREAM_FLAGS`, a Vercel provider call, or
+    OpenInference's invocation parameters); ``None`` when it does not say."""
+    for name in STREAM_FLAGS:
+        value = a.get(name)
+        if isinstance(value, bool):
+            return value
+    operation = a.get("ai.operationId")
+    if isinstance(operation, str) and operation in VERCEL_LLM_OPERATIONS:
+        return VERCEL_LLM_OPERATIONS[operation]
+    parameters = a.get(INVOCATION_PARAMETERS)
+    if isinstance(parameters, str) and len(parameters) <= _MAX_PARAMETERS_CHARS:
+        try:
+            doc = orjson.loads(parameters)
+        except orjson.JSONDecodeError:
+            return None
+        if isinstance(doc, dict):
+            stream = doc.get("stream")
+            if stream is None or isinstance(stream, bool):
+                return bool(stream)
+    return None
+
+
+def token_attrs(a: dict[str, AttrValue]) -> dict[str, AttrValue]:
+    """``prompt_tokens`` and ``cached_tokens`` from either convention's spelling; a count that is not a
+    whole number in the contract's range is left out (it would dead-letter the whole LLM span)."""
+    out: dict[str, AttrValue] = {}
+    for target, names in TOKEN_ATTRS.items():
+        for name in names:
+            count = _count(a.get(name))
+            if count is not None:
+                out[target] = count
+                break
+    return out
+
+
+def _count(value: AttrValue | None) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float):
+        if not value.is_integer():
+            return None
+        value = int(value)
+    return value if 0 <= value <= _MAX_TOKENS else None
+
+
+def model_of(a: dict[str, AttrValue]) -> dict[str, AttrValue]:
+    """The model attributes of an LLM span (context: they fill ``route`` when no ``ttft.route`` is set)."""
+    return {name: a[name] for name in MODEL_ATTRS if name in a}
