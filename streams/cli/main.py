@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "grafana": "streams.cli.grafana_cmd:grafana",
     "rules": "streams.cli.rules_cmd:rules",
     "otel": "streams.cli.otel_cmd:otel",
+    "whatif": "streams.cli.whatif_cmd:whatif",
 }
 
 
