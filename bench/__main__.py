@@ -41,6 +41,7 @@ PHASES = (
     "quix",
     "spanmetrics",
     "otlpbridge",
+    "whatif",
 )
 #: Phases that read the generated traffic; when all are skipped, only a token amount is generated.
 TRAFFIC_PHASES = frozenset({"raw", "pipeline", "lag", "naive", "memory", "scaleout"})
@@ -69,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--otel-traces", type=int, default=None, help="traces of the spanmetrics phase (3,000)")
     p.add_argument("--bridge-traces", type=int, default=None, help="traces per Collector run of otlpbridge (20,000)")
     p.add_argument("--bridge-rounds", type=int, default=None, help="Collector runs per variant of otlpbridge (2)")
+    p.add_argument("--whatif-requests", type=int, default=None, help="stored requests of the whatif phase (1M)")
     p.add_argument("--phase-timeout", type=float, default=600.0, help="seconds a phase may take to drain")
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every phase (~2 min)")
     p.add_argument("--profile", action="store_true", help="py-spy the join and writer in the pipeline phase")
@@ -103,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.bridge_traces = 5_000 if args.quick else 20_000
     if args.bridge_rounds is None:
         args.bridge_rounds = 1 if args.quick else 2
+    if args.whatif_requests is None:
+        args.whatif_requests = 100_000 if args.quick else 1_000_000
     if args.naive_requests is None:
         args.naive_requests = 1_500 if args.quick else 8_000
     if args.quick:
@@ -159,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.simspeed import measure_simspeed
 
         run.phase("simspeed", measure_simspeed)
+    if "whatif" not in args.skip:  # no broker: its own store, before the broker takes a core
+        from bench.whatif import measure_whatif
+
+        run.phase("whatif", lambda: measure_whatif(args.whatif_requests))
     root = Path(tempfile.mkdtemp(prefix="ttft-bench-"))
     broker = LocalBroker(root / "broker")
     traffic_box: list[Traffic] = []

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from bench import lag, procstat, profiling, results, traffic
-from bench.__main__ import parse_args
+from bench.__main__ import PHASES, parse_args
 from bench.results import RunReport, derive, evaluate_targets, render_markdown, render_tables
 
 GOOD: dict[str, float | None] = {
@@ -43,6 +43,9 @@ GOOD: dict[str, float | None] = {
     "close_commit_delay_during_max_ms": 600.0,
     "scale_1w_join_cores": 0.9,
     "scale_2w_join_cores": 1.3,
+    "whatif_requests": 1_000_000.0,
+    "whatif_seconds": 6.0,
+    "whatif_rss_peak_mb": 800.0,
 }
 
 
@@ -58,7 +61,7 @@ def test_derive_adds_ratios() -> None:
 def test_every_target_holds_on_good_figures() -> None:
     statuses = {t.name: t.status for t in evaluate_targets(GOOD)}
     assert set(statuses.values()) == {"holds"}, statuses
-    assert len(statuses) == 22
+    assert len(statuses) == 23
 
 
 def test_targets_fail_and_go_unmeasured() -> None:
@@ -74,6 +77,11 @@ def test_targets_fail_and_go_unmeasured() -> None:
     assert by_name["issue 24: join CPU/event <= 5x the raw consume's"].status == "fails"
     assert by_name["issue 24: the 20k ev/s lag run reaches its offered rate"].status == "fails"
     assert {t.status for t in evaluate_targets({})} == {"not measured"}
+    whatif = "issue 26: ttft whatif, one lever, 200 resamples, 1M stored requests <= 10 s"
+    small = {**GOOD, "whatif_requests": 100_000.0}
+    assert {t.name: t.status for t in evaluate_targets(small)}[whatif] == "fails"
+    measured = {t.name: t.measured for t in evaluate_targets(GOOD)}[whatif]
+    assert measured == "6.0 s over 1,000,000 requests, peak RSS 800 MiB"
 
 
 def test_open_request_rss_is_extrapolated_from_a_smaller_run() -> None:
@@ -92,7 +100,7 @@ def test_report_json_markdown_and_tables(tmp_path: Path) -> None:
     path = report.write(tmp_path)
     data = json.loads(path.read_text())
     assert data["figures"]["pipeline_vs_raw"] == pytest.approx(0.3)
-    assert [t["status"] for t in data["targets"]].count("holds") == 22
+    assert [t["status"] for t in data["targets"]].count("holds") == 23
     md = render_markdown(report)
     assert "| throughput | ours / A | 0.300 | x |" in md
     assert "commit `abc1234`" in md
@@ -201,6 +209,8 @@ def test_bench_arguments() -> None:
     quick = parse_args(["--quick", "--skip", "naive,quix"])
     assert quick.skip == {"naive", "quix"}
     assert quick.open_requests == 20_000 and quick.lag_seconds == 10.0
+    assert quick.whatif_requests == 100_000 and parse_args([]).whatif_requests == 1_000_000
+    assert parse_args(["--only", "whatif"]).skip == set(PHASES) - {"whatif"}
     assert parse_args(["--requests", "1000"]).events == int(1000 * traffic.EVENTS_PER_REQUEST)
     with pytest.raises(SystemExit):
         parse_args(["--skip", "nonsense"])
@@ -252,3 +262,35 @@ def test_the_lag_runs_achieved_rate_is_its_steady_state_between_5_s_and_2_s_befo
     samples = [(100.0 + t, int(20_000 * t)) for t in range(31)] + [(135.0, 610_000)]
     assert steady_rate(samples, 100.0, 30.0) == 20_000
     assert math.isnan(steady_rate(samples[:3], 100.0, 30.0))
+
+
+def test_whatif_bench_requests_are_consistent_records() -> None:
+    from bench.whatif import span_start_ms, synthetic_columns
+    from streams.core.whatif import RequestColumns, serial_recall
+
+    start = span_start_ms()
+    columns = synthetic_columns(2_000, start)
+    records = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
+    assert len({r["request_id"] for r in records}) == 2_000
+    for r in records:
+        parents = r["retrieval_ms"] + r["prompt_assemble_ms"] + r["llm_ttft_ms"]
+        assert r["ttft_ms"] == pytest.approx(parents + r["other_ms"])
+        assert start <= r["window_start"] <= r["started_at"] < start + 3_600_000
+        assert r["window_start"] % 60_000 == 0
+    replayable = RequestColumns.from_records(records)
+    assert replayable.n == 2_000
+    assert serial_recall(replayable).tolist() == [r["recall_mode"] == "serial" for r in records]
+
+
+@pytest.mark.clickhouse
+@pytest.mark.slow
+def test_whatif_bench_phase_runs_small() -> None:
+    from bench.whatif import measure_whatif
+
+    result = measure_whatif(requests=3_000, runs=1, resamples=50)
+    figures = result["figures"]
+    assert figures["whatif_requests"] == 3_000 and figures["whatif_seconds"] > 0
+    assert figures["whatif_rss_peak_mb"] > 0 and figures["whatif_rank_seconds"] > 0
+    assert result["details"]["requests_read"] == 3_000
+    answer = result["details"]["answer"]
+    assert answer["predicted"]["p95"] < answer["observed"]["p95"]

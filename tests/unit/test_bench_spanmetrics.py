@@ -70,6 +70,7 @@ def test_only_runs_one_phase_with_token_traffic() -> None:
         "scaleout",
         "quix",
         "otlpbridge",
+        "whatif",
     }
     assert args.events <= 1_000 and args.otel_traces == 500
     assert parse_args([]).otel_traces == 3_000
