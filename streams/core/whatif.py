@@ -273,14 +273,14 @@ class _Stages:
             pool = llm[donors & (self.buckets == code)]
             buckets[name] = {"recipients": count, "donors": len(pool)}
             if len(pool) < self.min_donors:
-                short.append(f"prompts {name}: {len(pool)} donor(s) for {count} request(s)")
+                short.append(f"prompts {name}: {len(pool):,} donor(s) for {count:,} request(s)")
                 continue
             new[takes] = pool[self.rng.integers(0, len(pool), count)]
         if short:
             raise WhatIfRefused(
                 f"{lever.text}: too few donors (a prompt bucket needs at least {self.min_donors}): "
                 + "; ".join(short)
-                + " (lower --min-donors, or widen the span)"
+                + f", of {self.columns.n:,} requests replayed (lower --min-donors, or widen the span)"
             )
         self.stages["llm_ttft"] = new
         recipients_n = sum(b["recipients"] for b in buckets.values())
