@@ -135,10 +135,13 @@ class TraceAssembler:
     # --- folding ----------------------------------------------------------------------------------
 
     def add_message(self, spans: list[OtlpSpan], partition: int, offset: int, now_ms: float) -> list[Output]:
-        """Fold the spans of one message; traces whose root it carried are resolved after all its spans."""
+        """Fold the spans of one message; traces whose root it carried are resolved after all its spans, and
+        the late spans of resolved traces are mapped once the message's parent links are known (an embedding
+        span sent before its retriever in the same message is still ``vector_recall``)."""
         part = self._partition(partition)
         out: list[Output] = []
         roots: list[str] = []
+        late: list[tuple[TraceState, SpanNote, bool]] = []
         for span in spans:
             note = note_span(span, offset)
             self._raise(part, note.end_ns, now_ms)
@@ -146,10 +149,14 @@ class TraceAssembler:
             if state is None:
                 state = self._new_trace(span.trace_id, partition, out, now_ms)
             elif state.resolved:
-                out.extend(self._late(state, note, span.is_root, now_ms))
+                late.append((state, note, span.is_root))
                 continue
             if self._hold(state, note, span.is_root, out, now_ms) and span.is_root:
                 roots.append(span.trace_id)
+        for state, note, is_root in late:
+            state.learn(note, is_root)
+        for state, note, is_root in late:
+            out.extend(self._late(state, note, is_root, now_ms))
         for trace_id in roots:
             state = self._traces.get(trace_id)
             if state is not None and not state.resolved:
