@@ -20,7 +20,6 @@ from streams.core.whatif import (
     DEFAULT_RESAMPLES,
     WhatIfRefused,
     predict,
-    rank_stages,
 )
 from streams.core.whatif_levers import (
     LEVER_STAGES,
@@ -33,6 +32,7 @@ from streams.core.whatif_levers import (
     parse_route,
     parse_scale,
 )
+from streams.core.whatif_rank import rank_stages
 from streams.settings import load_settings
 from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
 from streams.views.reads import request_columns, store_span, table_exists

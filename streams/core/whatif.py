@@ -67,9 +67,6 @@ SERIAL_SLACK_MS: Final = 1.0
 DEFAULT_MIN_DONORS: Final = 10
 DEFAULT_RESAMPLES: Final = 200
 DEFAULT_CACHEABLE_MIN_TOKENS: Final = 1_024
-#: ``--rank``: each stage 20 % faster, and each stage capped at its own P50.
-RANK_FACTOR: Final = 0.8
-RANK_CAP_PERCENTILE: Final = 50.0
 #: :func:`streams.core.stages.prompt_bucket`'s edges, in :data:`PROMPT_BUCKETS` order.
 _TOKEN_EDGES: Final = np.array([1_024, 4_096, 16_384])
 _UNKNOWN_BUCKET: Final = len(PROMPT_BUCKETS) - 1
@@ -362,13 +359,13 @@ def _rngs(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     return np.random.default_rng(levers), np.random.default_rng(bootstrap)
 
 
-def _observed(columns: RequestColumns) -> dict[str, float]:
+def observed_percentiles(columns: RequestColumns) -> dict[str, float]:
     if columns.n == 0:
         raise WhatIfRefused("no complete requests to replay in the selection")
     return dict(zip(REPORTED, lower_quantiles(columns.ttft, list(REPORTED.values())), strict=True))
 
 
-def _predicted(
+def predicted_percentiles(
     result: Replay, resamples: int, rng: np.random.Generator
 ) -> tuple[dict[str, float], tuple[float, float]]:
     ordered = np.sort(result.predicted)
@@ -387,83 +384,8 @@ def predict(
     cacheable_min_tokens: int = DEFAULT_CACHEABLE_MIN_TOKENS,
 ) -> WhatIf:
     """Replay ``levers`` and summarise: percentiles, the predicted P95's bootstrap interval, the naive P95."""
-    observed = _observed(columns)
+    observed = observed_percentiles(columns)
     lever_rng, bootstrap_rng = _rngs(seed)
     result = replay(columns, levers, rng=lever_rng, min_donors=min_donors, cacheable_min_tokens=cacheable_min_tokens)
-    predicted, ci = _predicted(result, resamples, bootstrap_rng)
+    predicted, ci = predicted_percentiles(result, resamples, bootstrap_rng)
     return WhatIf(columns.n, observed, predicted, ci, naive_p95(observed["p95"], result), result.levers)
-
-
-@dataclass(frozen=True, slots=True)
-class RankRow:
-    """One stage of ``--rank``: TTFT P95 with the stage 20 % faster, and with it capped at its own P50."""
-
-    stage: str
-    requests: int
-    stage_p95: float
-    faster_p95: float
-    faster_ci: tuple[float, float]
-    faster_naive_p95: float
-    faster_gain: float
-    cap_ms: float
-    capped_p95: float
-    capped_gain: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "requests": self.requests,
-            "stage_p95": self.stage_p95,
-            "faster_20": {
-                "p95": self.faster_p95,
-                "p95_ci": list(self.faster_ci),
-                "gain": self.faster_gain,
-                "naive_p95": self.faster_naive_p95,
-            },
-            "cap_p50": {"cap_ms": self.cap_ms, "p95": self.capped_p95, "gain": self.capped_gain},
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Ranking:
-    """``ttft whatif --rank``: every stage's effect on the TTFT P95, largest gain (20 % faster) first."""
-
-    requests: int
-    observed: dict[str, float]
-    rows: tuple[RankRow, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"requests": self.requests, "observed": dict(self.observed), "rank": [r.to_json() for r in self.rows]}
-
-
-def rank_stages(columns: RequestColumns, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Ranking:
-    """For each stage a request has, the TTFT P95 at 20 % faster and capped at its own P50, sorted by the
-    gain at 20 % faster, then by the capped gain. Stages no request has are left out."""
-    observed = _observed(columns)
-    rows: list[RankRow] = []
-    for index, stage in enumerate(LEVER_STAGES):
-        values = columns.stages[stage]
-        stage_p95 = lower_quantile(values, 0.95)
-        if stage_p95 is None:
-            continue
-        rng = np.random.default_rng([seed, index])
-        faster = replay(columns, [Scale(stage, RANK_FACTOR)])
-        faster_summary, ci = _predicted(faster, resamples, rng)
-        capped = replay(columns, [Cap(stage, percentile=RANK_CAP_PERCENTILE)])
-        capped_p95 = float(lower_quantiles(capped.predicted, [REPORTED["p95"]])[0])
-        rows.append(
-            RankRow(
-                stage=stage,
-                requests=int(np.count_nonzero(~np.isnan(values))),
-                stage_p95=stage_p95,
-                faster_p95=faster_summary["p95"],
-                faster_ci=ci,
-                faster_naive_p95=naive_p95(observed["p95"], faster),
-                faster_gain=observed["p95"] - faster_summary["p95"],
-                cap_ms=float(capped.levers[0].detail["cap_ms"]),
-                capped_p95=capped_p95,
-                capped_gain=observed["p95"] - capped_p95,
-            )
-        )
-    rows.sort(key=lambda r: (-r.faster_gain, -r.capped_gain, LEVER_STAGES.index(r.stage)))
-    return Ranking(columns.n, observed, tuple(rows))

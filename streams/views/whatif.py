@@ -14,8 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from schemas.vocabulary import SUB_STAGES
-from streams.core.whatif import LeverReport, Ranking, WhatIf
+from streams.core.whatif import LeverReport, WhatIf
 from streams.core.whatif_levers import AllCacheHits, Cap, Cut, ParallelRecall, RouteAll, Scale
+from streams.core.whatif_rank import Ranking
 from streams.views.span import Span
 from streams.views.summary import fmt_ms
 

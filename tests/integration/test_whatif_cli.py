@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner, Result
 from clickhouse_connect.driver.client import Client
 
-from streams.core.whatif import RequestColumns, predict, rank_stages
+from streams.core.whatif import RequestColumns, predict
 from streams.core.whatif_levers import Cut, ParallelRecall
+from streams.core.whatif_rank import rank_stages
 from streams.core.windows import aggregate_windows
 from streams.settings import Settings
 from streams.store.aggregates_store import insert_window_aggregates

@@ -12,7 +12,6 @@ from streams.core.whatif import (
     WhatIfRefused,
     predict,
     prompt_bucket_codes,
-    rank_stages,
     replay,
     serial_recall,
 )
@@ -29,6 +28,7 @@ from streams.core.whatif_levers import (
     parse_route,
     parse_scale,
 )
+from streams.core.whatif_rank import rank_stages
 from streams.core.whatif_stats import lower_quantiles
 
 
