@@ -12,6 +12,7 @@ pytest_plugins = [
     "tests.fixtures.store_exit",
     "tests.fixtures.otel",
     "tests.fixtures.network_guard",
+    "tests.fixtures.scheduling",
     "pytester",
 ]
 

@@ -54,8 +54,11 @@ def demo(duration: str, home: Path | None, seed: int, no_alertmanager: bool, pla
         otel=otel,
     )
     console = Console(highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(highlight=False, width=120)  # a pipe or CI log: rich would wrap at 80
+    if not console.is_terminal:
+        # A pipe or CI log: lines are never broken (a path or a verdict stays greppable on one line, whatever
+        # COLUMNS a parent set), and tables get 120 columns rather than rich's 80 unless COLUMNS says otherwise.
+        width = None if "COLUMNS" in os.environ else 120
+        console = Console(highlight=False, width=width, soft_wrap=True)
     try:
         code = run_demo(options, console)
     except KeyboardInterrupt:
