@@ -31,8 +31,11 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from clickhouse_connect.driver.exceptions import ClickHouseError
+from pydantic import ValidationError
 
-from schemas.dead_letter import DeadLetter, make_dead_letter
+from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
+from schemas.decode import schema_error_summary
+from schemas.records import RequestRecord
 from streams.app.metrics import WorkerMetrics
 from streams.app.stats import STATS_INTERVAL_S, JoinStats, StatsReporter
 from streams.core.join import merge_records
@@ -54,6 +57,8 @@ from streams.store.migrate import apply_migrations
 from streams.store.requests_store import apply_amendments_checked, insert_requests_checked, request_key
 
 log = logging.getLogger("ttft.writer")
+#: A request record from its message's bytes, checked against the contract in one pass.
+_validate_record = RequestRecord.__pydantic_validator__.validate_json
 
 #: Store failures worth waiting out: the server or the network, never a bug in our code.
 RETRIABLE: tuple[type[BaseException], ...] = (ClickHouseError, StoreUnavailable, OSError, TimeoutError)
@@ -249,24 +254,34 @@ class StoreWriter:
         heartbeats: list[tuple[int, int, float]] = []
         #: id(record) -> (record, where it came from); holding the record keeps its id unique in the batch.
         sources: dict[int, tuple[dict[str, Any], TopicPartition, Any]] = {}
+        malformed = 0
         for tp, messages in batch.items():
             for msg in messages:
                 if msg.value is None:
                     continue
-                if tp.topic == self.dead_letter_topic:
-                    dead_letters.append(DeadLetter.model_validate_json(msg.value).model_dump())
+                try:
+                    if tp.topic == self.dead_letter_topic:
+                        dead_letters.append(DeadLetter.model_validate_json(msg.value).model_dump())
+                        continue
+                    if msg.key == WATERMARK_KEY:
+                        beat = orjson.loads(msg.value)
+                        heartbeats.append((int(beat["source_partition"]), tp.partition, float(beat["watermark_ms"])))
+                        self.join_stats.observe(beat)
+                        continue
+                    # The record contract checked here, once: a message that is not a record (another producer
+                    # on the topic, a bug) must not reach the store, the windows or the rules.
+                    value = dict(_validate_record(msg.value).__dict__)
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:  # ValidationError is a ValueError
+                    dead_letters.append(self._malformed_letter(tp, msg, exc))
+                    malformed += 1
                     continue
-                if msg.key == WATERMARK_KEY:
-                    beat = orjson.loads(msg.value)
-                    heartbeats.append((int(beat["source_partition"]), tp.partition, float(beat["watermark_ms"])))
-                    self.join_stats.observe(beat)
-                    continue
-                value = orjson.loads(msg.value)
                 sources[id(value)] = (value, tp, msg)
                 if value.get("amend"):
                     amendments.append(value)
                 else:
                     records.append(value)
+        if malformed:
+            log.error("%d messages on %s were not request records (dead-lettered)", malformed, self.requests_topic)
         records = _keep_most_complete(records)
         db = self.settings.clickhouse_database
         refused: list[tuple[dict[str, Any], str]] = []
@@ -299,6 +314,31 @@ class StoreWriter:
                     await result
         finally:
             self.batch_values = {}
+
+    def _malformed_letter(self, tp: TopicPartition, msg: Any, exc: Exception) -> dict[str, Any]:
+        """The dead letter of a message the writer cannot read: ``invalid_json`` when it is not JSON, else
+        ``schema`` (not a record, heartbeat or dead letter as the contract has them)."""
+        value = bytes(msg.value)
+        try:
+            orjson.loads(value)
+            reason: DeadLetterReason = "schema"
+        except orjson.JSONDecodeError:
+            reason = "invalid_json"
+        detail = schema_error_summary(exc) if isinstance(exc, ValidationError) else f"{type(exc).__name__}: {exc}"
+        what = "dead letter" if tp.topic == self.dead_letter_topic else "request record"
+        if msg.key == WATERMARK_KEY:
+            what = "watermark heartbeat"
+        return make_dead_letter(
+            reason,
+            f"not a {what}: {detail}",
+            value,
+            topic=tp.topic,
+            partition=tp.partition,
+            offset=msg.offset,
+            kafka_timestamp_ms=msg.timestamp if msg.timestamp is not None and msg.timestamp >= 0 else None,
+            max_original_bytes=self.settings.caps.dead_letter_bytes,
+            received_at_ms=time.time() * 1000.0,
+        ).model_dump()
 
     def _refused_letter(
         self,
