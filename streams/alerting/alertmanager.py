@@ -27,10 +27,19 @@ log = logging.getLogger(__name__)
 
 #: HTTP statuses worth retrying; any other 4xx is a bad payload and retrying cannot fix it.
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+#: Statuses by which Alertmanager refuses the alerts themselves (API v2 validates every alert of a POST and
+#: answers 400 for one bad one). Others that are not retried (401, 403, 404: a proxy, a wrong URL) are the
+#: configuration's fault: the alerts stay owed until it is fixed.
+PAYLOAD_REFUSED_STATUS = frozenset({400, 422})
 
 
 class AlertSink(Protocol):
-    """Where alert batches go: the Alertmanager client, or a fake in unit tests."""
+    """Where alert batches go: the Alertmanager client, or a fake in unit tests.
+
+    ``refusal``: after a failed :meth:`post`, why Alertmanager refused the alerts themselves (posting them
+    again cannot succeed), else None (unreachable, overloaded or misconfigured: worth retrying)."""
+
+    refusal: str | None
 
     async def post(self, alerts: Sequence[Mapping[str, Any]]) -> bool: ...
 
@@ -90,6 +99,8 @@ class AlertmanagerClient:
         self.sent = 0
         self.failed_attempts = 0
         self.given_up = 0
+        #: Why the last failed post's alerts were refused (status and Alertmanager's answer), else None.
+        self.refusal: str | None = None
 
     async def __aenter__(self) -> AlertmanagerClient:
         return self
@@ -109,6 +120,7 @@ class AlertmanagerClient:
         Retries connection errors, timeouts and 408/429/5xx with exponential back-off; any other
         status is logged and returned as ``False`` at once.
         """
+        self.refusal = None
         if not alerts:
             return True
         delay = self._backoff_s
@@ -135,6 +147,8 @@ class AlertmanagerClient:
                     return True
                 text = (await response.text())[:500]
                 log.warning("alertmanager %s answered %s: %s", self.shown_endpoint, response.status, text)
+                if response.status in PAYLOAD_REFUSED_STATUS:
+                    self.refusal = f"{response.status}: {text.strip()}"
                 return None if response.status in RETRYABLE_STATUS else False
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # aiohttp's errors may repeat the URL (an invalid URL is its whole message): scrub the password.

@@ -69,6 +69,8 @@ class DeliveryStats:
     resent: int = 0
     muted: int = 0
     failed_posts: int = 0
+    #: alerts Alertmanager refused (a 400 for the alert itself): dropped, never re-sent
+    refused: int = 0
 
 
 @dataclass(slots=True)
@@ -149,6 +151,15 @@ class DeliveryState:
             else:
                 self.stats.delivered += 1
 
+    def refuse(self, delivery: Delivery) -> None:
+        """Alertmanager refused this alert itself: it is owed no more and not re-sent (every re-send would
+        be refused too, and would hold the outbox's offsets, so every later alert, forever)."""
+        fp = delivery.transition.fingerprint
+        if self.owed.get(fp) is delivery.transition:
+            del self.owed[fp]
+        self.firing.pop(fp, None)
+        self.stats.refused += 1
+
     def active_transitions(self) -> list[AlertTransition]:
         """Firing and pending alerts, for :meth:`streams.rules.RuleEngine.restore` after a restart."""
         firing = [f.transition for _, f in sorted(self.firing.items())]
@@ -163,8 +174,10 @@ async def deliver_due(
     resend_interval_s: float,
     ends_after_intervals: float = 4.0,
     paging_muted: bool = False,
+    on_refused: Callable[[AlertTransition, str], None] | None = None,
 ) -> bool:
-    """Post everything due in one batch; ``True`` when nothing is owed any more."""
+    """Post everything due in one batch; ``True`` when nothing is owed any more (delivered, or refused by
+    Alertmanager for what the alert holds: see :func:`_deliver_one_by_one`)."""
     deliveries = state.due(now_s, resend_interval_s)
     if not deliveries:
         return True
@@ -177,8 +190,40 @@ async def deliver_due(
     if await client.post(body):
         state.mark_delivered(deliveries, now_s)
         return True
+    if client.refusal is not None:
+        return await _deliver_one_by_one(state, client, deliveries, body, now_s, on_refused)
     state.stats.failed_posts += 1
     return False
+
+
+async def _deliver_one_by_one(
+    state: DeliveryState,
+    client: AlertSink,
+    deliveries: list[Delivery],
+    body: list[dict[str, object]],
+    now_s: float,
+    on_refused: Callable[[AlertTransition, str], None] | None,
+) -> bool:
+    """Alertmanager refused a batch for what is in it: post each alert alone, so that the ones it accepts
+    page and only the ones it refuses are dropped (logged, counted, and handed to ``on_refused``)."""
+    for delivery, alert in zip(deliveries, body, strict=True):
+        if await client.post([alert]):
+            state.mark_delivered([delivery], now_s)
+            continue
+        if client.refusal is None:  # not the alert's fault after all: retry what is left later
+            state.stats.failed_posts += 1
+            return False
+        state.refuse(delivery)
+        labels = dict(delivery.transition.labels)
+        log.error(
+            "alertmanager refused alert %s (%s); dropped, never re-sent: %s",
+            labels,
+            delivery.transition.state,
+            client.refusal,
+        )
+        if on_refused is not None:
+            on_refused(delivery.transition, client.refusal)
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +293,7 @@ async def run_delivery_loop(
     state: DeliveryState | None = None,
     clock: Callable[[], float] = time.time,
     on_pending: Callable[[int], None] | None = None,
+    on_refused: Callable[[AlertTransition, str], None] | None = None,
 ) -> DeliveryState:
     """Consume ``ttft.alerts`` and deliver it until ``stop`` is set; returns the final state.
 
@@ -255,7 +301,8 @@ async def run_delivery_loop(
     loop keeps folding and retries with capped exponential back-off. All partitions are assigned to this
     consumer (no rebalancing): run one loop per deployment; a second one only duplicates posts, which
     Alertmanager deduplicates by labels. After every delivery attempt ``on_pending`` (e.g. a gauge's
-    ``set``) gets the number of transitions still owed to Alertmanager.
+    ``set``) gets the number of transitions still owed to Alertmanager; ``on_refused`` gets each alert
+    Alertmanager refused for what it holds (dropped: it would hold the offsets of every later alert).
     """
     opts = options or DeliveryOptions()
     state = state if state is not None else DeliveryState()
@@ -288,6 +335,7 @@ async def run_delivery_loop(
                 resend_interval_s=opts.resend_interval_s,
                 ends_after_intervals=opts.ends_after_intervals,
                 paging_muted=opts.paging_muted,
+                on_refused=on_refused,
             )
             if on_pending is not None:
                 on_pending(len(state.owed))

@@ -83,6 +83,12 @@ class WorkerMetrics:
             "ttft_caps_tripped", "Times a bound tripped (docs/operations.md, hostile input)", ["cap"], registry=r
         )
         self.series_overflow = Counter("ttft_series_overflow", "Records mapped to __other__", registry=r)
+        self.alerts_refused = Counter(
+            "ttft_alerts_refused",
+            "Alerts Alertmanager refused for what they hold (400): dropped, never re-sent",
+            ["alertname"],
+            registry=r,
+        )
         self.alerts_sent = Counter("ttft_alert_transitions", "Alert transitions produced", ["state"], registry=r)
         self.alerts_pending_delivery = Gauge(
             "ttft_alerts_pending_delivery", "Alert notifications not yet delivered", registry=r
@@ -107,7 +113,8 @@ class WorkerMetrics:
         )
         self.otlp_no_first_chunk = Counter(
             "ttft_otlp_no_first_chunk",
-            "LLM spans dead-lettered no_first_chunk, by the instrumentation scope that made them (name, version)",
+            "LLM spans without a first chunk (forwarded as llm_unmeasured: their requests are no_first_chunk), by the "
+            "instrumentation scope that made them (name, version)",
             ["scope", "scope_version"],
             registry=r,
         )

@@ -14,6 +14,7 @@ from streams.app.alerting_hook import AlertingHook
 from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import WindowCloser
 from streams.kafka.topics import kafka_client_kwargs
+from streams.rules.model import AlertTransition
 from streams.settings import Settings
 
 
@@ -77,9 +78,19 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
         client = AlertmanagerClient(settings.alertmanager_url.get_secret_value())
         options = DeliveryOptions(paging_muted=settings.paging_muted)
 
+        def refused(transition: AlertTransition, why: str) -> None:  # on /metrics and /healthz, for on-call
+            metrics.alerts_refused.labels(transition.labels.get("alertname", "")).inc()
+            metrics.health["alerts_refused"] = metrics.health.get("alerts_refused", 0) + 1
+            metrics.health["last_alert_refused"] = f"{transition.labels.get('alertname', '')}: {why}"[:300]
+
         def deliver() -> Any:
             return run_delivery_loop(
-                settings, client, stop, options=options, on_pending=metrics.alerts_pending_delivery.set
+                settings,
+                client,
+                stop,
+                options=options,
+                on_pending=metrics.alerts_pending_delivery.set,
+                on_refused=refused,
             )
 
         def restarted(reason: str) -> None:

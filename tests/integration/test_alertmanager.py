@@ -15,6 +15,7 @@ from streams.alerting.outbox import (
     DeliveryOptions,
     DeliveryState,
     alert_message,
+    deliver_due,
     read_outbox_state,
     run_delivery_loop,
 )
@@ -67,6 +68,30 @@ def test_firing_twice_notifies_once_and_the_resolution_arrives(alertmanager: Ale
     assert post(alertmanager.url, transition("resolved", 300_000.0))
     assert wait_for(lambda: alertmanager.webhook.alerts("resolved"), timeout_s=10)
     assert len(alertmanager.webhook.alerts("firing")) == 1
+
+
+def test_an_alert_alertmanager_refuses_is_dropped_and_its_batch_pages(alertmanager: AlertmanagerServer) -> None:
+    """Issue 27 item 6: Alertmanager answers 400 for a batch holding one invalid alert; the outbox used to
+    retry that batch forever. Now the others page and the refused one is dropped, counted and reported."""
+    good = transition("firing", 120_000.0, tenant="good")
+    bad = transition("firing", 120_000.0, tenant="also-good")
+    bad.labels["bad-label-name"] = "x"  # not a valid label name for Alertmanager 0.25: "invalid label set"
+    state = DeliveryState()
+    state.fold(good)
+    state.fold(bad)
+    refused: list[str] = []
+
+    async def go() -> bool:
+        async with AlertmanagerClient(alertmanager.url, attempts=1) as client:
+            return await deliver_due(
+                state, client, time.time(), resend_interval_s=60.0, on_refused=lambda t, why: refused.append(why)
+            )
+
+    assert asyncio.run(go())
+    assert state.owed == {} and state.stats.refused == 1 and state.stats.delivered == 1
+    assert len(refused) == 1 and refused[0].startswith("400"), refused
+    assert wait_for(lambda: alertmanager.webhook.alerts("firing"), timeout_s=10)
+    assert {a["labels"]["tenant"] for a in alertmanager.webhook.alerts("firing")} == {"good"}
 
 
 def test_sample_config_passes_amtool_check_config() -> None:
@@ -144,6 +169,7 @@ class _DiesOnce:
     def __init__(self, client: AlertmanagerClient) -> None:
         self.client = client
         self.posts = 0
+        self.refusal: str | None = None
 
     async def post(self, alerts: Any) -> bool:
         self.posts += 1

@@ -35,6 +35,8 @@ def transition(tenant: str, state: str, at: float) -> AlertTransition:
 class Sink:
     """Alertmanager: down for the first ``down_posts`` posts."""
 
+    refusal: str | None = None
+
     def __init__(self, down_posts: int) -> None:
         self.down_posts = down_posts
         self.posts: list[list[Mapping[str, Any]]] = []

@@ -30,6 +30,8 @@ def transition(state: str, at: float, *, muted: bool = False, fired: float | Non
 
 
 class FakeSink:
+    refusal: str | None = None
+
     def __init__(self, up: bool = True) -> None:
         self.up = up
         self.posts: list[list[Mapping[str, Any]]] = []
