@@ -32,7 +32,7 @@ import logging
 import multiprocessing
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -196,16 +196,20 @@ class WindowCloser:
         *,
         polled_s: float,
         serialised: Serialised | None = None,
+        vacated: Iterable[int] = (),
     ) -> None:
         """Book a committed batch of records and close what became due.
 
         ``polled_s``: how long the poll that brought this batch waited for messages. Without records (an
         empty poll, or one of dead letters or heartbeats only) it adds to the idle time; records reset it.
         ``serialised``: ``id(record) -> (record, the bytes it was decoded from)`` (see WindowMemory.add).
+        ``vacated``: windows a stored request left in this batch (its start moved, e.g. a late
+        request_start): a closed one is computed again like an amended one (an open one's close reads the
+        store when the memory's copy no longer matches it).
         """
         self._raise_failure()
         now = self.clock()
-        amended: set[int] = set()
+        amended: set[int] = {ws for ws in vacated if ws in self.closed}
         held: list[dict[str, Any]] = []
         for record in records:
             ws = int(record["window_start"])

@@ -54,7 +54,13 @@ from streams.settings import Settings
 from streams.store.client import StoreUnavailable, make_client
 from streams.store.dead_letter_store import insert_dead_letters
 from streams.store.migrate import apply_migrations
-from streams.store.requests_store import apply_amendments_checked, insert_requests_checked, request_key
+from streams.store.requests_store import (
+    apply_amendments_checked,
+    insert_requests_checked,
+    request_key,
+    stored_windows,
+    vacated_windows,
+)
 
 log = logging.getLogger("ttft.writer")
 #: A request record from its message's bytes, checked against the contract in one pass.
@@ -100,6 +106,8 @@ class StoreWriter:
         self.on_stop: list[Callable[[], Any]] = []
         #: Join watermark heartbeats (source partition, requests partition, ms) read since the last hook.
         self.heartbeats: list[tuple[int, int, float]] = []
+        #: Windows a stored request left since the last hook (its start moved): computed again if closed.
+        self.vacated: set[int] = set()
         #: While the hooks run: ``id(record) -> (record, message bytes)`` of each record decoded from a
         #: message (a record merged from amendments has none). The window memory keeps these bytes instead
         #: of encoding the record again; the record is held so that its id cannot be reused meanwhile.
@@ -284,6 +292,14 @@ class StoreWriter:
             log.error("%d messages on %s were not request records (dead-lettered)", malformed, self.requests_topic)
         records = _keep_most_complete(records)
         db = self.settings.clickhouse_database
+        # Where the late ones were stored before this batch: a request whose start moved (request_start came
+        # late) leaves its old window, which then needs computing again (WindowCloser.on_records, vacated).
+        late_keys = {request_key(r) for r in records if r.get("late_events")} | {request_key(a) for a in amendments}
+        before = (
+            await self._retry("read stored windows", lambda: stored_windows(self.client, db, late_keys))
+            if late_keys
+            else {}
+        )
         refused: list[tuple[dict[str, Any], str]] = []
         if records:
             refused += await self._insert("requests", insert_requests_checked, db, records)
@@ -306,6 +322,7 @@ class StoreWriter:
             await self._insert("dead_letters", insert_dead_letters, db, dead_letters)
             self.metrics.dead_letters_written.inc(len(dead_letters))
         self.heartbeats.extend(heartbeats)
+        self.vacated.update(vacated_windows(before, records))
         self.batch_values = {id(value): (value, msg.value or b"") for value, _, msg in sources.values()}
         try:
             for hook in self.hooks:

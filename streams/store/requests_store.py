@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -270,6 +270,21 @@ def fetch_requests_by_key(
 ) -> dict[RequestKey, dict[str, Any]]:
     """The stored records of ``(tenant_id, request_id)`` keys (those that exist)."""
     return {key: record for key, (record, _) in _fetch_with_ids(client, database, keys).items()}
+
+
+def stored_windows(client: Client, database: str, keys: Iterable[RequestKey]) -> dict[RequestKey, int]:
+    """The stored ``window_start`` (epoch ms) of each ``(tenant_id, request_id)`` key that exists (``FINAL``)."""
+    return {key: int(record["window_start"]) for key, record in fetch_requests_by_key(client, database, keys).items()}
+
+
+def vacated_windows(before: Mapping[RequestKey, int], records: Iterable[dict[str, Any]]) -> set[int]:
+    """The windows requests left: the stored ``window_start`` of each record now stored under another."""
+    out: set[int] = set()
+    for record in records:
+        old = before.get(request_key(record))
+        if old is not None and old != int(record["window_start"]):
+            out.add(old)
+    return out
 
 
 def fetch_request_all_tenants(client: Client, database: str, request_id: str) -> list[dict[str, Any]]:

@@ -251,3 +251,17 @@ def test_one_chdb_directory_per_process(ch_client: Client, ch_database: str, ch_
     other = Settings(clickhouse_url=SecretStr(f"chdb://{ch_session_path.parent / 'elsewhere'}"))
     with pytest.raises(StoreConfigError, match="one data directory per process"):
         make_client(other)
+
+
+def test_stored_windows_name_the_windows_moved_requests_left(ch_client: Client, ch_database: str) -> None:
+    from streams.store.requests_store import insert_requests, stored_windows, vacated_windows
+
+    first = make_record("r-1", started_at=RECENT_DAY_MS + 61_000.0)
+    stays = make_record("r-2", started_at=RECENT_DAY_MS + 61_000.0)
+    insert_requests(ch_client, ch_database, [first, stays])
+    before = stored_windows(ch_client, ch_database, [("acme", "r-1"), ("acme", "r-2"), ("acme", "r-none")])
+    old_ws = int(first["window_start"])
+    assert before == {("acme", "r-1"): old_ws, ("acme", "r-2"): old_ws}
+    moved = make_record("r-1", started_at=RECENT_DAY_MS + 1_000.0, late_events=1, event_count=6)  # request_start late
+    assert int(moved["window_start"]) != old_ws
+    assert vacated_windows(before, [moved, stays]) == {old_ws}

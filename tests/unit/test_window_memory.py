@@ -182,3 +182,31 @@ def test_a_held_record_costs_about_its_serialised_size() -> None:
     finally:
         tracemalloc.stop()
     assert per_record < 1_500, f"{per_record:.0f} B per held record"
+
+
+def test_a_closed_window_a_request_left_is_computed_again() -> None:
+    """Issue 27 item 6: a request whose start moved (request_start came late) into another window left its
+    old, closed window stale until a restart. The writer now names the windows requests left (vacated)."""
+    settings = Settings(windows=WindowConfig(idle_close_s=1.0))
+    store = FakeStore(_records(3))
+
+    async def scenario() -> WindowCloser:
+        closer = WindowCloser(
+            settings, WorkerMetrics("writer", "w-1"), store.call, _publish, clock=lambda: NOW_S, background=True
+        )
+        await closer.on_records(_records(3), polled_s=0.0)
+        await closer.on_records([], polled_s=2.0)  # idle: WS closes
+        await closer.drain()
+        assert closer.closed == {WS: 0}
+        moved = make_record("r-0", started_at=WS + 60_000 + 5.0, late_events=1, event_count=6)
+        store.records = [store_form(r) for r in _records(3)[1:]]  # FINAL: r-0 is no longer in WS
+        await closer.on_records([moved], polled_s=0.0, vacated=[WS])
+        await closer.drain()
+        await closer.stop()
+        return closer
+
+    closer = asyncio.run(scenario())
+    assert closer.closed[WS] == 1  # computed again, as an amendment
+    of_ws = [a for a in store.aggregates if a["window_health"] and a["window_health"][0]["window_start"] == WS]
+    assert len(of_ws) == 2
+    assert sum(row["total"] for row in of_ws[-1]["window_health"]) == 2  # what the store holds for WS now

@@ -79,3 +79,27 @@ def test_a_malformed_heartbeat_or_dead_letter_is_dead_lettered_too() -> None:
     ]
     assert any("not a watermark heartbeat" in dl["detail"] for dl in letters)
     assert any("not a dead letter" in dl["detail"] for dl in letters)
+
+
+def test_a_late_record_whose_start_moved_names_the_window_it_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27 item 6 (the writer's half; the closer's is in test_window_memory): the stored window of each
+    late record is read before it is replaced, and a window it left is handed to the closer as vacated."""
+    old_ws = int(GOOD["window_start"]) - 60_000
+    asked: list[set[tuple[str, str]]] = []
+
+    def fake_stored_windows(client: Any, db: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        asked.append(set(keys))
+        return {("acme", "r-late"): old_ws}
+
+    monkeypatch.setattr("streams.app.writer.stored_windows", fake_stored_windows)
+    writer = StoreWriter(Settings(), WorkerMetrics("writer", "w-1"), stats_interval_s=None)
+
+    async def fake_insert(table: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return [] if table == "requests" else None
+
+    writer._insert = fake_insert  # type: ignore[method-assign]
+    late = {**GOOD, "request_id": "r-late", "late_events": 1}
+    tp = TopicPartition(REQUESTS, 0)
+    asyncio.run(writer._process({tp: [message(0, orjson.dumps(GOOD)), message(1, orjson.dumps(late))]}))
+    assert asked == [{("acme", "r-late")}]  # only the late one is looked up
+    assert writer.vacated == {old_ws}
