@@ -10,13 +10,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-RequestStatus = Literal["complete", "missing_stage", "timed_out", "orphan"]
+RequestStatus = Literal["complete", "missing_stage", "no_first_chunk", "timed_out", "orphan"]
 RecallMode = Literal["parallel", "serial", "single", "none"]
 
-#: Status precedence: the first that matches wins (DESIGN.md, join semantics).
-STATUS_ORDER: tuple[RequestStatus, ...] = ("orphan", "timed_out", "missing_stage", "complete")
-#: Rank used in the record version: a more complete status wins a tie on event count.
-STATUS_RANK: dict[str, int] = {"orphan": 0, "timed_out": 1, "missing_stage": 2, "complete": 3}
+#: Status precedence: the first that matches wins (DESIGN.md, join semantics). ``no_first_chunk``: a
+#: request_start and an LLM call (``llm_unmeasured``) whose first chunk the telemetry does not tell, no
+#: first_token: answered, but its TTFT is unknown (never SLO-bad, see streams/core/stages.py).
+STATUS_ORDER: tuple[RequestStatus, ...] = ("orphan", "no_first_chunk", "timed_out", "missing_stage", "complete")
+#: Rank used in the record version: a more complete status wins a tie on event count. Stored rows keep the
+#: ranks they were written with (``missing_stage`` 2, ``complete`` 3 before ``no_first_chunk`` came): only
+#: rows of one request with equal event counts compare their ranks, so a re-insert of the same record
+#: simply wins with its identical content.
+STATUS_RANK: dict[str, int] = {"orphan": 0, "timed_out": 1, "no_first_chunk": 2, "missing_stage": 3, "complete": 4}
 
 STAGE_COLUMNS: tuple[str, ...] = (
     "retrieval_ms",
@@ -61,6 +66,11 @@ class RequestRecord(BaseModel):
     prompt_assemble_ms: float | None = None
     llm_ttft_ms: float | None = None
     other_ms: float | None = Field(None, description="ttft - (retrieval + prompt_assemble + llm_ttft), signed.")
+    llm_unmeasured_ms: float | None = Field(
+        None,
+        description="LLM calls whose first chunk the telemetry does not tell (stage llm_unmeasured): their whole "
+        "duration, summed; an upper bound of llm_ttft, never a stage value.",
+    )
     custom_stages: dict[str, float] = Field(default_factory=dict)
     stage_repeats: dict[str, int] = Field(default_factory=dict, description="Retries: extra events per stage.")
     recall_mode: RecallMode | None = None

@@ -32,6 +32,11 @@ SUB_STAGES: Final[tuple[str, ...]] = ("vector_recall", "bm25_recall", "rerank")
 SUB_STAGES_OF: Final[dict[str, tuple[str, ...]]] = {"retrieval": SUB_STAGES}
 SUB_STAGE_PARENT: Final[dict[str, str]] = {sub: parent for parent, subs in SUB_STAGES_OF.items() for sub in subs}
 
+#: A reserved stage name: an LLM call whose first chunk its telemetry does not tell (an OTLP LLM span with no
+#: first-chunk attribute or event, streaming or not told apart). Its event spans the whole call. A request
+#: with one and no ``first_token`` has the status ``no_first_chunk``; it is never a custom stage.
+LLM_UNMEASURED: Final = "llm_unmeasured"
+
 #: Any stage name, known or custom (custom stages are optional and summed like known ones).
 STAGE_NAME_PATTERN: Final = r"[a-z][a-z0-9_]{0,47}"
 STAGE_NAME_RE: Final = re.compile(STAGE_NAME_PATTERN)

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
 from schemas.events import MIN_TS_MS, StageEvent
 from schemas.records import STATUS_ORDER, RequestStatus
+from schemas.vocabulary import LLM_UNMEASURED
 from streams.core.join_record import build_record, merge_records
 from streams.core.join_state import (
     EVENT_RECORD,
@@ -498,9 +499,12 @@ class RequestJoin:
         return out
 
     def _natural_due(self, pending: PendingRequest) -> float:
-        """When the request's events say it is done: after first_token and its stragglers, else timed out."""
+        """When the request's events say it is done: after first_token and its stragglers, else timed out. An
+        ``llm_unmeasured`` call (its first chunk untold) ends the wait like a first_token: after its end."""
         if pending.first_token is not None:
             return max(pending.first_token, pending.max_end) + self.config.grace_ms
+        if pending.customs is not None and LLM_UNMEASURED in pending.customs:
+            return pending.max_end + self.config.grace_ms
         return pending.started_at + self.config.request_timeout_ms
 
     def _deadline(self, pending: PendingRequest) -> float:
@@ -516,6 +520,8 @@ class RequestJoin:
         first_token = pending.first_token
         if first_token is not None:
             natural = max(first_token, pending.max_end) + cfg.grace_ms
+        elif pending.customs is not None and LLM_UNMEASURED in pending.customs:
+            natural = pending.max_end + cfg.grace_ms
         else:
             natural = (pending.start if pending.start is not None else pending.min_ts) + cfg.request_timeout_ms
         deadline = max(min(natural, pending.first_ts + cfg.request_timeout_ms), pending.first_wm + cfg.grace_ms)

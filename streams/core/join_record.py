@@ -1,10 +1,13 @@
 """Request records from joined state (:func:`build_record`) and from a late amendment (:func:`merge_records`).
 
 Records are plain dicts with exactly the fields of :class:`schemas.records.RequestRecord`. The rules are
-DESIGN.md's join semantics: status precedence orphan > timed_out > missing_stage > complete; missing stage
-values are None, never 0; ``other_ms`` is signed; retries are summed with a repeat counter; the earliest
+DESIGN.md's join semantics: status precedence orphan > no_first_chunk > timed_out > missing_stage > complete;
+missing stage values are None, never 0; ``other_ms`` is signed; retries are summed with a repeat counter; the earliest
 instant wins. ``missing_stages`` lists the absent required stages whatever the status, so a later
 amendment can tell which gaps it fills.
+
+The reserved stage ``llm_unmeasured`` (an LLM call whose first chunk its telemetry does not tell) is no custom
+stage: it fills ``llm_unmeasured_ms`` and, without a ``first_token``, makes the request ``no_first_chunk``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from schemas.records import ATTR_COLUMNS, STAGE_COLUMNS, RecallMode, RequestStatus, record_version
-from schemas.vocabulary import KNOWN_STAGES, PARENT_STAGES, REQUIRED_STAGES
+from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED, PARENT_STAGES, REQUIRED_STAGES
 from streams.core.join_state import EVENT_RECORD, FIRST_CUSTOM_CODE, PendingRequest
 from streams.settings import JoinConfig
 
@@ -60,12 +63,15 @@ def recall_mode(vector: Sequence[tuple[float, float]], bm25: Sequence[tuple[floa
     return "single" if vector or bm25 else "none"
 
 
-def status_of(has_start: bool, has_first_token: bool, missing: Sequence[str]) -> RequestStatus:
-    """Status precedence: orphan, timed_out, missing_stage, complete (the first that matches)."""
+def status_of(
+    has_start: bool, has_first_token: bool, missing: Sequence[str], unmeasured: bool = False
+) -> RequestStatus:
+    """Status precedence: orphan, no_first_chunk (no first token, but an ``llm_unmeasured`` call: answered,
+    its TTFT unknown), timed_out, missing_stage, complete (the first that matches)."""
     if not has_start:
         return "orphan"
     if not has_first_token:
-        return "timed_out"
+        return "no_first_chunk" if unmeasured else "timed_out"
     return "missing_stage" if missing else "complete"
 
 
@@ -108,7 +114,8 @@ def build_record(
             recalls[stage].append((ts, dur))
     start, first_token = pending.start, pending.first_token
     missing = sorted_missing(s for s in required_stages(config, pending.route) if s not in counts)
-    status = status_override or status_of(start is not None, first_token is not None, missing)
+    unmeasured = spans.get(LLM_UNMEASURED)
+    status = status_override or status_of(start is not None, first_token is not None, missing, unmeasured is not None)
     ttft = first_token - start if start is not None and first_token is not None else None
     started_at = pending.started_at
     record: dict[str, Any] = {
@@ -128,7 +135,8 @@ def build_record(
     for column, stage in _STAGE_OF_COLUMN:
         record[column] = spans.get(stage)
     record["other_ms"] = other_ms(ttft, spans)
-    record["custom_stages"] = {s: spans[s] for s in sorted(spans) if s not in _KNOWN}
+    record["llm_unmeasured_ms"] = unmeasured
+    record["custom_stages"] = {s: spans[s] for s in sorted(spans) if s not in _KNOWN and s != LLM_UNMEASURED}
     record["stage_repeats"] = {s: n - 1 for s, n in sorted(counts.items()) if n > 1}
     record["recall_mode"] = recall_mode(recalls["vector_recall"], recalls["bm25_recall"])
     record.update(zip(ATTR_COLUMNS, pending.attr_values(), strict=True))
@@ -195,10 +203,16 @@ def merge_records(stored: Mapping[str, Any], amendment: Mapping[str, Any], windo
             if stage in amendment["stage_repeats"]:
                 repeats[stage] = amendment["stage_repeats"][stage]
     merged["custom_stages"] = dict(sorted(custom.items()))
+    unmeasured = stored.get("llm_unmeasured_ms")  # absent from a record written before the field
+    if unmeasured is None and amendment.get("llm_unmeasured_ms") is not None:
+        unmeasured = amendment["llm_unmeasured_ms"]
+        if LLM_UNMEASURED in amendment["stage_repeats"]:
+            repeats[LLM_UNMEASURED] = amendment["stage_repeats"][LLM_UNMEASURED]
+    merged["llm_unmeasured_ms"] = unmeasured
     merged["stage_repeats"] = dict(sorted(repeats.items()))
     missing = [s for s in stored["missing_stages"] if not _has_stage(amendment, s)]
     merged["missing_stages"] = missing
-    status = status_of(has_start, bool(firsts), missing)
+    status = status_of(has_start, bool(firsts), missing, unmeasured is not None)
     merged["status"] = status
     merged["other_ms"] = other_ms(merged["ttft_ms"], {s: merged[f"{s}_ms"] for s in PARENT_STAGES})
     merged["recall_mode"] = _merged_recall_mode(stored, amendment, merged)

@@ -1,8 +1,14 @@
 """Which values of a request record feed which latency sketch, and the strata of the canary view.
 
-DESIGN.md, windows: latency sketches take ``complete`` and ``missing_stage`` records only, present stages
-only, ``ttft`` when both instants exist. ``other`` is the signed unattributed gap, clamped at 0 in the
-sketch and counted as negative. ``timed_out`` and ``orphan`` records feed completeness and SLO burn only.
+DESIGN.md, windows: latency sketches take ``complete``, ``missing_stage`` and ``no_first_chunk`` records
+only, present stages only, ``ttft`` when both instants exist. ``other`` is the signed unattributed gap,
+clamped at 0 in the sketch and counted as negative. ``timed_out`` and ``orphan`` records feed completeness
+and SLO burn only.
+
+A ``no_first_chunk`` request was answered, but its telemetry does not tell its first chunk: its retrieval,
+rerank and prompt assembly are real measurements and feed their sketches; it has no ``llm_ttft`` nor
+``ttft`` (no first token), so it is never SLO-bad, and the SLO's request total leaves it out
+(:attr:`streams.rules.snapshot.TenantWindow.slo_requests`): counting it as good would dilute a real burn.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ Record = Mapping[str, Any]
 
 TTFT: Final = "ttft"
 OTHER: Final = "other"
-SKETCHED_STATUSES: Final = frozenset({"complete", "missing_stage"})
+SKETCHED_STATUSES: Final = frozenset({"complete", "missing_stage", "no_first_chunk"})
 #: Records of these statuses count as SLO-bad whatever their latency: an outage never improves the P95.
 ALWAYS_SLO_BAD: Final = frozenset({"timed_out", "orphan"})
 #: Custom stages may not reuse these names: their rows would merge with the built-in ones.
@@ -63,7 +69,8 @@ def stage_samples(records: Sequence[Record]) -> dict[str, list[tuple[int, float]
 
 
 def is_slo_bad(record: Record, slo_ms: float) -> bool:
-    """SLO-bad: TTFT above the tenant's SLO, or never answered (timed out) or unattributable (orphan)."""
+    """SLO-bad: TTFT above the tenant's SLO, or never answered (timed out) or unattributable (orphan); never
+    a record whose TTFT is unknown (``no_first_chunk``: it has no ttft)."""
     if record.get("status") in ALWAYS_SLO_BAD:
         return True
     ttft = record.get("ttft_ms")

@@ -160,7 +160,7 @@ class RuleEngine:
         for cell_key, cells in strata.items():
             self._strata.add(cell_key, now, cells)
         for tenant, t in facts.tenants.items():
-            self._burn.add(tenant, now, (t.slo_bad, t.requests))
+            self._burn.add(tenant, now, (t.slo_bad, t.slo_requests))
 
     # --- rules ----------------------------------------------------------------------------------
 
@@ -184,7 +184,8 @@ class RuleEngine:
                 now,
                 severity="ticket",
                 resolve_windows=rule.resolve_windows,
-                summary=f"Telemetry of tenant {tenant} is incomplete",
+                summary=f"Telemetry of tenant {tenant} is incomplete"
+                + (f": {t.no_first_chunk} LLM calls without a first chunk" if t.no_first_chunk else ""),
                 description=t.describe(tenant, rule.completeness_floor),
                 numbers=t.numbers(),
             )

@@ -2,7 +2,8 @@
 
 SLI: a request is good when its TTFT is within the tenant's SLO. ``slo_bad_count`` of the ``ttft`` rows
 already counts timed-out and orphaned requests as bad (an outage never improves the SLI); the total is the
-``ttft`` count plus those timed-out and orphans (from ``window_health``). Burn rate = bad share / (1 -
+``ttft`` count plus those timed-out and orphans (from ``window_health``), without the ``no_first_chunk``
+requests, whose TTFT is unknown (neither good nor bad). Burn rate = bad share / (1 -
 target). A pair fires when both its long and short span burn faster than its threshold. A pair whose long
 span reaches back before the tenant's first window has too little history and is not judged; with no
 judgeable pair the rule reports ``insufficient_history`` and changes nothing.

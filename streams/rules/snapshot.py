@@ -31,6 +31,7 @@ class TenantWindow:
     total: int = 0
     complete: int = 0
     missing_stage: int = 0
+    no_first_chunk: int = 0
     timed_out: int = 0
     orphan: int = 0
     ttft_count: int = 0
@@ -43,6 +44,12 @@ class TenantWindow:
         return self.total if self.has_health else max(self.ttft_count, self.slo_bad)
 
     @property
+    def slo_requests(self) -> int:
+        """The SLO's request total: :attr:`requests` less those whose TTFT is unknown (``no_first_chunk``:
+        answered, so not bad, but not known good either)."""
+        return self.requests - self.no_first_chunk if self.has_health else self.requests
+
+    @property
     def completeness(self) -> float | None:
         """Share of ``complete`` records; ``None`` without health rows."""
         if not self.has_health or self.total == 0:
@@ -50,13 +57,21 @@ class TenantWindow:
         return self.complete / self.total
 
     def describe(self, tenant: str, floor: float) -> str:
-        """Annotation text of a degraded window."""
-        return (
+        """Annotation text of a degraded window; LLM calls without a first chunk are named with their fix."""
+        text = (
             f"tenant {tenant}: {self.complete}/{self.total} requests complete "
             f"({self.completeness or 0.0:.0%}, floor {floor:.0%}); missing_stage {self.missing_stage}, "
-            f"timed_out {self.timed_out}, "
+            f"no_first_chunk {self.no_first_chunk}, timed_out {self.timed_out}, "
             f"orphan {self.orphan}. Regression and canary verdicts are suspended for such windows."
         )
+        if self.no_first_chunk:
+            text += (
+                f" {self.no_first_chunk} requests were answered but their LLM spans tell no first chunk (TTFT "
+                "unknown; the instrumentation scope is in ttft_otlp_no_first_chunk): set "
+                "gen_ai.response.time_to_first_chunk on the LLM span, or use an instrumentation that records "
+                "the first chunk (docs/otlp-mapping.md)."
+            )
+        return text
 
     def numbers(self) -> dict[str, float]:
         """Health numbers for an alert's annotations."""
@@ -66,6 +81,7 @@ class TenantWindow:
             "timed_out": float(self.timed_out),
             "orphan": float(self.orphan),
             "missing_stage": float(self.missing_stage),
+            "no_first_chunk": float(self.no_first_chunk),
         }
 
 
@@ -88,6 +104,7 @@ def window_facts(snapshot: WindowSnapshot) -> WindowFacts:
         t.total += int(row.get("total") or 0)
         t.complete += int(row.get("complete") or 0)
         t.missing_stage += int(row.get("missing_stage") or 0)
+        t.no_first_chunk += int(row.get("no_first_chunk") or 0)
         t.timed_out += int(row.get("timed_out") or 0)
         t.orphan += int(row.get("orphan") or 0)
     for row in snapshot.stage_windows:

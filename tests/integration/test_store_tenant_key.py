@@ -13,14 +13,17 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from streams.core.join import merge_records
+from streams.store.aggregates_store import table_columns
 from streams.store.migrate import apply_migrations, load_migrations, migrations_dir
 from streams.store.requests_store import (
+    INSERT_COLUMNS,
     apply_amendments,
     fetch_request,
     fetch_request_all_tenants,
     fetch_requests_by_key,
     insert_requests,
 )
+from streams.store.requests_store import _row as request_row
 from tests.support.recent import RECENT_DAY_MS
 from tests.support.records import make_record
 
@@ -37,7 +40,12 @@ def old_store(ch_client: Client, tmp_path: Path) -> Iterator[str]:
             shutil.copy(path, before / path.name)
     database = f"m_{uuid.uuid4().hex[:12]}"
     apply_migrations(ch_client, database, before)
-    insert_requests(ch_client, database, [make_record(f"r{i}", tenant_id=f"t{i % 3}") for i in range(30)])
+    # Rows as a writer of that time wrote them: the columns the table had then (later fields came with
+    # later migrations, e.g. 0012's llm_unmeasured_ms).
+    columns = table_columns(ch_client, database, "requests")
+    records = [make_record(f"r{i}", tenant_id=f"t{i % 3}") for i in range(30)]
+    rows = [[v for c, v in zip(INSERT_COLUMNS, request_row(r), strict=True) if c in columns] for r in records]
+    ch_client.insert("requests", rows, column_names=[c for c in INSERT_COLUMNS if c in columns], database=database)
     try:
         yield database
     finally:
@@ -57,8 +65,11 @@ def test_migration_keeps_every_row_and_rekeys(ch_client: Client, old_store: str)
     before = ch_client.query(f"SELECT * EXCEPT inserted_at FROM {old_store}.requests FINAL ORDER BY request_id")
     assert apply_migrations(ch_client, old_store)[0] == "0008_requests_tenant_key"
     assert _key(ch_client, old_store) == "tenant_id, request_id"
-    after = ch_client.query(f"SELECT * EXCEPT inserted_at FROM {old_store}.requests FINAL ORDER BY request_id")
+    later = "inserted_at, llm_unmeasured_ms"  # the column of migration 0012: NULL for the rows kept
+    after = ch_client.query(f"SELECT * EXCEPT ({later}) FROM {old_store}.requests FINAL ORDER BY request_id")
     assert after.result_rows == before.result_rows and len(after.result_rows) == 30
+    nulls = ch_client.query(f"SELECT countIf(llm_unmeasured_ms IS NULL) FROM {old_store}.requests FINAL")
+    assert nulls.result_rows == [(30,)]
     tables = {r[0] for r in ch_client.query(f"SHOW TABLES FROM {old_store}").result_rows}
     assert "requests_by_tenant" not in tables
 
