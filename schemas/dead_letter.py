@@ -32,7 +32,7 @@ DeadLetterReason = Literal[
     "store_rejected",
     "otlp_decode",
     "missing_tenant",
-    "no_first_chunk",
+    "no_first_chunk",  # no longer produced (such LLM spans are forwarded as llm_unmeasured); stored rows keep it
 ]
 #: The closed set of reason codes, in contract order.
 DEAD_LETTER_REASONS: Final[tuple[str, ...]] = get_args(DeadLetterReason)

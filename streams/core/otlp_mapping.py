@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from schemas.otlp import AttrValue, OtlpSpan
+from schemas.vocabulary import LLM_UNMEASURED
 from streams.core.otlp_conventions import (
     EMBEDDING,
     MODEL_ATTRS,
@@ -49,6 +50,8 @@ _NOT_ATTRS: Final = frozenset({"ttft.stage", *(n for n in _CONTEXT_NAMES if n.st
 _TOKEN_STAGES: Final = frozenset({"llm_ttft", "prompt_assemble"})
 #: What a derived ``prompt_assemble`` starts after: the end of the last of these before the LLM span.
 _BEFORE_PROMPT: Final = frozenset({"retrieval", "rerank"})
+#: The longest scope name, scope version or ignored-value note an ``llm_unmeasured`` event carries.
+_UNMEASURED_ATTR_CHARS: Final = 128
 
 
 @dataclass(slots=True)
@@ -208,12 +211,15 @@ def stage_events(note: SpanNote, stage: str, ctx: TraceContext) -> list[dict[str
 
 def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, Any]]:
     """``llm_ttft`` up to the first chunk (and ``first_token`` there). A call that did not stream gets its
-    whole duration (its answer came at once, at the span's end), marked ``streaming = false``."""
+    whole duration (its answer came at once, at the span's end), marked ``streaming = false``. A streaming
+    call without a first chunk, or one that says neither, is the reserved stage ``llm_unmeasured`` (see
+    :func:`is_unmeasured`) over the whole span, with the instrumentation scope in its attrs."""
     extra: dict[str, AttrValue] = {} if note.streaming is not False else {"streaming": False}
     first = note.first_chunk_ns
     if first is None:
         if note.streaming is not False:
-            raise Unmappable("no_first_chunk", no_first_chunk_detail(note))
+            duration = (max(note.end_ns, note.start_ns) - note.start_ns) / 1e6
+            return [_event(note, ctx, LLM_UNMEASURED, ms, duration, unmeasured_attrs(note))]
         first = max(note.end_ns, note.start_ns)
     events = [_event(note, ctx, "llm_ttft", ms, (first - note.start_ns) / 1e6, extra)]
     if not ctx.explicit_first_token:
@@ -221,15 +227,22 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
     return events
 
 
-def no_first_chunk_detail(note: SpanNote) -> str:
-    """Why an LLM span gave no ``llm_ttft``: the dead letter's detail, naming what the span lacked."""
-    if note.streaming is None:
-        what = "LLM span with no first-chunk attribute or event and no streaming flag (a stream cannot be told apart)"
-    else:
-        what = "streaming LLM span without a first-chunk attribute or event"
-    scope = f" (scope {note.scope_name or '?'} {note.scope_version or '?'})"
-    problem = f"; ignored: {note.first_chunk_problem}" if note.first_chunk_problem else ""
-    return what + scope + problem
+def is_unmeasured(note: SpanNote) -> bool:
+    """An LLM span whose first chunk is unknown: streaming (or not saying) with no first-chunk signal."""
+    return note.stage == "llm_ttft" and note.first_chunk_ns is None and note.streaming is not False
+
+
+def unmeasured_attrs(note: SpanNote) -> dict[str, AttrValue]:
+    """What an ``llm_unmeasured`` event says beside the span's own attrs: the instrumentation scope that made
+    the span (``scope_name``, ``scope_version``), ``streaming`` when the span said so, and what was ignored
+    on the way (``first_chunk_ignored``: a NaN, negative or past-the-end value), each cut to 128 characters."""
+    cut = _UNMEASURED_ATTR_CHARS
+    out: dict[str, AttrValue] = {"scope_name": note.scope_name[:cut], "scope_version": note.scope_version[:cut]}
+    if note.streaming is not None:
+        out["streaming"] = note.streaming
+    if note.first_chunk_problem:
+        out["first_chunk_ignored"] = note.first_chunk_problem[:cut]
+    return out
 
 
 def derived_prompt_assemble(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[SpanNote, dict[str, Any]] | None:

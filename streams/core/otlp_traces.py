@@ -41,6 +41,7 @@ from streams.core.otlp_mapping import (
     TraceContext,
     Unmappable,
     derived_prompt_assemble,
+    is_unmeasured,
     note_span,
     stage_events,
     stage_of,
@@ -73,8 +74,9 @@ Output = ForwardedEvent | DeadLetter
 
 @dataclass(slots=True)
 class AssemblerCounters:
-    """Monotonic counts: spans by outcome, tripped caps, and LLM spans without a first chunk per
-    instrumentation scope ``(name, version)``: what a team must fix, and in which library."""
+    """Monotonic counts: spans by outcome, tripped caps, and LLM spans without a first chunk (forwarded as
+    ``llm_unmeasured``) per instrumentation scope ``(name, version)``: what a team must fix, and in which
+    library."""
 
     spans: Counter[str] = field(default_factory=Counter)
     caps: Counter[str] = field(default_factory=Counter)
@@ -334,12 +336,12 @@ class TraceAssembler:
             return []
         if stage == "request_start":
             return [] if state.started else self._start_events(state, note, ctx, now_ms)
+        if is_unmeasured(note):  # forwarded as llm_unmeasured; the scope is what a team must fix
+            self.counters.count_no_first_chunk(note.scope_name, note.scope_version)
         try:
             events = stage_events(note, stage, ctx)
         except Unmappable as exc:
             self.counters.spans["dead_letter"] += 1
-            if exc.reason == "no_first_chunk":
-                self.counters.count_no_first_chunk(note.scope_name, note.scope_version)
             return [self._dead_letter(state, note, _reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, events, ctx, now_ms)
 
@@ -454,6 +456,4 @@ def _reason(code: str) -> DeadLetterReason:
     """A reason code of :class:`streams.core.otlp_mapping.Unmappable` as the dead letter's type."""
     if code == "missing_tenant":
         return "missing_tenant"
-    if code == "no_first_chunk":
-        return "no_first_chunk"
     raise ValueError(f"unknown unmappable reason {code!r}")

@@ -5,7 +5,8 @@ retrieval, missing LLM span, an LLM span streaming 0.5–5 s after its first chu
 ends the spans through ``opentelemetry-sdk`` with the timestamps it chose (``start_time=`` / ``end_time=``,
 no real sleeping), its span and trace ids come from an id generator it drives, and they are exported with
 the OTLP/gRPC exporter to the Collector. Some requests are unmappable on purpose: no tenant anywhere
-(``missing_tenant`` for each stage span), or an LLM span without a first chunk (``no_first_chunk``).
+(``missing_tenant`` for each stage span), or an LLM span without a first chunk (forwarded ``llm_unmeasured``:
+its request is ``no_first_chunk``).
 
 Spans end in end-time order, ``--window-s`` of event time at a time (so most traces reach the Collector in
 several exports, as live ones do). Every ``--split-every``-th trace is certainly exported in two parts: its
@@ -83,7 +84,8 @@ def _specs(n: int, rng: random.Random, missing_tenant_every: int, no_chunk_every
             llm = next(s for s in spec.spans if s.name == "llm")
             llm.events.clear()
             llm.attributes.pop("gen_ai.response.time_to_first_chunk", None)
-            spec.llm = None  # the request as the store must see it: no first token, timed out
+            spec.llm = None  # the request as the store must see it: no first token, the call unmeasured
+            spec.unmeasured = (llm.start_us, llm.end_us)
         out.append((spec, fault))
     return out
 
@@ -91,8 +93,6 @@ def _specs(n: int, rng: random.Random, missing_tenant_every: int, no_chunk_every
 def _truth(spec: TraceSpec, fault: str, split: bool) -> dict[str, Any]:
     if fault == "missing_tenant":
         dead = [["missing_tenant", s.span_id.hex()] for s in spec.spans if s.name in STAGE_SPANS]
-    elif fault == "no_first_chunk":
-        dead = [["no_first_chunk", s.span_id.hex()] for s in spec.spans if s.name == "llm"]
     else:
         dead = []
     return {

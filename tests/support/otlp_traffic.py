@@ -53,6 +53,8 @@ class TraceSpec:
     ttfc_as_event: bool
     tenant_on_resource: bool
     spans: list[SpanSpec] = field(default_factory=list)
+    #: (start, end) of an LLM span that tells no first chunk (its request is ``no_first_chunk``).
+    unmeasured: tuple[int, int] | None = None
     ids: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -239,6 +241,10 @@ def emitter_events(spec: TraceSpec) -> list[tuple[bytes, bytes]]:
         start, first, _ = spec.llm
         out.append(ev("llm_ttft", s, start, first - start, {"prompt_tokens": spec.prompt_tokens}))
         out.append(ev("first_token", s, first, None, {"prompt_tokens": spec.prompt_tokens}))
+    elif spec.unmeasured is not None:
+        s = _span(spec, "llm")[0]
+        start, end = spec.unmeasured
+        out.append(ev("llm_unmeasured", s, start, end - start, {"prompt_tokens": spec.prompt_tokens}))
     return [(rid.encode(), value) for value in out]
 
 
@@ -259,6 +265,11 @@ def truth_row(spec: TraceSpec) -> dict[str, Any]:
         "prompt_assemble_ms": prompt,
         "trace_id": spec.trace_id.hex(),
     }
+    if spec.llm is None and spec.unmeasured is not None:
+        start, end = spec.unmeasured
+        row.update(status="no_first_chunk", first_token_at=None, ttft_ms=None, llm_ttft_ms=None)
+        row.update(llm_unmeasured_ms=(end - start) / 1000, prompt_tokens=spec.prompt_tokens)
+        return row
     if spec.llm is None:
         row.update(status="timed_out", first_token_at=None, ttft_ms=None, llm_ttft_ms=None, prompt_tokens=None)
         return row

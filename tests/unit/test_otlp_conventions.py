@@ -108,10 +108,11 @@ def test_a_first_chunk_value_that_is_no_finite_number_in_the_span_is_ignored_wit
     assert chunk.at_ns is None and name in chunk.problem
     # the next source is used ...
     assert _ttft(_llm({name: value}, (("gen_ai.first_chunk", 700.0),))) == pytest.approx(300.0)
-    # ... and without one the span is dead-lettered, never raising, with the reason
+    # ... and without one the span is llm_unmeasured, never raising, with what was ignored
     asm, out = _map(_llm({name: value, "gen_ai.is_streaming": True}))
-    (dead,) = [o for o in out if isinstance(o, DeadLetter)]
-    assert dead.reason_code == "no_first_chunk" and name in dead.detail
+    assert not [o for o in out if isinstance(o, DeadLetter)]
+    (unmeasured,) = _events(out, "llm_unmeasured")
+    assert name in unmeasured["attrs"]["first_chunk_ignored"]
     assert asm.counters.no_first_chunk == {("test.scope", "1.0"): 1}
 
 
@@ -148,16 +149,41 @@ def test_non_streaming_call_is_its_duration_with_streaming_false() -> None:
     assert "streaming" not in first["attrs"]
 
 
-def test_streaming_call_without_a_first_chunk_is_dead_lettered_and_counted_per_scope() -> None:
+def test_streaming_call_without_a_first_chunk_is_llm_unmeasured_and_counted_per_scope() -> None:
     a = _span(
         "0c" * 8, 400.0, 2_000.0, {"gen_ai.operation.name": "chat", "gen_ai.is_streaming": True}, scope=("x", "1")
     )
-    b = _span("0d" * 8, 500.0, 2_000.0, {"gen_ai.operation.name": "chat"}, scope=("y", "2"))
+    b = _span("0d" * 8, 500.0, 1_900.0, {"gen_ai.operation.name": "chat"}, scope=("y", "2"))
     asm, out = _map(a, b)
-    dead = sorted((o.span_id, o.reason_code) for o in out if isinstance(o, DeadLetter))
-    assert dead == [("0c" * 8, "no_first_chunk"), ("0d" * 8, "no_first_chunk")]
+    assert not [o for o in out if isinstance(o, DeadLetter)]
+    unmeasured = _events(out, "llm_unmeasured")
+    assert [(e["event_id"], e["ts_ms"], e["duration_ms"]) for e in unmeasured] == [
+        ("0c" * 8, T0 / MS + 400.0, 1_600.0),
+        ("0d" * 8, T0 / MS + 500.0, 1_400.0),
+    ]
+    assert [e["attrs"] for e in unmeasured] == [
+        {"scope_name": "x", "scope_version": "1", "streaming": True, "trace_id": TRACE},
+        {"scope_name": "y", "scope_version": "2", "trace_id": TRACE},  # a span that says nothing of streaming
+    ]
     assert asm.counters.no_first_chunk == {("x", "1"): 1, ("y", "2"): 1}
-    assert not _events(out, "first_token")
+    assert asm.counters.spans["stage"] == 3 and asm.counters.spans["dead_letter"] == 0  # the root too
+    assert not _events(out, "first_token") and not _events(out, "llm_ttft")
+    # prompt assembly is still derived up to the (first) LLM span: nothing here retrieved before it
+    assert not _events(out, "prompt_assemble")
+
+
+def test_an_unmeasured_call_keeps_its_tokens_and_model() -> None:
+    attrs: dict[str, AttrValue] = {"gen_ai.usage.input_tokens": 812, "gen_ai.request.model": "gpt-4o-mini"}
+    _, out = _map(_llm(attrs))
+    (unmeasured,) = _events(out, "llm_unmeasured")
+    assert unmeasured["attrs"]["prompt_tokens"] == 812 and unmeasured["route"] == "gpt-4o-mini"
+
+
+def test_a_non_streaming_call_without_a_first_chunk_is_measured() -> None:
+    _, out = _map(_llm({"gen_ai.is_streaming": False}))
+    assert not _events(out, "llm_unmeasured")
+    (ttft,) = _events(out, "llm_ttft")
+    assert ttft["duration_ms"] == pytest.approx(1_600.0) and ttft["attrs"]["streaming"] is False
 
 
 def test_a_vercel_stream_call_is_an_llm_span() -> None:

@@ -165,13 +165,16 @@ def test_retried_retrieval_is_two_events_that_sum(library: str) -> None:
         assert second["ts_ms"] <= rerank["ts_ms"] <= second["ts_ms"] + second["duration_ms"]
 
 
-def test_openai_v2_has_no_first_chunk_so_its_llm_span_is_dead_lettered_and_counted_by_scope() -> None:
+def test_openai_v2_has_no_first_chunk_so_its_llm_span_is_unmeasured_and_counted_by_scope() -> None:
     for case in ("stream", "non_stream"):  # the span says nothing of streaming: the two look alike
         asm, out = _run("openai_v2", case)
-        (dead,) = [o for o in out if isinstance(o, DeadLetter)]
+        assert not [o for o in out if isinstance(o, DeadLetter)]
         llm = _span(_spans("openai_v2", case), "chat gpt-4o-mini")
-        assert (dead.reason_code, dead.span_id) == ("no_first_chunk", llm.span_id)
-        assert "no streaming flag" in dead.detail and "opentelemetry.util.genai.handler" in dead.detail
+        (unmeasured,) = _events(out)["llm_unmeasured"]
+        assert unmeasured["event_id"] == llm.span_id
+        assert unmeasured["duration_ms"] == (llm.end_ns - llm.start_ns) / 1e6
+        assert unmeasured["attrs"]["scope_name"] == "opentelemetry.util.genai.handler"
+        assert "streaming" not in unmeasured["attrs"]
         assert asm.counters.no_first_chunk == {("opentelemetry.util.genai.handler", "1.1b0"): 1}
         # the request's other stages still go through
-        assert set(_events(out)) == {"request_start", "retrieval", "vector_recall", "prompt_assemble"}
+        assert set(_events(out)) == {"request_start", "retrieval", "vector_recall", "prompt_assemble", "llm_unmeasured"}

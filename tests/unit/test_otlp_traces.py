@@ -134,23 +134,26 @@ def test_missing_tenant_dead_letters_each_stage_span_with_its_ids() -> None:
     assert all(d.source_topic == "otlp_spans" for d in dead)
 
 
-def test_llm_span_without_a_first_chunk_is_dead_lettered_no_first_chunk() -> None:
+def test_llm_span_without_a_first_chunk_is_forwarded_llm_unmeasured() -> None:
     spec = _spec(shape="gen_ai")
     llm = next(s for s in spec.spans if s.name == "llm")
     llm.events.clear()
     llm.attributes.pop("gen_ai.response.time_to_first_chunk", None)
     asm = _assembler()
     out = _feed(asm, spec, [spec.spans])
-    (dead,) = [o for o in out if isinstance(o, DeadLetter)]
-    assert (dead.reason_code, dead.span_id, dead.request_id) == ("no_first_chunk", llm.span_id.hex(), spec.rid)
+    assert not [o for o in out if isinstance(o, DeadLetter)]
     assert {e["stage"] for e in _events(out)} == {
         "request_start",
         "retrieval",
         "vector_recall",
         "rerank",
         "prompt_assemble",
+        "llm_unmeasured",
     }
-    assert asm.counters.spans["dead_letter"] == 1
+    (unmeasured,) = [e for e in _events(out) if e["stage"] == "llm_unmeasured"]
+    assert (unmeasured["event_id"], unmeasured["request_id"]) == (llm.span_id.hex(), spec.rid)
+    assert unmeasured["duration_ms"] == (llm.end_us - llm.start_us) / 1000
+    assert asm.counters.spans["dead_letter"] == 0 and asm.counters.no_first_chunk == {("", ""): 1}
 
 
 def test_non_stage_spans_are_counted_not_dead_lettered() -> None:
