@@ -25,9 +25,9 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
-from streams.app.join_guard import halt_alert, report_quarantines, sync_counter
+from streams.app.join_guard import halt_alert, report_quarantines
 from streams.app.keyed_state import KeyedStateFold
-from streams.app.metrics import WorkerMetrics
+from streams.app.metrics import WorkerMetrics, sync_counter
 from streams.core.guard import DeadLetterGuard
 from streams.core.join import RequestJoin
 from streams.core.watermarks import WATERMARK_KEY

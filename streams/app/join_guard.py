@@ -62,10 +62,3 @@ def report_quarantines(settings: Settings, guard: DeadLetterGuard, metrics: Work
         metrics.caps_tripped.labels("tenant_quarantine").inc()
     metrics.health["quarantined_tenants"] = list(guard.quarantined)
     guard.newly_quarantined.clear()
-
-
-def sync_counter(counter: Any, total: int) -> None:
-    """Move a Prometheus counter up to a running total kept by the core."""
-    current = counter._value.get()
-    if total > current:
-        counter.inc(total - current)

@@ -156,3 +156,10 @@ async def serve_metrics(
     if server is not None and getattr(server, "sockets", None):
         bound = int(server.sockets[0].getsockname()[1])
     return runner, bound
+
+
+def sync_counter(counter: Any, total: int) -> None:
+    """Move a Prometheus counter up to a running total kept by the core."""
+    current = counter._value.get()
+    if total > current:
+        counter.inc(total - current)

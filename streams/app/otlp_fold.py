@@ -20,9 +20,8 @@ from collections.abc import Callable
 
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import decode_otlp_message
-from streams.app.join_guard import sync_counter
 from streams.app.keyed_state import KeyedStateFold
-from streams.app.metrics import WorkerMetrics
+from streams.app.metrics import WorkerMetrics, sync_counter
 from streams.core.otlp_traces import SPAN_OUTCOMES, ForwardedEvent, Output, TraceAssembler
 from streams.kafka.batches import Emit, PartitionView, Records, RunnerConfig, RunnerMetrics, by_key
 from streams.settings import Settings
