@@ -18,7 +18,13 @@ from streams.store.requests_store import fetch_request, fetch_request_all_tenant
 
 #: An OpenTelemetry trace id: ``ttft request`` falls back to it when no request has the given id.
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
-_STATUS_STYLE = {"complete": "green", "missing_stage": "yellow", "timed_out": "red", "orphan": "magenta"}
+_STATUS_STYLE = {
+    "complete": "green",
+    "missing_stage": "yellow",
+    "no_first_chunk": "cyan",
+    "timed_out": "red",
+    "orphan": "magenta",
+}
 
 
 @click.command()
@@ -105,6 +111,12 @@ def show_record(console: Console, record: dict[str, Any]) -> None:
     console.print(table)
     missing = record.get("missing_stages") or []
     console.print(f"missing stages: {', '.join(missing) if missing else 'none'}", highlight=False)
+    unmeasured = record.get("llm_unmeasured_ms")
+    if unmeasured is not None:
+        console.print(
+            f"LLM call, no first chunk in its telemetry: {_ms(unmeasured)} ms (TTFT unknown: docs/otlp-mapping.md)",
+            highlight=False,
+        )
     attrs = {name: record.get(name) for name in ATTR_COLUMNS if record.get(name) is not None}
     if record.get("recall_mode"):
         attrs["recall_mode"] = record["recall_mode"]

@@ -213,7 +213,8 @@ def _telemetry(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         recovery=None,
         for_windows=1,
         severity="ticket",
-        summary="Only {{ $values.B.Value }} of {{ $labels.tenant_id }}'s requests are complete",
+        summary="Only {{ $values.B.Value }} of {{ $labels.tenant_id }}'s requests are complete (Completeness per "
+        "tenant shows why; no_first_chunk: the LLM spans tell no first chunk)",
         labels=("tenant_id",),
     )
 
@@ -232,7 +233,8 @@ def _slo_burn(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         "  GROUP BY tenant_id\n"
         ") AS b\n"
         "JOIN (\n"
-        f"  SELECT tenant_id, sumIf(total, {long_}) AS n_long, sumIf(total, {short}) AS n_short\n"
+        f"  SELECT tenant_id, sumIf(total - no_first_chunk, {long_}) AS n_long,\n"
+        f"         sumIf(total - no_first_chunk, {short}) AS n_short\n"
         "  FROM window_health FINAL\n"
         "  WHERE $__timeFilter(window_start)\n"
         f"  GROUP BY tenant_id HAVING n_long >= {rules.slo_burn.min_long_events} AND n_short > 0\n"

@@ -79,6 +79,30 @@ def _late_and_amendments() -> PanelSpec:
     )
 
 
+def _no_first_chunk() -> PanelSpec:
+    sql = (
+        "SELECT $__timeInterval(window_start) AS time, tenant_id, sum(no_first_chunk) AS no_first_chunk\n"
+        "FROM window_health FINAL\n"
+        f"{where(IN_RANGE, TENANT)}\n"
+        "GROUP BY time, tenant_id\nORDER BY time, tenant_id"
+    )
+    return PanelSpec(
+        title="LLM calls without a first chunk",
+        kind="timeseries",
+        sql=sql,
+        fmt=FORMAT_TIME_SERIES,
+        columns=("time", "tenant_id", "no_first_chunk"),
+        expect_sql=count_rows("window_health"),
+        description="Requests stored no_first_chunk, per tenant (0 is healthy): answered, but their LLM spans tell no first "
+        "chunk (no first-chunk attribute or event: e.g. opentelemetry-instrumentation-openai-v2), so their "
+        "TTFT is unknown. They are never SLO-bad and keep their other stages; TTFTTelemetryDegraded names "
+        "them. ttft_otlp_no_first_chunk{scope, scope_version} on the join says which instrumentation made "
+        "the spans; the fix (gen_ai.response.time_to_first_chunk on the LLM span) is in docs/otlp-mapping.md.",
+        unit="short",
+        field_config={"custom": {"drawStyle": "bars", "stacking": {"mode": "normal", "group": "A"}}},
+    )
+
+
 def _series_caps() -> PanelSpec:
     sql = (
         "SELECT $__timeInterval(window_start) AS time, sum(overflow_series) AS series_over_cap,\n"
@@ -137,13 +161,14 @@ def pipeline_health() -> DashboardSpec:
         uid="ttft-pipeline-health",
         slug="ttft-pipeline-health",
         title="TTFT pipeline health",
-        description="Is the measurement itself healthy: dead letters, late data, open requests and "
-        "evictions, series caps, consumer lag, ClickHouse insert latency, and whether the alert rules "
-        "had enough traffic to decide.",
+        description="Is the measurement itself healthy: dead letters, late data, LLM calls without a first "
+        "chunk, open requests and evictions, series caps, consumer lag, ClickHouse insert latency, and whether "
+        "the alert rules had enough traffic to decide.",
         variables=(tenant_variable(),),
         panels=(
             _dead_letters(),
             _late_and_amendments(),
+            _no_first_chunk(),
             _stats_panel(
                 "Open requests and evictions",
                 (OPEN_REQUESTS, EVICTIONS, SERIES_CAP_HITS),

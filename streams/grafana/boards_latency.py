@@ -96,6 +96,7 @@ def _completeness_over_time() -> PanelSpec:
         "SELECT $__timeInterval(window_start) AS time, tenant_id,\n"
         "       sum(complete) / sum(total) AS complete_ratio,\n"
         "       sum(missing_stage) / sum(total) AS missing_stage_ratio,\n"
+        "       sum(no_first_chunk) / sum(total) AS no_first_chunk_ratio,\n"
         "       sum(timed_out) / sum(total) AS timed_out_ratio,\n"
         "       sum(orphan) / sum(total) AS orphan_ratio\n"
         "FROM window_health FINAL\n"
@@ -112,12 +113,15 @@ def _completeness_over_time() -> PanelSpec:
             "tenant_id",
             "complete_ratio",
             "missing_stage_ratio",
+            "no_first_chunk_ratio",
             "timed_out_ratio",
             "orphan_ratio",
         ),
         expect_sql=count_rows("window_health", "total > 0"),
         description="Share of requests per status: below ~0.9 complete, the latency numbers beside it are "
-        "missing part of the traffic (timed-out and orphan requests count as SLO-bad, never as fast).",
+        "missing part of the traffic (timed-out and orphan requests count as SLO-bad, never as fast). "
+        "no_first_chunk: answered, but the LLM spans tell no first chunk, so TTFT is unknown (fix the "
+        "instrumentation: docs/otlp-mapping.md).",
         unit="percentunit",
         width=8,
     )
@@ -126,7 +130,7 @@ def _completeness_over_time() -> PanelSpec:
 def _ttft_range_table(settings: Settings) -> PanelSpec:
     sql = (
         "SELECT s.tenant_id AS tenant_id, s.requests AS requests, s.p50 AS p50, s.p95 AS p95, s.p99 AS p99,\n"
-        "       s.slo_ms AS slo_ms, s.slo_bad / h.total_requests AS slo_bad_share,\n"
+        "       s.slo_ms AS slo_ms, s.slo_bad / h.slo_requests AS slo_bad_share,\n"
         "       h.complete_share AS complete_share\n"
         "FROM (\n"
         "  SELECT tenant_id, sum(count) AS requests,\n"
@@ -147,7 +151,7 @@ def _ttft_range_table(settings: Settings) -> PanelSpec:
         columns=("tenant_id", "requests", "p50", "p95", "p99", "slo_ms", "slo_bad_share", "complete_share"),
         expect_sql=count_rows("stage_windows", "stage = 'ttft'", "count > 0"),
         description="Percentiles over the whole range (one merged sketch per tenant), SLO-bad share of all "
-        "requests and completeness beside them.",
+        "requests whose TTFT is known or bad (no_first_chunk ones left out) and completeness beside them.",
         check=PercentileCheck(P50_P95_P99, group=("tenant_id",), stage="ttft"),
         width=12,
     )

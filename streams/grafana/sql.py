@@ -88,9 +88,11 @@ def where(*conditions: str) -> str:
 
 
 def health_share(*filters: str) -> str:
-    """Per-tenant completeness over the range, to join beside a number (``USING tenant_id``)."""
+    """Per-tenant completeness over the range, to join beside a number (``USING tenant_id``);
+    ``slo_requests`` leaves out the ``no_first_chunk`` requests, whose TTFT is unknown (the SLO's total)."""
     return (
-        "SELECT tenant_id, sum(complete) / sum(total) AS complete_share, sum(total) AS total_requests\n"
+        "SELECT tenant_id, sum(complete) / sum(total) AS complete_share, sum(total) AS total_requests,\n"
+        "       sum(total) - sum(no_first_chunk) AS slo_requests\n"
         "FROM window_health FINAL\n"
         f"{where('$__timeFilter(window_start)', *filters)}\n"
         "GROUP BY tenant_id"

@@ -10,9 +10,11 @@ from typing import Any
 
 import orjson
 import pytest
+from rich.console import Console
 
 from schemas.events import StageEvent
 from schemas.records import STATUS_ORDER, STATUS_RANK, RequestRecord, record_version
+from streams.cli.request_cmd import show_record
 from streams.core import native
 from streams.core.health import window_health_row
 from streams.core.join import RequestJoin, merge_records
@@ -246,3 +248,10 @@ def test_no_first_chunk_requests_count_in_no_slo_total() -> None:
     facts = window_facts(snap)
     assert (facts.tenants["t"].slo_bad, facts.tenants["t"].slo_requests) == (10, 10)  # 100 %, not 10 %
     assert settings.slo_ms("t") < 10_000.0
+
+
+def test_ttft_request_shows_the_unmeasured_call() -> None:
+    console = Console(width=120, record=True)
+    show_record(console, _record(UNMEASURED))
+    text = console.export_text()
+    assert "status no_first_chunk" in text and "no first chunk in its telemetry: 1,200.0 ms" in text
