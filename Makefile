@@ -81,8 +81,8 @@ test-fast: venv native
 	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" --durations=10 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
 lint: venv
-	$(BIN)/ruff check streams schemas tests bench emitter
-	$(BIN)/ruff format --check streams schemas tests bench emitter
+	$(BIN)/ruff check streams schemas tests bench emitter setup.py
+	$(BIN)/ruff format --check streams schemas tests bench emitter setup.py
 	$(BIN)/mypy
 
 bench: setup otelcol

@@ -18,13 +18,16 @@ from streams.grafana.boards_latency import overview
 from streams.grafana.boards_levers import canary, llm_levers
 from streams.grafana.boards_stages import stage_drilldown
 from streams.grafana.model import DashboardSpec, dashboard_json, render
+from streams.resources import checkout_dir, default_config_file
 from streams.rules_config import RulesConfig
 from streams.settings import Settings, load_settings
 
-REPO: Final = Path(__file__).resolve().parents[2]
-DASHBOARDS_DIR: Final = REPO / "dashboards"
-REPO_CONFIG: Final = REPO / "deploy" / "config" / "ttft.yaml"
-RULES_FILE: Final = REPO / "deploy" / "grafana" / "provisioning" / "alerting" / "rules.yaml"
+#: Where ``ttft grafana build`` writes by default: the repository's folders in a checkout, else the current
+#: directory's ``dashboards/`` and ``rules.yaml`` (never inside an installed package).
+DASHBOARDS_DIR: Final = checkout_dir("dashboards") or Path("dashboards")
+RULES_FILE: Final = (checkout_dir("deploy/grafana/provisioning/alerting") or Path(".")) / "rules.yaml"
+#: The config the committed files come from: deploy/config/ttft.yaml (an installed wheel ships a copy).
+REPO_CONFIG: Final = default_config_file()
 
 
 def rules_config(settings: Settings) -> RulesConfig:

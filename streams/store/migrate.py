@@ -1,5 +1,7 @@
 """Numbered ClickHouse migrations: ``deploy/clickhouse/migrations/NNNN_name.sql``, applied in order.
 
+An installed wheel carries them as package data (:mod:`streams.resources`); a checkout reads that folder.
+
 Each file may hold several statements, each ending with ``;`` at the end of a line; ``{database}`` is
 replaced by the (validated) database name. Applied versions are recorded in
 ``{database}.schema_migrations``, so running the migrations again applies only new files.
@@ -19,6 +21,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from streams import resources
 from streams.store.client import check_identifier, ensure_database
 
 log = logging.getLogger(__name__)
@@ -44,14 +47,9 @@ class Migration:
 
 
 def migrations_dir() -> Path:
-    """The repository's ``deploy/clickhouse/migrations`` folder."""
-    path = Path(__file__).resolve().parents[2] / "deploy" / "clickhouse" / "migrations"
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"ClickHouse migrations not found at {path}: run ttft from a checkout of the repository "
-            "(or an editable install) so deploy/clickhouse/migrations is present"
-        )
-    return path
+    """The migration files: the wheel's copy when installed, else the repository's
+    ``deploy/clickhouse/migrations``."""
+    return resources.migrations_dir()
 
 
 def load_migrations(directory: Path | None = None) -> list[Migration]:
