@@ -30,11 +30,13 @@ from streams.core.whatif_levers import (
     parse_cap,
     parse_cut,
     parse_route,
+    parse_route_share,
     parse_scale,
 )
 from streams.core.whatif_rank import rank_stages
 from streams.settings import load_settings
-from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
+from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
+from streams.store.live import reader_client
 from streams.views.reads import request_columns, store_span, table_exists
 from streams.views.span import SpanError
 from streams.views.whatif import Scope, render_rank, render_whatif
@@ -48,6 +50,7 @@ _PARSERS: dict[str, Callable[[Any], Lever]] = {
     "parallel_recall": lambda _flag: ParallelRecall(),
     "all_cache_hits": lambda _flag: AllCacheHits(),
     "route_all": parse_route,
+    "route_share": parse_route_share,
 }
 _STAGES = ", ".join(LEVER_STAGES)
 
@@ -97,6 +100,12 @@ def ordered_levers(order: Sequence[str], values: dict[str, Any]) -> list[Lever]:
 @click.option("--parallel-recall", is_flag=True, help="Serial recall in parallel: retrieval loses its shorter leg.")
 @click.option("--all-cache-hits", is_flag=True, help="Prompt-cache misses take a hit's llm_ttft (same prompt size).")
 @click.option("--route-all", default=None, metavar="ROUTE", help="Every request takes the llm_ttft of one on ROUTE.")
+@click.option(
+    "--route-share",
+    multiple=True,
+    metavar="ROUTE=SHARE:F",
+    help="SHARE (0-1) of the requests on ROUTE, whose llm_ttft takes F times as long (a route without traffic).",
+)
 @click.option("--rank", is_flag=True, help="Rank every stage by its effect on TTFT P95 (20 % faster, capped at P50).")
 @click.option(
     "--resamples",
@@ -143,11 +152,12 @@ def whatif(
         raise click.UsageError("--rank replays each stage on its own: give it no levers")
     if not rank and not levers:
         raise click.UsageError(
-            "name a lever (--scale, --cut, --cap, --parallel-recall, --all-cache-hits, --route-all) or --rank"
+            "name a lever (--scale, --cut, --cap, --parallel-recall, --all-cache-hits, --route-all, --route-share) "
+            "or --rank"
         )
     settings = load_settings()
     try:
-        client = make_client(settings)
+        client = reader_client(settings)
     except (StoreConfigError, StoreUnavailable) as exc:
         raise click.ClickException(str(exc)) from None
     database = check_identifier(settings.clickhouse_database)

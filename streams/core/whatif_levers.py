@@ -12,6 +12,8 @@ stored requests is :mod:`streams.core.whatif`. The stages a lever may name are t
 - ``ParallelRecall()``: requests whose two recall legs ran one after the other run them side by side.
 - ``AllCacheHits()``: prompt-cache misses take the LLM first-token time of a prompt-cache hit.
 - ``RouteAll(route)``: every request takes the LLM first-token time of a request served on ``route``.
+- ``RouteShare(route, share, factor)``: ``share`` of the requests are served on ``route``, whose LLM first
+  token takes ``factor`` times as long (``--route-share fast=0.58:0.4``): a route no request takes yet.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ class ParallelRecall:
 
 @dataclass(frozen=True, slots=True)
 class AllCacheHits:
-    """Prompt-cache misses take the ``llm_ttft`` of a hit with a prompt of the same size bucket."""
+    """Prompt-cache misses take the ``llm_ttft`` of a hit with a prompt of the same size bucket (draws
+    matched by rank: the slowest miss takes the slowest draw)."""
 
     @property
     def text(self) -> str:
@@ -113,6 +116,30 @@ class RouteAll:
         return f"--route-all={self.route}"
 
 
+@dataclass(frozen=True, slots=True)
+class RouteShare:
+    """``share`` (0-1) of the replayed requests end up served on ``route``, where ``llm_ttft`` takes ``factor``
+    times as long. Requests already on it count toward the share; the others are drawn at random (seeded)
+    from the requests off it. For a route that has no traffic to lend its times yet (``--route-all`` needs
+    some): the factor is what a benchmark of the route's model says."""
+
+    route: str
+    share: float
+    factor: float
+
+    def __post_init__(self) -> None:
+        if not self.route.strip():
+            raise LeverError("--route-share takes a route name")
+        if not (math.isfinite(self.share) and 0.0 <= self.share <= 1.0):
+            raise LeverError(f"--route-share: a share lies in [0, 1], got {self.share!r}")
+        if not (math.isfinite(self.factor) and self.factor >= 0.0):
+            raise LeverError(f"--route-share: a factor must be a finite number >= 0, got {self.factor!r}")
+
+    @property
+    def text(self) -> str:
+        return f"--route-share {self.route}={self.share:g}:{self.factor:g}"
+
+
 def _check(stage: str, value: float, what: str) -> None:
     if stage not in LEVER_STAGES:
         raise LeverError(f"unknown stage {stage!r}; one of {', '.join(LEVER_STAGES)}")
@@ -120,12 +147,12 @@ def _check(stage: str, value: float, what: str) -> None:
         raise LeverError(f"{what} of {stage} must be a finite number >= 0, got {value!r}")
 
 
-Lever = Scale | Cut | Cap | ParallelRecall | AllCacheHits | RouteAll
+Lever = Scale | Cut | Cap | ParallelRecall | AllCacheHits | RouteAll | RouteShare
 
 
 def lever_kind(lever: Lever) -> str:
     """The lever's name in JSON: ``scale``, ``cut``, ``cap``, ``parallel_recall``, ``all_cache_hits``,
-    ``route_all``."""
+    ``route_all``, ``route_share``."""
     return {
         Scale: "scale",
         Cut: "cut",
@@ -133,6 +160,7 @@ def lever_kind(lever: Lever) -> str:
         ParallelRecall: "parallel_recall",
         AllCacheHits: "all_cache_hits",
         RouteAll: "route_all",
+        RouteShare: "route_share",
     }[type(lever)]
 
 
@@ -147,6 +175,8 @@ def lever_json(lever: Lever) -> dict[str, Any]:
         out |= {"stage": lever.stage, "ms": lever.ms, "percentile": lever.percentile}
     elif isinstance(lever, ParallelRecall):
         out |= {"stage": "retrieval"}
+    elif isinstance(lever, RouteShare):
+        out |= {"stage": "llm_ttft", "route": lever.route, "share": lever.share, "factor": lever.factor}
     else:
         out |= {"stage": "llm_ttft"}
         if isinstance(lever, RouteAll):
@@ -202,3 +232,14 @@ def parse_route(route: str) -> RouteAll:
     if not route.strip():
         raise LeverError("--route-all takes a route name")
     return RouteAll(route)
+
+
+def parse_route_share(text: str) -> RouteShare:
+    """``ROUTE=SHARE:FACTOR`` (``fast=0.58:0.4``): SHARE in [0, 1] of the requests on ROUTE, their llm_ttft
+    times FACTOR (>= 0)."""
+    route, sep, value = text.partition("=")
+    share, colon, factor = value.partition(":")
+    route, share, factor = route.strip(), share.strip(), factor.strip()
+    if not sep or not colon or not route or not share or not factor:
+        raise LeverError(f"--route-share takes ROUTE=SHARE:FACTOR, got {text!r}")
+    return RouteShare(route, _number("route-share", text, share), _number("route-share", text, factor))

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from schemas.vocabulary import SUB_STAGES
 from streams.core.whatif import LeverReport, WhatIf
-from streams.core.whatif_levers import AllCacheHits, Cap, Cut, ParallelRecall, RouteAll, Scale
+from streams.core.whatif_levers import AllCacheHits, Cap, Cut, ParallelRecall, RouteAll, RouteShare, Scale
 from streams.core.whatif_rank import Ranking
 from streams.views.span import Span
 from streams.views.summary import fmt_ms
@@ -74,6 +74,12 @@ def describe_lever(report: LeverReport) -> str:
         return (
             f"{n:,} prompt-cache misses took the llm_ttft of a hit with a prompt of their size "
             f"(donors by prompt size: {_donors(report)}){below}"
+        )
+    if isinstance(lever, RouteShare):
+        already = report.detail.get("already", 0)
+        return (
+            f"{n:,} requests moved onto route {lever.route} ({already:,} were on it already), their llm_ttft "
+            f"x{lever.factor:g}"
         )
     assert isinstance(lever, RouteAll)
     return (

@@ -123,10 +123,22 @@ def test_whatif_donors_and_refusals(cli: StoredCli) -> None:
     hits = _json(cli("--json", "--all-cache-hits", *SPAN_ARGS))
     lever = hits["levers"][0]
     assert lever["lever"] == "all_cache_hits" and lever["donors"] > 0 and lever["changed"] > 0
-    assert hits["predicted"]["p95"] < hits["observed"]["p95"]
+    # The records' cache state is drawn apart from their latencies (hits are no faster than misses): with the
+    # draws matched by rank, every miss a hit leaves TTFT's P95 where it was, give or take the draws.
+    assert hits["predicted"]["p95"] == pytest.approx(hits["observed"]["p95"], rel=0.03)
 
     fast = _json(cli("--json", "--route-all", "fast", *SPAN_ARGS))
     assert fast["levers"][0]["route"] == "fast"
+    shared = _json(cli("--json", "--route-share", "fast=0.9:0.4", *SPAN_ARGS))
+    on_fast = sum(1 for r in cli.records if r["status"] == "complete" and r["route"] == "fast")
+    assert shared["levers"][0]["already"] == on_fast
+    assert shared["levers"][0]["changed"] == round(0.9 * shared["requests"]) - on_fast
+    assert shared["predicted"]["p95"] < shared["observed"]["p95"]
+    text = cli("--route-share", "fast=0.9:0.4", *SPAN_ARGS)
+    words = " ".join(text.output.split())  # rich wraps at the console's width
+    assert (
+        text.exit_code == 0 and f"moved onto route fast ({on_fast:,} were on it already), their llm_ttft x0.4" in words
+    )
 
     unknown = cli("--route-all", "turbo", *SPAN_ARGS)
     assert unknown.exit_code == 1 and "no replayed request was served on route 'turbo'" in unknown.output

@@ -22,10 +22,12 @@ from streams.core.whatif_levers import (
     LeverError,
     ParallelRecall,
     RouteAll,
+    RouteShare,
     Scale,
     parse_cap,
     parse_cut,
     parse_route,
+    parse_route_share,
     parse_scale,
 )
 from streams.core.whatif_rank import rank_stages
@@ -287,6 +289,72 @@ def test_route_all_draws_from_that_route() -> None:
         replay(columns(*recs), [RouteAll("turbo")])
     with pytest.raises(WhatIfRefused, match="too few donors"):
         replay(columns(*recs), [RouteAll("fast")], min_donors=11)
+
+
+def test_donor_draws_are_matched_to_the_recipients_by_rank() -> None:
+    hits = [record(prompt_cache_hit=True, llm_ttft_ms=100.0 * (i + 1)) for i in range(10)]
+    misses = [record(prompt_cache_hit=False, llm_ttft_ms=llm) for llm in (5_000.0, 1_000.0, 3_000.0, 2_000.0, 4_000.0)]
+    for seed in range(5):
+        llm = replay(columns(*hits, *misses), [AllCacheHits()], rng=np.random.default_rng(seed)).after["llm_ttft"]
+        drawn = llm[10:]
+        assert set(drawn.tolist()) <= {100.0 * (i + 1) for i in range(10)}
+        # The misses' order (1,000 < 2,000 < ... < 5,000 ms) is the order of what they drew.
+        by_rank = drawn[np.argsort([m["llm_ttft_ms"] for m in misses])]
+        assert by_rank.tolist() == sorted(drawn.tolist())
+
+
+def test_route_share_moves_a_random_share_onto_the_route() -> None:
+    recs = [record(route="fast", llm_ttft_ms=300.0) for _ in range(10)]
+    recs += [record(route="main", llm_ttft_ms=1_000.0) for _ in range(90)]
+    result = replay(columns(*recs), [RouteShare("fast", 0.5, 0.4)], rng=np.random.default_rng(2))
+    llm = result.after["llm_ttft"]
+    assert result.levers[0].changed == 40 and result.levers[0].detail == {"already": 10}
+    assert llm[:10].tolist() == [300.0] * 10  # on the route already: kept
+    assert sorted(set(llm[10:].tolist())) == [400.0, 1_000.0] and np.count_nonzero(llm[10:] == 400.0) == 40
+    assert np.array_equal(
+        replay(columns(*recs), [RouteShare("fast", 0.5, 0.4)], rng=np.random.default_rng(2)).predicted,
+        result.predicted,
+    )
+    # Already past the share: nothing moves. A route no request takes: the share comes from the others.
+    assert replay(columns(*recs), [RouteShare("fast", 0.05, 0.4)]).levers[0].changed == 0
+    assert replay(columns(*recs), [RouteShare("turbo", 0.25, 0.5)]).levers[0].changed == 25
+    assert RouteShare("fast", 0.58, 0.4).text == "--route-share fast=0.58:0.4"
+    assert result.levers[0].to_json() == {
+        "lever": "route_share",
+        "text": "--route-share fast=0.5:0.4",
+        "stage": "llm_ttft",
+        "route": "fast",
+        "share": 0.5,
+        "factor": 0.4,
+        "changed": 40,
+        "already": 10,
+    }
+
+
+def test_donor_and_share_draws_do_not_depend_on_the_order_rows_are_read_in() -> None:
+    rng = np.random.default_rng(9)
+    recs = [
+        record(
+            prompt_cache_hit=bool(i % 4 == 0),
+            route="fast" if i % 9 == 0 else "main",
+            llm_ttft_ms=float(rng.lognormal(6.5, 0.4)),
+            prompt_tokens=int(rng.choice([1_500, 6_000])),
+        )
+        for i in range(300)
+    ]
+    shuffled = [recs[i] for i in np.random.default_rng(1).permutation(len(recs))]
+    for levers in ([AllCacheHits()], [RouteAll("fast")], [RouteShare("fast", 0.5, 0.4)]):
+        first = predict(columns(*recs), levers, resamples=50, seed=2)
+        again = predict(columns(*shuffled), levers, resamples=50, seed=2)
+        assert (first.predicted, first.p95_ci) == (again.predicted, again.p95_ci), levers
+
+
+def test_parse_route_share() -> None:
+    assert parse_route_share("fast=0.58:0.4") == RouteShare("fast", 0.58, 0.4)
+    assert parse_route_share(" fast = 1 : 0 ") == RouteShare("fast", 1.0, 0.0)
+    for bad in ("fast=0.5", "=0.5:0.4", "fast=1.5:0.4", "fast=0.5:-1", "fast=0.5:x", "fast"):
+        with pytest.raises(LeverError):
+            parse_route_share(bad)
 
 
 # --- summaries -----------------------------------------------------------------------------------------

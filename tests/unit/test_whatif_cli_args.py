@@ -40,4 +40,11 @@ def test_the_command_records_the_order_of_interleaved_options() -> None:
         whatif.make_context("whatif", ["--no-such-option"])
 
 
-_LEVER_PARAMS = {"scale", "cut", "cap", "parallel_recall", "all_cache_hits", "route_all"}
+_LEVER_PARAMS = {"scale", "cut", "cap", "parallel_recall", "all_cache_hits", "route_all", "route_share"}
+
+
+def test_route_share_is_a_lever_in_command_line_order() -> None:
+    args = ["--route-share", "fast=0.58:0.4", "--scale", "llm_ttft=0.84"]
+    ctx = whatif.make_context("whatif", args)
+    levers = ordered_levers(ctx.meta[_ORDER_KEY], {k: v for k, v in ctx.params.items() if k in _LEVER_PARAMS})
+    assert [lever.text for lever in levers] == ["--route-share fast=0.58:0.4", "--scale llm_ttft=0.84"]
