@@ -191,6 +191,30 @@ class OtlpConfig(_Section):
     )
 
 
+class StoreConfig(_Section):
+    """The embedded store's read-only ClickHouse HTTP interface (streams/store/http_interface.py).
+
+    The process that holds a chDB store (the writer) serves it on ``http_host:http_port`` so that readers
+    (``ttft breakdown``/``report``/``request``/``whatif``, clickhouse-connect, Grafana's plugin over HTTP)
+    reach the live store as they would a server. Off for a ClickHouse server URL (the server serves itself).
+    """
+
+    http_port: int = Field(8123, ge=0, le=65535, description="Port of the interface; 0 turns it off.")
+    http_host: str = Field("127.0.0.1", min_length=1, description="Bind address; 0.0.0.0 to serve other hosts.")
+    http_password: SecretStr | None = Field(
+        None, description="Password of user 'default' (none by default, as on a fresh ClickHouse server)."
+    )
+    http_max_execution_s: float = Field(
+        10.0, gt=0, le=3_600, description="Cap on one query's time (max_execution_time); it holds the store thread."
+    )
+    http_max_result_bytes: int = Field(
+        128 * 1_048_576, gt=0, description="Cap on one query's result (max_result_bytes, uncompressed)."
+    )
+    http_max_memory_bytes: int = Field(
+        2 * 1_073_741_824, gt=0, description="Cap on one query's memory (max_memory_usage) in the writer process."
+    )
+
+
 class TenantConfig(_Section):
     """Per-tenant overrides."""
 
@@ -263,6 +287,7 @@ class Settings(BaseSettings):
     windows: WindowConfig = WindowConfig()
     caps: CapsConfig = CapsConfig()
     otlp: OtlpConfig = OtlpConfig()
+    store: StoreConfig = StoreConfig()
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     default_slo_ms: float = Field(2_000.0, gt=0)
     default_slo_target: float = Field(0.99, gt=0, lt=1)
@@ -465,4 +490,15 @@ def settings_summary(settings: Settings) -> Mapping[str, str]:
         "partitions": str(settings.partitions),
         "alertmanager": redact_url(settings.alertmanager_url.get_secret_value() if settings.alertmanager_url else "-"),
         "otlp": f"{settings.otlp.topic} ({settings.otlp.encoding})" if settings.otlp.enabled else "off",
+        "store_http": _store_http_summary(settings),
     }
+
+
+def _store_http_summary(settings: Settings) -> str:
+    """Where the writer serves the embedded store (read-only ClickHouse HTTP), or why it does not."""
+    if not settings.store_url.startswith("chdb:"):
+        return "off (the store is a ClickHouse server)"
+    if settings.store.http_port == 0:
+        return "off (store.http_port = 0)"
+    password = "a password" if settings.store.http_password is not None else "no password"
+    return f"http://{settings.store.http_host}:{settings.store.http_port} from the writer (user default, {password})"
