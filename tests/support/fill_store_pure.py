@@ -70,17 +70,42 @@ def main() -> None:
 
     settings = load_settings()
     client = make_client(settings)
-    db = settings.clickhouse_database
+    summary = fill(
+        client,
+        settings.clickhouse_database,
+        settings,
+        scenario=args.scenario,
+        minutes=args.minutes,
+        rate=args.rate,
+        end_ago_min=args.end_ago_min,
+        seed=args.seed,
+    )
+    print(json.dumps(summary))
+
+
+def fill(
+    client: Any,
+    db: str,
+    settings: Settings,
+    *,
+    scenario: str = "canary-regression",
+    minutes: float = 20.0,
+    rate: float = 20.0,
+    end_ago_min: float = 30.0,
+    seed: int = 3,
+) -> dict[str, Any]:
+    """Fill database ``db`` (migrated here) with ``minutes`` of simulated traffic ending ``end_ago_min`` ago;
+    returns the event time range (ms) and row counts."""
     apply_migrations(client, db)
     window_ms = settings.windows.window_s * 1000
-    start_ms = float((int(time.time() * 1000 - (args.end_ago_min + args.minutes) * 60_000) // window_ms) * window_ms)
+    start_ms = float((int(time.time() * 1000 - (end_ago_min + minutes) * 60_000) // window_ms) * window_ms)
     errors = ErrorRates(duplicate=0.02, missing_stage=0.02, orphan=0.01, malformed=0.003)
     messages = list(
         generate(
-            args.scenario,
-            rate_rps=args.rate,
-            duration_s=args.minutes * 60,
-            seed=args.seed,
+            scenario,
+            rate_rps=rate,
+            duration_s=minutes * 60,
+            seed=seed,
             start_ms=start_ms,
             errors=errors,
         )
@@ -140,18 +165,14 @@ def main() -> None:
                 stat_sample(ts, worker, worker[:-2], "insert_latency_ms", 5 + i % 7, {"table": "requests"}),
             ]
     insert_stats(client, db, samples)
-    print(
-        json.dumps(
-            {
-                "time_range_ms": [start_ms, messages[-1][2]],
-                "records": len(records),
-                "dead_letters": len(letters),
-                "verdicts": len(verdicts),
-                "alerts": len(alerts),
-                "windows": len(by_window),
-            }
-        )
-    )
+    return {
+        "time_range_ms": [start_ms, messages[-1][2]],
+        "records": len(records),
+        "dead_letters": len(letters),
+        "verdicts": len(verdicts),
+        "alerts": len(alerts),
+        "windows": len(by_window),
+    }
 
 
 def rules_config(settings: Settings) -> Any:
