@@ -78,6 +78,8 @@ class RoleParts:
     close: Callable[[], Awaitable[None]]
     #: After the role ended either way (the metrics server, the run file).
     cleanup: Callable[[], Awaitable[None]] = field(default=lambda: _nothing())
+    #: Once started: more for the role's run file (the writer: its store and the store's HTTP interface).
+    run_info: Callable[[], dict[str, Any]] = field(default=dict)
 
 
 async def _nothing() -> None:

@@ -1,8 +1,9 @@
 """Process entry points for ``ttft worker``: the join, the writer, and both; each role a Faust worker.
 
 Each role runs under ``faust.Worker`` with its folds as Faust agents (streams/app/agents.py), serves
-``/metrics`` and ``/healthz`` and writes ``$TTFT_HOME/run/<role>-<worker_id>.json`` (pid, metrics port) so
-operators and tests can find it. SIGTERM stops gracefully: the join keeps open requests in its durable
+``/metrics`` and ``/healthz`` and writes ``$TTFT_HOME/run/<role>-<worker_id>.json`` (pid, metrics port; the
+writer adds its embedded store and the URL of the store's read-only HTTP interface) so operators, tests and
+the read commands can find it. SIGTERM stops gracefully: the join keeps open requests in its durable
 state (they resume after a restart, never finalised early); the writer finishes the batch in flight and
 commits it. A stop that cannot finish within ``STOP_DEADLINE_S`` leaves its step uncommitted.
 """
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from streams.app.metrics import WorkerMetrics, serve_metrics
 from streams.settings import Settings
@@ -38,11 +40,17 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _write_run_file(settings: Settings, role: str, worker_id: str, port: int) -> Path:
+def _write_run_file(
+    settings: Settings, role: str, worker_id: str, port: int, extra: dict[str, Any] | None = None
+) -> Path:
+    """``$TTFT_HOME/run/<role>-<worker_id>.json``, replaced whole (readers never see half a file)."""
     run_dir = settings.home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / f"{role}-{worker_id}.json"
-    path.write_text(json.dumps({"pid": os.getpid(), "role": role, "worker_id": worker_id, "metrics_port": port}))
+    info = {"pid": os.getpid(), "role": role, "worker_id": worker_id, "metrics_port": port, **(extra or {})}
+    partial = path.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(info))
+    partial.replace(path)
     return path
 
 
@@ -100,6 +108,9 @@ def _run_role(settings: Settings, role: str, worker_id: str, metrics_port: int, 
         held["run_file"] = _write_run_file(settings, role, worker_id, port)
         log.warning("%s worker %s: metrics on http://%s:%d/metrics", role, worker_id, settings.metrics_host, port)
         await body.start()
+        extra = body.run_info()
+        if extra:
+            held["run_file"] = _write_run_file(settings, role, worker_id, port, extra)
         _freeze_startup_objects()
 
     async def cleanup() -> None:
@@ -174,6 +185,8 @@ def _writer_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RoleP
     from streams.app.agents import RoleParts, fold_agent
     from streams.app.writer import LINGER_MS, StoreWriter
     from streams.app.writer_hooks import install_hooks
+    from streams.store.client import chdb_path
+    from streams.store.http_interface import serve_embedded_store
 
     submits: list[Any] = []
 
@@ -183,8 +196,15 @@ def _writer_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RoleP
     writer = StoreWriter(settings, metrics, linger_ms=LINGER_MS, fault_injector=_fault_from_env(), submit=submit)
     submits.append(fold_agent(app, "writer", writer))
 
+    served: dict[str, Any] = {}
+
     async def start() -> None:
         await writer.start()
+        # Readers reach the store this process holds through its HTTP interface; stopped before the store thread.
+        interface = await serve_embedded_store(settings, writer.on_store_thread)
+        if interface is not None:
+            served["url"] = interface.url
+            writer.on_stop.append(interface.stop)
         await install_hooks(writer, settings, metrics)
 
     def stop() -> None:
@@ -193,7 +213,12 @@ def _writer_parts(app: Any, settings: Settings, metrics: WorkerMetrics) -> RoleP
     async def close() -> None:
         await writer.runner.close()
 
-    return RoleParts(start=start, run=writer.run, stop=stop, close=close)
+    def run_info() -> dict[str, Any]:
+        if urlsplit(settings.store_url).scheme != "chdb":
+            return {}
+        return {"store_path": chdb_path(settings.store_url), "store_http": served.get("url")}
+
+    return RoleParts(start=start, run=writer.run, stop=stop, close=close, run_info=run_info)
 
 
 def _fault_from_env() -> Any:

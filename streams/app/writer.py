@@ -156,6 +156,11 @@ class StoreWriter:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, fn, *args)
 
+    async def on_store_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the store thread, queued behind the store calls already submitted (the store's
+        HTTP interface runs its reads here: chDB handles are not shared between threads)."""
+        return await self._in_store(fn, *args)
+
     async def store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(client, *args)`` on the store thread, retried until it succeeds."""
         return await self._retry(getattr(fn, "__name__", "store call"), lambda: fn(self.client, *args))

@@ -9,7 +9,8 @@ import orjson
 from rich.console import Console
 
 from streams.settings import load_settings
-from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
+from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
+from streams.store.live import reader_client
 from streams.views.breakdown import compute_breakdown, render_breakdown
 from streams.views.reads import store_span, table_exists, tenants_in_span
 from streams.views.span import SpanError
@@ -40,7 +41,7 @@ def breakdown(
     """Where TTFT goes, per stage, and which stage to cut first."""
     settings = load_settings()
     try:
-        client = make_client(settings)
+        client = reader_client(settings)
     except (StoreConfigError, StoreUnavailable) as exc:
         raise click.ClickException(str(exc)) from None
     database = check_identifier(settings.clickhouse_database)

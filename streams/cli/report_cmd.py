@@ -18,7 +18,8 @@ from rich.progress import (
 
 from streams.cli.breakdown_cmd import SPAN_HELP
 from streams.settings import load_settings
-from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
+from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
+from streams.store.live import reader_client
 from streams.views.reads import store_span, table_exists, tenants_in_span
 from streams.views.report import build_report, report_steps
 from streams.views.span import SpanError
@@ -46,7 +47,7 @@ def report(since: str, until: str | None, anchor: str, out_dir: Path, tenants: t
     """Write a TTFT report: verdict, P95 over time, breakdown, tail, canary, alerts, completeness."""
     settings = load_settings()
     try:
-        client = make_client(settings)
+        client = reader_client(settings)
     except (StoreConfigError, StoreUnavailable) as exc:
         raise click.ClickException(str(exc)) from None
     database = check_identifier(settings.clickhouse_database)

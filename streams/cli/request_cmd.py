@@ -13,7 +13,8 @@ from rich.table import Table
 
 from schemas.records import ATTR_COLUMNS, STAGE_COLUMNS
 from streams.settings import SUB_STAGES, load_settings
-from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
+from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
+from streams.store.live import reader_client
 from streams.store.requests_store import fetch_request, fetch_request_all_tenants, fetch_requests_by_trace
 
 #: An OpenTelemetry trace id: ``ttft request`` falls back to it when no request has the given id.
@@ -35,7 +36,7 @@ def request(request_id: str, tenant: str | None, as_json: bool) -> None:
     """Show the stored record of REQUEST_ID, or of an OpenTelemetry trace id (exit status 1 if not stored)."""
     settings = load_settings()
     try:
-        client = make_client(settings)
+        client = reader_client(settings)
     except (StoreConfigError, StoreUnavailable) as exc:
         raise click.ClickException(str(exc)) from None
     database = check_identifier(settings.clickhouse_database)

@@ -35,7 +35,8 @@ from streams.core.whatif_levers import (
 )
 from streams.core.whatif_rank import rank_stages
 from streams.settings import load_settings
-from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier, make_client
+from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
+from streams.store.live import reader_client
 from streams.views.reads import request_columns, store_span, table_exists
 from streams.views.span import SpanError
 from streams.views.whatif import Scope, render_rank, render_whatif
@@ -156,7 +157,7 @@ def whatif(
         )
     settings = load_settings()
     try:
-        client = make_client(settings)
+        client = reader_client(settings)
     except (StoreConfigError, StoreUnavailable) as exc:
         raise click.ClickException(str(exc)) from None
     database = check_identifier(settings.clickhouse_database)

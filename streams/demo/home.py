@@ -27,8 +27,9 @@ class DemoError(RuntimeError):
 
 MARKER: Final = ".ttft-demo"
 APP_ID: Final = "ttft-demo"
-#: Environment the children keep from the caller; every other TTFT_* variable is the demo's own.
-KEPT_ENV: Final = ("TTFT_KAFKA_LIBS",)
+#: Environment the children keep from the caller; every other TTFT_* variable is the demo's own. The store's
+#: HTTP interface settings are kept: another demo or a ClickHouse server may hold port 8123.
+KEPT_ENV: Final = ("TTFT_KAFKA_LIBS", "TTFT_STORE__HTTP_PORT", "TTFT_STORE__HTTP_HOST", "TTFT_STORE__HTTP_PASSWORD")
 IDLE_TICK_MS: Final = 10_000
 
 

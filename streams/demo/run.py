@@ -46,6 +46,7 @@ from streams.demo.view import DemoView, clock, describe_labels
 from streams.kafka.broker import LocalBroker, missing_prerequisite
 from streams.otel.collector import CollectorError, LocalCollector, default_binary, missing_binary
 from streams.settings import OtelCollectorConfig, Settings
+from streams.store.live import store_holder
 
 __all__ = ["DemoError", "DemoOptions", "DemoRun", "run_demo"]
 
@@ -161,8 +162,23 @@ class DemoRun:
             self.workers["writer"] = start_worker(self.processes, "writer", self.env)
             self.workers["join"] = start_worker(self.processes, "join", self.env)
             wait_healthy(list(self.workers.values()), timeout_s=180.0)
+        self._say_store_url()
         if self.options.otel:
             self._start_collector()
+
+    def _say_store_url(self) -> None:
+        """Where the live store can be read while the demo runs (the writer's read-only HTTP interface)."""
+        assert self.settings is not None
+        holder = None
+        for _ in range(50):  # the writer names its interface in its run file once the interface listens
+            holder = store_holder(self.settings)
+            if holder is not None:
+                break
+            time.sleep(0.2)
+        if holder is not None and holder.store_http:
+            self.say(f"store open to readers at {holder.store_http} (ClickHouse HTTP, read-only; ttft reads use it)")
+        else:
+            self.say("the store's HTTP interface is off (see logs/writer.log): ttft reads wait for the end")
 
     def _start_collector(self) -> None:
         """The Collector on free loopback ports, writing to the broker's OTLP topic (the join created it)."""

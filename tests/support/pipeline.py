@@ -22,6 +22,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from streams.kafka.broker import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -155,6 +157,8 @@ def pipeline_env(settings: Any, home: Path, **extra: str) -> dict[str, str]:
         TTFT_PARTITIONS=str(settings.partitions),
         TTFT_SESSION_TIMEOUT_S="6",
         TTFT_WINDOWS__IDLE_CLOSE_S="8",
+        # The writer's read-only HTTP interface on a free port, never the shared default 8123.
+        TTFT_STORE__HTTP_PORT=str(free_port()),
         PYTHONPATH=str(REPO),
     )
     env.update(extra)
