@@ -25,6 +25,9 @@ Outputs in ``--out`` (this folder by default), per library ``<name>``:
 - ``<name>.json``: what the service itself saw per trace (trace id, streaming or not, its retrieval
   attempts, the client's wall time just before the call and at the first chunk, in ns), and the versions.
 
+:class:`RagService`, :func:`instrument` and :func:`serve` are also the live services of issue 25's acceptance
+test (``tests/support/instrumented_rag.py``), which exports the same requests to the real Collector.
+
 Run it with a venv of its own (README.md beside this file), never the project's::
 
     python3.11 -m venv /tmp/instr
@@ -153,32 +156,42 @@ def versions(library: str) -> dict[str, str]:
     return {name: metadata.version(name) for name in (LIBRARIES[library][0], *OTHER_DISTRIBUTIONS)}
 
 
-def run_library(library: str, out: Path) -> None:
-    """One process: instrument, run the three requests, write ``<library>.otlp`` and ``<library>.json``."""
+def instrument(library: str, resource_attrs: dict[str, Any], processors: list[Any]) -> Any:
+    """A tracer provider with ``resource_attrs`` and ``processors``, and the library's ``OpenAIInstrumentor``
+    instrumenting the ``openai`` client with it (once per process: the libraries patch the same client)."""
     import importlib
 
-    import openai
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from opentelemetry.trace import SpanKind
 
-    exporter = InMemorySpanExporter()
-    resource = Resource.create({"service.name": "rag-api", "service.version": "1.4.2", "tenant.id": TENANT})
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider = TracerProvider(resource=Resource.create(resource_attrs))
+    for processor in processors:
+        provider.add_span_processor(processor)
     importlib.import_module(LIBRARIES[library][1]).OpenAIInstrumentor().instrument(tracer_provider=provider)
-    tracer = provider.get_tracer("rag-api")
-    server, base_url = serve()
-    client = openai.OpenAI(base_url=base_url, api_key="stub-key", max_retries=0)
+    return provider
+
+
+class RagService:
+    """The service: ``ask(case)`` is one request, a trace with a root span (``POST /ask``), the retrieval spans
+    of the library's convention around an embeddings call, the prompt work no library traces, then the chat
+    completion (streaming or not) against the stub at ``base_url``."""
+
     question = "What is the capital of France?"
 
-    def retrieve(attempt: int, last: bool) -> None:
+    def __init__(self, library: str, provider: Any, base_url: str) -> None:
+        import openai
+
+        self.library = library
+        self.tracer = provider.get_tracer("rag-api")
+        self.client = openai.OpenAI(base_url=base_url, api_key="stub-key", max_retries=0)
+
+    def retrieve(self, attempt: int, last: bool) -> None:
         """One retrieval attempt: the convention's retrieval span around an embeddings call (and, under
         OpenInference, a reranker: after the retriever, or inside the retried one)."""
-        if library == "openinference":
+        from opentelemetry.trace import SpanKind
+
+        tracer, client, question = self.tracer, self.client, self.question
+        if self.library == "openinference":
             attrs = {"openinference.span.kind": "RETRIEVER", "input.value": question}
             with tracer.start_as_current_span("retrieve", attributes=attrs):
                 client.embeddings.create(model=EMBEDDING_MODEL, input=question)
@@ -195,38 +208,52 @@ def run_library(library: str, out: Path) -> None:
                 client.embeddings.create(model=EMBEDDING_MODEL, input=question)
                 time.sleep(0.020 if attempt == 0 and not last else 0.060)
 
-    truth: list[dict[str, Any]] = []
-    for case in ("stream", "non_stream", "retried"):
+    def ask(self, case: str) -> dict[str, Any]:
+        """One request of ``case`` (``stream``, ``non_stream`` or ``retried``); what the client saw."""
+        from opentelemetry.trace import SpanKind
+
         streaming = case != "non_stream"
         attempts = 2 if case == "retried" else 1
-        with tracer.start_as_current_span("POST /ask", kind=SpanKind.SERVER) as root:
+        with self.tracer.start_as_current_span("POST /ask", kind=SpanKind.SERVER) as root:
             for attempt in range(attempts):
-                retrieve(attempt, last=attempt == attempts - 1)
+                self.retrieve(attempt, last=attempt == attempts - 1)
             time.sleep(PROMPT_WORK_S)
-            messages: Any = [{"role": "user", "content": question}]
+            messages: Any = [{"role": "user", "content": self.question}]
             called_ns = time.time_ns()
             first_chunk_ns = None
             if streaming:
-                stream = client.chat.completions.create(
+                stream = self.client.chat.completions.create(
                     model=MODEL, messages=messages, stream=True, stream_options={"include_usage": True}
                 )
                 for _ in _chunks(stream):
                     if first_chunk_ns is None:
                         first_chunk_ns = time.time_ns()
             else:
-                client.chat.completions.create(model=MODEL, messages=messages)
+                self.client.chat.completions.create(model=MODEL, messages=messages)
             answered_ns = time.time_ns()
-        truth.append(
-            {
-                "case": case,
-                "trace_id": format(root.get_span_context().trace_id, "032x"),
-                "streaming": streaming,
-                "retrieval_attempts": attempts,
-                "called_ns": called_ns,
-                "first_chunk_ns": first_chunk_ns,
-                "answered_ns": answered_ns,
-            }
-        )
+        return {
+            "case": case,
+            "trace_id": format(root.get_span_context().trace_id, "032x"),
+            "streaming": streaming,
+            "retrieval_attempts": attempts,
+            "called_ns": called_ns,
+            "first_chunk_ns": first_chunk_ns,
+            "answered_ns": answered_ns,
+        }
+
+
+def run_library(library: str, out: Path) -> None:
+    """One process: instrument, run the three requests, write ``<library>.otlp`` and ``<library>.json``."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    resource = {"service.name": "rag-api", "service.version": "1.4.2", "tenant.id": TENANT}
+    provider = instrument(library, resource, [SimpleSpanProcessor(exporter)])
+    server, base_url = serve()
+    service = RagService(library, provider, base_url)
+    truth = [service.ask(case) for case in ("stream", "non_stream", "retried")]
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
