@@ -10,10 +10,16 @@ re-evaluating after a crash writes nothing new. Evaluations are counted on ``/me
 At start-up the engine is rebuilt by evaluating the stored windows of its look-back again, in order,
 without producing anything, except transitions the ``alerts`` table does not have yet (a crash between
 closing a window and storing its alerts): those are produced then.
+
+A ``TTFTStageRegression`` going to ``firing`` gets one more description line before it is produced: its
+short span's stored requests (stable arm only, like the rule), replayed with the stage back at its baseline
+(:mod:`streams.rules.regression_replay`). The read happens only then, a few times a day at most, so the
+writer keeps no request in memory for it; its records are in the store before their window closes.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from typing import Any
@@ -23,10 +29,13 @@ import orjson
 from streams.alerting.outbox import alert_message
 from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import Publish, StoreCall, WindowCloser
+from streams.core.whatif import WhatIfRefused
 from streams.core.windows import WindowAggregates
 from streams.rules import AlertTransition, RuleEngine, WindowEvaluation, WindowSnapshot, rules_config
+from streams.rules.regression_replay import replay_span, wants_replay, with_baseline_replay
 from streams.settings import Settings
 from streams.store.aggregates_store import fetch_window_rows, insert_rows, stored_alert_keys
+from streams.store.request_columns import read_request_columns
 
 log = logging.getLogger("ttft.alerting")
 
@@ -88,6 +97,7 @@ class AlertingHook:
         self.last_evaluated = until - self.window_ms
         if missing:
             log.warning("alerting: %d transitions were not stored before the restart; producing them", len(missing))
+            missing = await self._with_replays(missing, {})
             await self._emit(WindowEvaluation(float(self.last_evaluated), transitions=missing))
         log.info("alerting: engine rebuilt over %d windows", (until - since) // self.window_ms)
 
@@ -109,9 +119,32 @@ class AlertingHook:
             llm_signals=agg.llm_signals,
             arms=arms,
         )
-        await self._emit(self.engine.evaluate_window(ws, snap, muted=self.muted))
+        evaluation = self.engine.evaluate_window(ws, snap, muted=self.muted)
+        evaluation.transitions = await self._with_replays(evaluation.transitions, arms)
+        await self._emit(evaluation)
         self.last_evaluated = ws
         self.evaluated.append(ws)
+
+    async def _with_replays(self, transitions: list[AlertTransition], arms: dict[Any, Any]) -> list[AlertTransition]:
+        """Firing stage regressions with their baseline replay line (:mod:`streams.rules.regression_replay`)."""
+        out = []
+        for transition in transitions:
+            if wants_replay(transition):
+                transition = await self._with_replay(transition, arms)
+            out.append(transition)
+        return out
+
+    async def _with_replay(self, transition: AlertTransition, arms: dict[Any, Any]) -> AlertTransition:
+        tenant = transition.labels.get("tenant", "")
+        canary = sorted(str(v) for (t, v), arm in arms.items() if t == tenant and arm == "canary")
+        start, end = replay_span(transition, self.window_ms)
+        read = functools.partial(read_request_columns, tenant=tenant, exclude_versions=canary)
+        columns = await self.store_call(read, self.db, start, end)
+        try:
+            return with_baseline_replay(transition, columns)
+        except (WhatIfRefused, ValueError):  # the alert goes out without its line rather than not at all
+            log.warning("alerting: no baseline replay for %s", transition.labels, exc_info=True)
+            return transition
 
     async def on_watermark(self, watermark: float, open_windows: set[int]) -> None:
         """Evaluate windows without any record once the watermark passed them (silence, Watchdog)."""

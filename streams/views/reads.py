@@ -12,13 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 from clickhouse_connect.driver.client import Client
-from clickhouse_connect.driver.exceptions import NotSupportedError
 
-from streams.core.whatif import RECALL_CODES, RequestColumns
-from streams.core.whatif_levers import LEVER_STAGES
+from streams.core.whatif import RequestColumns
 from streams.store.client import check_identifier
+from streams.store.request_columns import read_request_columns
 from streams.store.requests_store import final_read_settings
 from streams.views.span import Anchor, Span, resolve_span
 
@@ -270,26 +268,6 @@ def store_span(
     )
 
 
-#: ``ttft whatif``'s columns: numbers only, NULLs made NaN or -1 in SQL, aliases unlike any column name.
-_REPLAY_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("ttft", "ifNull(ttft_ms, nan)"),
-    *((stage, f"ifNull({stage}_ms, nan)") for stage in LEVER_STAGES),
-    (
-        "recall_code",
-        "toUInt8(multiIf("
-        + ", ".join(f"recall_mode = '{mode}', {code}" for mode, code in RECALL_CODES.items())
-        + ", 0))",
-    ),
-    ("tokens", "toInt64(ifNull(prompt_tokens, -1))"),
-    ("cache_hit", "toInt8(multiIf(isNull(prompt_cache_hit), -1, prompt_cache_hit, 1, 0))"),
-    ("route_code", "toInt32(indexOf({routes:Array(String)}, ifNull(route, '')) - 1)"),
-)
-_REPLAYABLE = (
-    f"{_SPAN} AND {_TENANT} AND {_VERSION} AND ({{route:String}} = '' OR route = {{route:String}}) "
-    "AND status = 'complete' AND ttft_ms IS NOT NULL AND first_token_at IS NOT NULL"
-)
-
-
 def request_columns(
     client: Client,
     database: str,
@@ -299,39 +277,7 @@ def request_columns(
     route: str | None = None,
 ) -> RequestColumns:
     """The span's replayable requests (``complete``, with a TTFT) of ``tenant`` / ``version`` / ``route``
-    (all when ``None``) as numpy columns, for ``ttft whatif``.
-
-    One ``FINAL`` read of numeric columns (a million requests are ~70 MB), fetched as Arrow and handed to
-    numpy without a Python object per value; ``query_np`` when pyarrow is missing. Route names come from a
-    ``DISTINCT`` read first (without ``FINAL``: a record's route does not change between its versions, and
-    a name no row has left is harmless) so the rows carry a small integer code.
-    """
-    db = check_identifier(database)
-    params = _params(span, tenant, version, route=route or "")
-    routes_sql = (
-        f"SELECT DISTINCT route AS route_ FROM {db}.requests WHERE {_REPLAYABLE} "
-        "AND route IS NOT NULL AND route != '' ORDER BY route_"
+    (all when ``None``) as numpy columns, for ``ttft whatif`` (:mod:`streams.store.request_columns`)."""
+    return read_request_columns(
+        client, database, span.start_ms, span.end_ms, tenant=tenant, version=version, route=route
     )
-    params["routes"] = [str(r["route"]) for r in _named(client, routes_sql, params)]
-    select = ", ".join(f"{expr} AS {alias}" for alias, expr in _REPLAY_COLUMNS)
-    sql = f"SELECT {select} FROM {db}.requests FINAL WHERE {_REPLAYABLE}"
-    columns = _numeric_columns(client, sql, params, [alias for alias, _ in _REPLAY_COLUMNS])
-    return RequestColumns(
-        ttft=columns["ttft"].astype(np.float64, copy=False),
-        stages={stage: columns[stage].astype(np.float64, copy=False) for stage in LEVER_STAGES},
-        recall_mode=columns["recall_code"].astype(np.uint8, copy=False),
-        prompt_tokens=columns["tokens"].astype(np.int64, copy=False),
-        prompt_cache_hit=columns["cache_hit"].astype(np.int8, copy=False),
-        route=columns["route_code"].astype(np.int32, copy=False),
-        route_names=tuple(params["routes"]),
-    )
-
-
-def _numeric_columns(client: Client, sql: str, params: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    settings = final_read_settings(client)
-    try:
-        table = client.query_arrow(sql, parameters=params, settings=settings)
-    except NotSupportedError:  # no pyarrow: numpy's structured rows, one copy per column
-        rows = client.query_np(sql, parameters=params, settings=settings)
-        return {name: np.ascontiguousarray(rows[name]) for name in names}
-    return {name: table.column(name).to_numpy() for name in names}

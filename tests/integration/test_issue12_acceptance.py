@@ -9,6 +9,7 @@ jumps hours ahead and would otherwise resolve the alert by staleness instead of 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,12 @@ from tests.fixtures.alertmanager import AlertmanagerServer, wait_for
 from tests.support.pipeline import produce_sync
 from tests.support.scenarios import (
     PipelinePair,
+    RegressionTraffic,
     historical_start_ms,
     read_topic,
     regression_traffic,
     run_ttft,
+    whatif_json,
     write_config,
 )
 
@@ -31,6 +34,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.alertmanage
 TENANT, CONTROL, STAGE = "acme", "globex", "retrieval"
 CONFIG: dict[str, Any] = {"rules": {"stale_windows": 2_000, "tenant_silence": {"enabled": False}}}
 QUIET_S = 6.0
+#: The last line of a firing TTFTStageRegression's description (streams/rules/regression_replay.py).
+BASELINE_LINE = re.compile(r"^TTFT P95 with (\w+) at baseline: ([\d,]+) ms \(now ([\d,]+) ms\); ", re.M)
 
 
 def _notified(am: AlertmanagerServer, status: str, **labels: str) -> list[dict[str, Any]]:
@@ -95,10 +100,12 @@ def test_a_6_rps_tenant_regressing_x1_5_pages_once_and_resolves_once(
         f"WHERE tenant_id = '{TENANT}' AND rule = 'TTFTStageRegression' AND stage = '{STAGE}' "
         "ORDER BY window_start"
     )
+    replayed = _replay_back(pair, traffic)
+    described = fired[0]["annotations"].get("description", "").splitlines()[-1:] if fired else []
     print(
         f"{sum(traffic.requests.values())} requests in {elapsed:.0f} s; detected after {detected_min} min; "
         f"labels {firing[0]['labels'] if firing else {}}; spans {sorted({e['span_windows'] for e in evaluations})}"
-        f"\n{status}"
+        f"\n{status}\nfiring alert: {described}\nincident phase replayed: {replayed}"
     )
     assert len(firing) == 1 and len(resolved) == 1, (firing, resolved)
     assert firing[0]["labels"] == {
@@ -117,6 +124,39 @@ def test_a_6_rps_tenant_regressing_x1_5_pages_once_and_resolves_once(
     assert any(line.split()[:3] == [TENANT, "TTFTStageRegression", STAGE] for line in status.splitlines()), status
     assert {e["outcome"] for e in evaluations} >= {"ok", "breach"}
     assert "inconclusive" not in {e["outcome"] for e in evaluations}
+
+    # Issue 26: the firing alert says what TTFT's P95 would be with the stage back at its baseline (its short
+    # span replayed), in what Alertmanager paged; it is nearer the healthy phase's P95 than the P95 now.
+    healthy = replayed["healthy_p95"]
+    line = BASELINE_LINE.search(firing[0]["annotations"]["description"])
+    assert line and line.group(1) == STAGE, firing[0]["annotations"]
+    at_baseline, now = (float(line.group(i).replace(",", "")) for i in (2, 3))
+    assert fired[0]["numbers"]["ttft_p95_at_baseline_ms"] == pytest.approx(at_baseline, abs=0.5)
+    assert at_baseline < now and abs(at_baseline - healthy) < abs(now - healthy), (line.group(0), healthy)
+    # The whole incident phase replayed with the stage scaled back to its baseline P95 predicts the healthy
+    # phase's TTFT P95 within 5 %.
+    assert abs(replayed["predicted_p95"] / healthy - 1.0) <= 0.05, replayed
+
+
+def _replay_back(pair: PipelinePair, traffic: RegressionTraffic) -> dict[str, float]:
+    """``ttft whatif`` over the stored incident phase with the regressed stage scaled back by its P95 ratio
+    (healthy phase / incident phase), beside the healthy phase's observed TTFT P95."""
+    healthy = (traffic.phase_starts["before"], traffic.phase_starts["incident"])
+    incident = (traffic.phase_starts["incident"], traffic.phase_starts["after"])
+    ranked = {
+        name: whatif_json(pair.env, TENANT, start, end, "--rank", "--resamples", "20")
+        for name, (start, end) in (("healthy", healthy), ("incident", incident))
+    }
+    stage_p95 = {name: next(r["stage_p95"] for r in out["rank"] if r["stage"] == STAGE) for name, out in ranked.items()}
+    factor = stage_p95["healthy"] / stage_p95["incident"]
+    back = whatif_json(pair.env, TENANT, *incident, "--scale", f"{STAGE}={factor:.4f}")
+    return {
+        "factor": factor,
+        "incident_requests": float(back["requests"]),
+        "incident_p95": float(back["observed"]["p95"]),
+        "predicted_p95": float(back["predicted"]["p95"]),
+        "healthy_p95": float(ranked["healthy"]["observed"]["p95"]),
+    }
 
 
 def test_a_replay_of_45_minutes_evaluates_each_window_once_and_pages_nothing(

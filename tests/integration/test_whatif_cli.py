@@ -184,3 +184,14 @@ def test_whatif_rank_and_text_output(cli: StoredCli) -> None:
         "factor": 0.7,
         "changed": sum(1 for r in records if r["status"] == "complete"),
     }
+
+
+def test_the_store_read_leaves_out_the_versions_asked(cli: StoredCli, ch_client: Client, ch_database: str) -> None:
+    from streams.store.request_columns import read_request_columns
+
+    start, end = HOUR_START_MS, HOUR_START_MS + WINDOWS * WINDOW_MS
+    complete = [r for r in cli.records if r["status"] == "complete" and r["tenant_id"] == "acme"]
+    everything = read_request_columns(ch_client, ch_database, start, end, tenant="acme")
+    stable = read_request_columns(ch_client, ch_database, start, end, tenant="acme", exclude_versions=["v2"])
+    assert everything.n == len(complete)
+    assert sorted(stable.ttft.tolist()) == sorted(r["ttft_ms"] for r in complete if r["version_id"] != "v2")

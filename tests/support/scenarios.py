@@ -215,6 +215,13 @@ def breakdown_json(env: dict[str, str], tenant: str, start_ms: float, end_ms: fl
     return data
 
 
+def whatif_json(env: dict[str, str], tenant: str, start_ms: float, end_ms: float, *args: str) -> dict[str, Any]:
+    """``ttft whatif --tenant T --since START --until END --json ARGS`` (the writer must have exited)."""
+    span = ("--since", iso_ms(start_ms), "--until", iso_ms(end_ms))
+    data: dict[str, Any] = json.loads(run_ttft(env, "whatif", "--tenant", tenant, *span, "--json", *args))
+    return data
+
+
 async def _read_topic(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None]]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
