@@ -272,14 +272,15 @@ def test_insert_latency_while_a_dashboard_polls(ch_session_client: Client, serve
 
     alone = inserts(40)
     stop = threading.Event()
-    answered = [0]
+    query_s: list[float] = []
 
     def poll() -> None:
         client = clickhouse_connect.get_client(host="127.0.0.1", port=served.port, database=db)
         while not stop.is_set():
             for q in items:
+                started = time.perf_counter()
                 client.query(q.sql)
-                answered[0] += 1
+                query_s.append(time.perf_counter() - started)
                 if stop.is_set():
                     return
 
@@ -292,11 +293,11 @@ def test_insert_latency_while_a_dashboard_polls(ch_session_client: Client, serve
         stop.set()
         for t in pollers:
             t.join(timeout=60)
-    p50 = (statistics.median(alone) * 1000, statistics.median(busy) * 1000)
-    top = (max(alone) * 1000, max(busy) * 1000)
+    ms = [1000 * statistics.median(alone), 1000 * max(alone), 1000 * statistics.median(busy), 1000 * max(busy)]
     print(
-        f"insert latency ms: alone p50 {p50[0]:.1f} max {top[0]:.1f}; with 2 dashboard pollers p50 {p50[1]:.1f} "
-        f"max {top[1]:.1f} ({answered[0]} queries answered meanwhile)"
+        f"insert latency ms: alone p50 {ms[0]:.1f} max {ms[1]:.1f}; with 2 dashboard pollers p50 {ms[2]:.1f} max "
+        f"{ms[3]:.1f} ({len(query_s)} queries meanwhile, the longest {1000 * max(query_s):.0f} ms end to end)"
     )
-    assert answered[0] > 0
-    assert max(busy) < 5.0  # one query at a time ahead of an insert, never the pollers' whole queue
+    assert query_s
+    # One interface query at a time on the store thread: an insert waits for one query, not the pollers' queue.
+    assert max(busy) < max(query_s) + max(alone) + 1.0
