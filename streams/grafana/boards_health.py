@@ -93,9 +93,9 @@ def _no_first_chunk() -> PanelSpec:
         fmt=FORMAT_TIME_SERIES,
         columns=("time", "tenant_id", "no_first_chunk"),
         expect_sql=count_rows("window_health"),
-        description="Requests stored no_first_chunk, per tenant (0 is healthy): answered, but their LLM spans tell no first "
-        "chunk (no first-chunk attribute or event: e.g. opentelemetry-instrumentation-openai-v2), so their "
-        "TTFT is unknown. They are never SLO-bad and keep their other stages; TTFTTelemetryDegraded names "
+        description="Requests stored no_first_chunk, per tenant (0 is healthy): answered, but their LLM spans "
+        "tell no first chunk (no first-chunk attribute or event: e.g. opentelemetry-instrumentation-openai-v2), "
+        "so their TTFT is unknown. They are never SLO-bad and keep their other stages; TTFTTelemetryDegraded names "
         "them. ttft_otlp_no_first_chunk{scope, scope_version} on the join says which instrumentation made "
         "the spans; the fix (gen_ai.response.time_to_first_chunk on the LLM span) is in docs/otlp-mapping.md.",
         unit="short",
