@@ -145,7 +145,7 @@ def chart_breakdown(path: Path, breakdowns: Sequence[Breakdown]) -> None:
         ax.xaxis.set_major_formatter(_MS)
         ax.grid(True, axis="x", alpha=0.3)
         ax.grid(False, axis="y")
-        ax.set_title(f"{bd.tenant}: stage P95 over the span (cut {bd.cut_first or '-'} first)", loc="left")
+        ax.set_title(f"{bd.tenant}: stage P95 over the span", loc="left")
         ax.legend(loc="upper right", fontsize=8)
     fig.suptitle(
         "Where TTFT goes: stage P95s (they do not add up to the TTFT P95)",

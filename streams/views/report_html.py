@@ -9,7 +9,7 @@ from typing import Final
 from streams.core.stages import TTFT
 from streams.views.breakdown import Breakdown, sum_vs_true
 from streams.views.canary import CanaryComparison
-from streams.views.report import AlertSpan, ReportData
+from streams.views.report import AlertSpan, ReportData, TenantReport
 from streams.views.summary import fmt_ms, fmt_share
 
 CHARTS: Final = (
@@ -73,13 +73,15 @@ def _stage_table(bd: Breakdown) -> str:
     )
 
 
-def _tenant_section(bd: Breakdown) -> str:
+def _tenant_section(report: TenantReport) -> str:
+    bd = report.breakdown
     c, t = bd.completeness, bd.tail
+    cut_first, reason = report.cut_first()
     exemplars = ", ".join(escape(rid) + (f" ({fmt_ms(ms)})" if ms is not None else "") for rid, ms in t.exemplars)
     return (
         f"<h3>{escape(str(bd.tenant))}</h3>{_stage_table(bd)}"
         f"<p>{escape(sum_vs_true(bd))}</p>"
-        f"<p><b>Cut {escape(bd.cut_first or '-')} first</b>: {escape(bd.reason)}</p>"
+        f"<p><b>Cut {escape(cut_first or '-')} first</b>: {escape(reason)}</p>"
         f"<p>Biggest P95 stage <b>{escape(t.biggest_p95_stage or '-')}</b>, tail-dominant stage "
         f"<b>{escape(t.tail_dominant_stage or '-')}</b>. Slowest requests: {exemplars or '-'}.</p>"
         f"<p>Completeness: {c.total:,} records, {fmt_share(c.share('complete'))} complete, "
@@ -143,6 +145,9 @@ def render_html(data: ReportData) -> str:
         f"generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}</p>",
         f'<p class="verdict">{escape(data.verdict)}</p>',
     ]
+    if data.story:
+        items = "".join(f"<li>{escape(line)}</li>" for line in data.story)
+        body.append(f"<h2>The fixes, each predicted before it landed</h2><ul>{items}</ul>")
 
     def figure(name: str) -> str:
         title, caption = charts[name]
@@ -154,7 +159,7 @@ def render_html(data: ReportData) -> str:
 
     body.append(figure("p95_over_time.png"))
     body.append(figure("breakdown.png"))
-    body.extend(_tenant_section(r.breakdown) for r in data.tenants.values())
+    body.extend(_tenant_section(r) for r in data.tenants.values())
     body.append(figure("tail_attribution.png"))
     body.append(figure("canary.png"))
     comparisons = [r.canary for r in data.tenants.values() if r.canary is not None]

@@ -1,14 +1,16 @@
 """``ttft demo --duration 60``: the CI smoke test of the one-command demo (real broker, workers, store).
 
 Runs the demo as a subprocess without a terminal (plain progress lines), in its own demo home, and checks
-what it promises: the breakdown naming llm_ttft then retrieval, the before P95 near 3.2 s, the after P95
-beside the sum of stage P95s, a fired canary alert, a report on disk, and no process left behind.
+what it promises: the replay ranking llm_ttft then retrieval first, each fix predicted on the phase before
+it beside the P95 observed after it, the before P95 near 3.2 s, the after P95 beside the sum of stage P95s,
+a fired canary alert, a report on disk, and no process left behind.
 ``ttft demo --otel --duration 30`` (~100 s): tenant otel-demo's traces through the real Collector are all
 stored and shown beside the emitter's tenants.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -24,6 +26,13 @@ from streams.kafka.broker import missing_prerequisite
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = (sys.executable, "-m", "streams.cli.main", "demo")
+#: One verdict line per fix of the story (streams/demo/story_whatif.py, FixOutcome.line).
+_FIX = re.compile(
+    r"^fix ([a-z-]+), predicted on phase [a-z-]+ with .*?: TTFT P95 ([\d,]+) ms \(95 % CI ([\d,]+)-([\d,]+)\) "
+    r"over [\d,]+ requests; observed after it ([\d,]+) ms: ([+-][\d.]+)%, (?:inside|outside) the interval; "
+    r"naive estimate ([\d,]+) ms \(([+-][\d.]+)%\)$",
+    re.M,
+)
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -106,9 +115,29 @@ def test_demo_60s_tells_the_story_and_leaves_nothing_running(demo_home: Path) ->
     assert "\x1b[" not in text, "plain output expected without a terminal"
     assert re.search(r"\] producing · produced [\d,]+/", text), "no plain progress lines"
 
-    order = re.search(r"^breakdown \(before\): llm_ttft [\d,]+ ms, retrieval [\d,]+ ms", text, re.M)
+    order = re.search(r"^breakdown \(before\): stage P95s llm_ttft [\d,]+ ms, retrieval [\d,]+ ms", text, re.M)
     assert order, text[-4000:]
-    assert "cut llm_ttft first, then retrieval" in text
+    # What to cut first comes from the replay (ttft whatif --rank), for all tenants and for each one.
+    ranked = dict(re.findall(r"^what to cut first \(before, ([^)]+)\): (.*)$", text, re.M))
+    assert set(ranked) == {"all tenants", "acme", "globex", "bücher-ü"}, text[-4000:]
+    assert ranked["all tenants"].endswith("-> cut llm_ttft first, then retrieval"), ranked
+    assert all(line.startswith("llm_ttft -") for line in ranked.values()), ranked
+
+    # Each fix predicted on the phase before it, beside the TTFT P95 observed after it (issue 26): the
+    # retrieval fix and the prompt-cache fix hold (inside the interval, or within 5 %), the naive estimate's
+    # error is shown beside each.
+    fixes = {m.group(1): m for m in _FIX.finditer(text)}
+    assert set(fixes) == {"parallel-recall", "stable-prefix", "routing-speculative"}, text[-4000:]
+    for name in ("parallel-recall", "stable-prefix"):
+        fix = fixes[name]
+        predicted, lo, hi, observed = (float(fix.group(i).replace(",", "")) for i in (2, 3, 4, 5))
+        error, naive_error = float(fix.group(6)), float(fix.group(8))
+        assert error == pytest.approx((predicted / observed - 1.0) * 100.0, abs=0.1), fix.group(0)
+        assert lo <= observed <= hi or abs(error) <= 5.0, fix.group(0)
+        assert naive_error == pytest.approx((float(fix.group(7).replace(",", "")) / observed - 1) * 100, abs=0.1)
+    assert "--parallel-recall --scale rerank=0.49:" in fixes["parallel-recall"].group(0)
+    assert "--all-cache-hits --scale prompt_assemble=0.64:" in fixes["stable-prefix"].group(0)
+    assert "--route-share fast=0.58:0.4 --scale llm_ttft=0.84:" in fixes["routing-speculative"].group(0)
 
     before = re.search(r"^before: TTFT P95 ([\d,]+) ms", text, re.M)
     assert before, text[-4000:]
@@ -124,6 +153,10 @@ def test_demo_60s_tells_the_story_and_leaves_nothing_running(demo_home: Path) ->
     report = demo_home / "report"
     assert f"report written to {report / 'index.html'}" in text
     assert (report / "index.html").is_file() and (report / "report.json").is_file()
+    written = json.loads((report / "report.json").read_text(encoding="utf-8"))
+    assert [line.split(",")[0] for line in written["story"]] == [f"fix {name}" for name in fixes]
+    assert all(t["rank"]["rank"][0]["stage"] == "llm_ttft" for t in written["tenants"].values())
+    assert "Cut llm_ttft first: 20 % faster it takes" in written["verdict"]
     assert list(report.glob("*.png")), "the report has no charts"
 
     leftovers = _processes_mentioning(str(demo_home.resolve()))
