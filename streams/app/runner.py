@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from streams.app.metrics import WorkerMetrics, serve_metrics
+from streams.logs import logging_config
 from streams.settings import Settings
 
 if TYPE_CHECKING:
@@ -76,18 +77,27 @@ def _report_core_build(metrics: WorkerMetrics) -> None:
         log.warning("join core: %s", native.STATUS)
 
 
-def run_join(settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning") -> int:
+def run_join(
+    settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning", log_format: str = "text"
+) -> int:
     """Run a join worker (the join's agent, and the OTLP bridge's with ``otlp.enabled``) until stopped."""
-    return _run_role(settings, "join", worker_id, metrics_port, loglevel)
+    return _run_role(settings, "join", worker_id, metrics_port, loglevel, log_format)
 
 
-def run_writer(settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning") -> int:
+def run_writer(
+    settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning", log_format: str = "text"
+) -> int:
     """Run the store writer's agent (with the window closer and the rule engine) until stopped."""
-    return _run_role(settings, "writer", worker_id, metrics_port, loglevel)
+    return _run_role(settings, "writer", worker_id, metrics_port, loglevel, log_format)
 
 
-def _run_role(settings: Settings, role: str, worker_id: str, metrics_port: int, loglevel: str) -> int:
-    """One role under Faust's worker: its agents, then its runners started by a service (streams/app/agents.py)."""
+def _run_role(
+    settings: Settings, role: str, worker_id: str, metrics_port: int, loglevel: str, log_format: str = "text"
+) -> int:
+    """One role under Faust's worker: its agents, then its runners started by a service (streams/app/agents.py).
+
+    ``log_format`` ``json``: Faust's worker gets our JSON handler instead of its coloured one (streams/logs.py).
+    """
     import faust
 
     from streams.app.agents import RoleParts, RoleService, create_role_app
@@ -120,7 +130,13 @@ def _run_role(settings: Settings, role: str, worker_id: str, metrics_port: int, 
 
     parts = RoleParts(start=start, run=body.run, stop=body.stop, close=body.close, cleanup=cleanup)
     app.service(RoleService(app, role, parts))  # type: ignore[arg-type]  # an instance is accepted too
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker = faust.Worker(
+        app,
+        loglevel=loglevel,
+        quiet=True,
+        redirect_stdouts=False,
+        logging_config=logging_config(loglevel, log_format) if log_format == "json" else None,
+    )
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
@@ -257,7 +273,9 @@ def _produce_fault_from_env(settings: Settings, variable: str, topic: str) -> Ca
     return check
 
 
-def run_all(settings: Settings, worker_id: str, metrics_port: int) -> int:
+def run_all(
+    settings: Settings, worker_id: str, metrics_port: int, loglevel: str = "warning", log_format: str = "text"
+) -> int:
     """Run a join worker and the writer as two child processes of this one; stop both together.
 
     The children die with this process, however it dies (``kill -9`` included): each is started with the
@@ -281,6 +299,10 @@ def run_all(settings: Settings, worker_id: str, metrics_port: int) -> int:
             worker_id,
             "--metrics-port",
             str(port),
+            "--log-level",
+            loglevel,
+            "--log-format",
+            log_format,
         ]
         children.append(subprocess.Popen(cmd, preexec_fn=lambda: _die_with_parent(parent)))
     stopping: list[float] = []

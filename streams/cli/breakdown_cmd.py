@@ -8,6 +8,7 @@ import click
 import orjson
 from rich.console import Console
 
+from streams.cli.conventions import model_version, model_version_option
 from streams.settings import load_settings
 from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
 from streams.store.live import reader_client
@@ -23,7 +24,7 @@ SPAN_HELP = (
 
 @click.command()
 @click.option("--tenant", "tenant", default=None, help="Tenant id (default: each tenant in the span, in turn).")
-@click.option("--version", "version", default=None, help="One version (default: all versions merged).")
+@model_version_option("One model/prompt version (default: all versions merged).")
 @click.option("--since", default="1h", show_default=True, help=f"Span start: {SPAN_HELP}.")
 @click.option("--until", default=None, help=f"Span end (default: the anchor): {SPAN_HELP}.")
 @click.option(
@@ -36,9 +37,16 @@ SPAN_HELP = (
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON instead of tables.")
 def breakdown(
-    tenant: str | None, version: str | None, since: str, until: str | None, anchor: str, as_json: bool
+    tenant: str | None,
+    version: str | None,
+    old_version: str | None,
+    since: str,
+    until: str | None,
+    anchor: str,
+    as_json: bool,
 ) -> None:
     """Where TTFT goes, per stage, and which stage to cut first."""
+    version = model_version(version, old_version)
     settings = load_settings()
     try:
         client = reader_client(settings)

@@ -15,6 +15,8 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from streams.cli.conventions import echo_json, json_option
+from streams.resources import default_config_file
 from streams.rules_config import RulesConfig, rules_config
 from streams.settings import Settings, read_config_file
 
@@ -71,18 +73,32 @@ def config() -> None:
 
 @config.command("check")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
-def check(file: Path) -> None:
+@json_option("Print {file, ok, problems, spans} as JSON (the exit status is the same).")
+def check(file: Path, as_json: bool) -> None:
     """Validate FILE as a TTFT_CONFIG; print OK or each failing field, exit 1 on failure."""
     try:
         data = read_config_file(file)
     except ValueError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    settings, rules, problems = validate_config(data)
-    if problems or settings is None or rules is None:
+        problems = [str(exc)]
+        settings, rules = None, None
+    else:
+        settings, rules, problems = validate_config(data)
+    ok = not problems and settings is not None and rules is not None
+    spans = _spans(settings, rules) if settings is not None and rules is not None and ok else []
+    if as_json:
+        echo_json({"file": str(file), "ok": ok, "problems": problems, "spans": spans})
+    elif not ok:
         for line in problems:
             click.echo(f"error: {file}: {line}", err=True)
+    else:
+        click.echo(f"OK: {file}")
+        for line in spans:
+            click.echo(f"  {line}")
+    if not ok:
         sys.exit(1)
-    click.echo(f"OK: {file}")
-    for line in _spans(settings, rules):
-        click.echo(f"  {line}")
+
+
+@config.command("default")
+def default() -> None:
+    """Print the annotated default TTFT_CONFIG (deploy/config/ttft.yaml; a wheel ships it), to start from."""
+    click.echo(default_config_file().read_text(encoding="utf-8"), nl=False)

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from streams.cli.conventions import echo_json, json_option
 from streams.grafana.build import (
     DASHBOARDS_DIR,
     RULES_FILE,
@@ -53,7 +54,8 @@ def grafana() -> None:
     show_default=True,
     help="Grafana alert rules file (provisioning, paused).",
 )
-def build(out_dir: Path, rules_file: Path) -> None:
+@json_option("Print {dashboards, rules_file, changed} as JSON.")
+def build(out_dir: Path, rules_file: Path, as_json: bool) -> None:
     """Regenerate dashboards/*.json and the Grafana alert rules from TTFT_CONFIG (SLOs, thresholds).
 
     Without TTFT_CONFIG: from deploy/config/ttft.yaml, the config the committed files come from.
@@ -62,6 +64,10 @@ def build(out_dir: Path, rules_file: Path) -> None:
     changed = write_dashboards(settings, out_dir)
     if write_rules(settings, rules_file):
         changed.append(rules_file)
+    if as_json:
+        dashboards = sorted(str(out_dir / name) for name in dashboard_models(settings))
+        echo_json({"dashboards": dashboards, "rules_file": str(rules_file), "changed": [str(p) for p in changed]})
+        return
     for path in changed:
         click.echo(f"wrote {path}")
     click.echo(f"{len(changed)} file(s) changed" if changed else "up to date")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from streams.cli.conventions import echo_json, json_option
 from streams.kafka.broker import BrokerError, LocalBroker
 from streams.kafka.topics import TopicSetupError, ensure_topics, wait_for_broker
 from streams.settings import Settings, load_settings
@@ -68,16 +69,30 @@ def down(timeout_s: float) -> None:
 
 
 @kafka.command()
-def status() -> None:
+@json_option("Print {running, serving, pid, bootstrap, data_dir, problem} as JSON (the exit status is the same).")
+def status(as_json: bool) -> None:
     """Exit 0 if the broker runs and answers a metadata request, else exit 1."""
     broker = _broker(load_settings())
     state = broker.status()
-    if not state.running:
-        click.echo(str(state))
+    problem = None
+    if state.running:
+        try:
+            asyncio.run(wait_for_broker(broker.bootstrap, timeout_s=5.0))
+        except TimeoutError as exc:
+            problem = f"kafka process {state.pid} runs but does not serve requests: {exc}"
+    serving = state.running and problem is None
+    if as_json:
+        echo_json(
+            {
+                "running": state.running,
+                "serving": serving,
+                "pid": state.pid,
+                "bootstrap": broker.bootstrap,
+                "data_dir": str(broker.data_dir),
+                "problem": problem,
+            }
+        )
+    else:
+        click.echo(problem or str(state))
+    if not serving:
         raise SystemExit(1)
-    try:
-        asyncio.run(wait_for_broker(broker.bootstrap, timeout_s=5.0))
-    except TimeoutError as exc:
-        click.echo(f"kafka process {state.pid} runs but does not serve requests: {exc}")
-        raise SystemExit(1) from exc
-    click.echo(str(state))

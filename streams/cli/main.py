@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import platform
 import sys
 import traceback
 from typing import Any
@@ -59,7 +60,34 @@ def _unavailable(name: str) -> click.Command:
     return _cmd
 
 
+def version_text() -> str:
+    """``ttft 0.1.0 (ttft-emit 0.1.0, Python 3.11.7)``: the installed distributions' versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"ttft {of('ttft-pipeline')} (ttft-emit {of('ttft-emit')}, Python {platform.python_version()})"
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(version_text())
+        ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Print the versions of ttft, ttft-emit and Python, and exit.",
+)
 def main() -> None:
     """ttft-pipeline: stage-level time-to-first-token measurement for LLM/RAG services."""
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from streams.cli.conventions import echo_json, json_option
 from streams.kafka.topics import wait_for_broker
 from streams.otel.collector import CollectorError, LocalCollector, missing_binary, otlp_env
 from streams.settings import Settings, load_settings
@@ -79,9 +80,23 @@ def down(timeout_s: float) -> None:
 
 
 @otel.command()
-def status() -> None:
+@json_option("Print {running, pid, grpc_endpoint, http_endpoint, binary, missing} as JSON (same exit status).")
+def status(as_json: bool) -> None:
     """Exit 0 if the Collector runs, else exit 1."""
-    state = _collector(load_settings()).status()
-    click.echo(str(state))
+    collector = _collector(load_settings())
+    state = collector.status()
+    if as_json:
+        echo_json(
+            {
+                "running": state.running,
+                "pid": state.pid,
+                "grpc_endpoint": collector.grpc_endpoint,
+                "http_endpoint": collector.http_endpoint,
+                "binary": str(collector.binary),
+                "missing": missing_binary(collector.binary),
+            }
+        )
+    else:
+        click.echo(str(state))
     if not state.running:
         raise SystemExit(1)

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import click
+import orjson
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -17,6 +18,7 @@ from rich.progress import (
 )
 
 from streams.cli.breakdown_cmd import SPAN_HELP
+from streams.cli.conventions import echo_json, json_option
 from streams.settings import load_settings
 from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
 from streams.store.live import reader_client
@@ -43,7 +45,8 @@ from streams.views.span import SpanError
     help="Directory for index.html, report.json and the PNGs (created if needed).",
 )
 @click.option("--tenant", "tenants", multiple=True, help="Tenant(s) to include (default: all in the span).")
-def report(since: str, until: str | None, anchor: str, out_dir: Path, tenants: tuple[str, ...]) -> None:
+@json_option("Print {index, report_json, report: the numbers of report.json} as JSON instead of the verdict.")
+def report(since: str, until: str | None, anchor: str, out_dir: Path, tenants: tuple[str, ...], as_json: bool) -> None:
     """Write a TTFT report: verdict, P95 over time, breakdown, tail, canary, alerts, completeness."""
     settings = load_settings()
     try:
@@ -90,5 +93,11 @@ def report(since: str, until: str | None, anchor: str, out_dir: Path, tenants: t
 
         data = build_report(client, database, settings, span, out_dir, tenants=names, step=step)
         progress.advance(task)
+    if as_json:
+        numbers = orjson.loads((out_dir / "report.json").read_bytes())
+        echo_json(
+            {"index": str(out_dir / "index.html"), "report_json": str(out_dir / "report.json"), "report": numbers}
+        )
+        return
     click.echo(data.verdict)
     click.echo(f"report written to {out_dir / 'index.html'} (numbers in {out_dir / 'report.json'})")

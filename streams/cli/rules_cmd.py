@@ -8,8 +8,9 @@ import asyncio
 import click
 from aiokafka.errors import KafkaError
 
+from streams.cli.conventions import echo_json, json_option
 from streams.settings import load_settings
-from streams.views.rule_status import read_statuses, render_status, status_rows
+from streams.views.rule_status import read_statuses, render_status, status_records, status_rows
 
 
 @click.group()
@@ -21,7 +22,8 @@ def rules() -> None:
 @click.option("--tenant", default=None, help="Only this tenant.")
 @click.option("--all", "all_rules", is_flag=True, help="Every rule, not only regression and canary.")
 @click.option("--timeout", "timeout_s", type=float, default=30.0, show_default=True)
-def status(tenant: str | None, all_rules: bool, timeout_s: float) -> None:
+@json_option("Print one object per tenant x rule series as a JSON list (times in epoch ms).")
+def status(tenant: str | None, all_rules: bool, timeout_s: float, as_json: bool) -> None:
     """Per tenant x rule: span used last, its samples, last outcome, when it last could decide.
 
     Outcomes in capitals did not decide (INSUFFICIENT_TRAFFIC: even the largest span lacked samples).
@@ -31,6 +33,9 @@ def status(tenant: str | None, all_rules: bool, timeout_s: float) -> None:
         statuses = asyncio.run(read_statuses(settings, timeout_s=timeout_s))
     except (KafkaError, OSError, RuntimeError, TimeoutError) as exc:
         raise click.ClickException(f"cannot read {settings.topic('rule-evaluations')}: {exc}") from exc
+    if as_json:
+        echo_json(status_records(statuses, tenant=tenant, all_rules=all_rules))
+        return
     rows = status_rows(statuses, tenant=tenant, all_rules=all_rules)
     if not rows:
         scope = f" for tenant {tenant}" if tenant else ""

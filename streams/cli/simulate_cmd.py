@@ -13,6 +13,7 @@ from typing import IO, Any
 
 import click
 
+from streams.cli.conventions import echo_json, json_option
 from streams.sim.faults import ErrorRates
 from streams.sim.scenarios import DEFAULT_TENANTS, SCENARIOS
 from streams.sim.traffic import Message, generate
@@ -59,10 +60,11 @@ def _parse_tenants(text: str | None) -> list[str]:
 class _Progress:
     """Progress over event time: a rich bar on a terminal, a plain line every few seconds otherwise."""
 
-    def __init__(self, start_ms: float, duration_s: float, live: bool) -> None:
+    def __init__(self, start_ms: float, duration_s: float, live: bool, to_stderr: bool = False) -> None:
         self.start_ms = start_ms
         self.total_s = duration_s
         self.live = live
+        self.to_stderr = to_stderr
         self._last_line = time.monotonic()
         self._started = time.monotonic()
         self._rich: Any = None
@@ -95,7 +97,10 @@ class _Progress:
             self._rich.update(self._task, completed=done_s, sent=sent, rate=rate)
         elif now - self._last_line >= _PLAIN_EVERY_S:
             self._last_line = now
-            click.echo(f"simulate: {sent} events, {done_s:.0f}/{self.total_s:.0f} s event time, {rate:,.0f} ev/s")
+            click.echo(
+                f"simulate: {sent} events, {done_s:.0f}/{self.total_s:.0f} s event time, {rate:,.0f} ev/s",
+                err=self.to_stderr,
+            )
 
 
 def _write_lines(messages: Iterator[Message], out: IO[bytes], progress: Callable[[int, float], None]) -> int:
@@ -140,6 +145,7 @@ def _write_lines(messages: Iterator[Message], out: IO[bytes], progress: Callable
     default=None,
     help="Write JSON lines here ('-' = stdout) instead of producing to Kafka.",
 )
+@json_option("Print what was produced or written as JSON (progress goes to stderr); not with --out -.")
 def simulate(
     scenario: str,
     rate: float,
@@ -152,8 +158,12 @@ def simulate(
     errors_text: str | None,
     bootstrap: str | None,
     out: IO[bytes] | None,
+    as_json: bool,
 ) -> None:
     """Produce simulated stage events of a scenario to the stage-events topic, keyed by request_id."""
+    to_stdout = out is not None and getattr(out, "name", "<stdout>") == "<stdout>"
+    if as_json and to_stdout:
+        raise click.UsageError("--json prints on stdout: give --out a file, not '-'")
     if rate <= 0:
         raise click.BadParameter("must be positive", param_hint="--rate")
     if speedup <= 0:
@@ -173,15 +183,20 @@ def simulate(
         start_ms=start_ms,
         errors=errors,
     )
-    live = out is None and sys.stdout.isatty()
+    live = out is None and sys.stdout.isatty() and not as_json
     started = time.perf_counter()
     if out is not None:
-        progress = _Progress(start_ms, duration_s, live=False)
-        sent = _write_lines(messages, out, progress.update if out.name != "<stdout>" else lambda *_: None)
+        progress = _Progress(start_ms, duration_s, live=False, to_stderr=as_json)
+        sent = _write_lines(messages, out, progress.update if not to_stdout else lambda *_: None)
         elapsed = time.perf_counter() - started
+        if as_json:
+            echo_json(
+                {"scenario": scenario, "out": out.name, "events": sent, "seconds": round(elapsed, 3), "seed": seed}
+            )
+            return
         click.echo(f"wrote {sent} events in {elapsed:.1f} s ({sent / max(elapsed, 1e-9):,.0f} events/s)", err=True)
         return
-    _produce(messages, scenario, start_ms, duration_s, None if unpaced else speedup, bootstrap, live)
+    _produce(messages, scenario, start_ms, duration_s, None if unpaced else speedup, bootstrap, live, as_json)
 
 
 def _produce(
@@ -192,6 +207,7 @@ def _produce(
     speedup: float | None,
     bootstrap: str | None,
     live: bool,
+    as_json: bool = False,
 ) -> None:
     from streams.kafka.topics import kafka_client_kwargs
     from streams.settings import load_settings
@@ -202,9 +218,10 @@ def _produce(
     pacer = Pacer(start_ms, speedup) if speedup is not None else None
     pacing = "as fast as possible" if speedup is None else f"speedup x{speedup:g}"
     click.echo(
-        f"simulate {scenario}: {duration_s:g} s of event time -> {topic} at {settings.kafka_bootstrap} ({pacing})"
+        f"simulate {scenario}: {duration_s:g} s of event time -> {topic} at {settings.kafka_bootstrap} ({pacing})",
+        err=as_json,
     )
-    progress = _Progress(start_ms, duration_s, live=live)
+    progress = _Progress(start_ms, duration_s, live=live, to_stderr=as_json)
     context: AbstractContextManager[Any] = progress if live else nullcontext()
     try:
         with context:
@@ -221,6 +238,19 @@ def _produce(
         raise click.Abort() from None
     except Exception as exc:  # a broker problem is a user-facing error, not a traceback
         raise click.ClickException(f"producing to {topic} failed: {exc!r}") from exc
+    if as_json:
+        echo_json(
+            {
+                "scenario": scenario,
+                "topic": topic,
+                "bootstrap": settings.kafka_bootstrap,
+                "events": report.messages,
+                "bytes": report.bytes,
+                "seconds": round(report.elapsed_s, 3),
+                "events_per_s": round(report.messages_per_s, 1),
+            }
+        )
+        return
     click.echo(
         f"produced {report.messages} events ({report.bytes / 1e6:.1f} MB) in {report.elapsed_s:.1f} s: "
         f"{report.messages_per_s:,.0f} events/s"

@@ -15,6 +15,7 @@ import orjson
 from rich.console import Console
 
 from streams.cli.breakdown_cmd import SPAN_HELP
+from streams.cli.conventions import model_version, model_version_option
 from streams.core.whatif import (
     DEFAULT_MIN_DONORS,
     DEFAULT_RESAMPLES,
@@ -83,7 +84,7 @@ def ordered_levers(order: Sequence[str], values: dict[str, Any]) -> list[Lever]:
 
 @click.command(cls=_OrderedLevers)
 @click.option("--tenant", default=None, help="Tenant id (default: all tenants together).")
-@click.option("--version", "version", default=None, help="One version (default: all versions).")
+@model_version_option("One model/prompt version (default: all versions).")
 @click.option("--route", default=None, help="Only requests served on this route (default: all routes).")
 @click.option("--since", default="1h", show_default=True, help=f"Span start: {SPAN_HELP}.")
 @click.option("--until", default=None, help=f"Span end (default: the anchor): {SPAN_HELP}.")
@@ -129,6 +130,7 @@ def whatif(
     /,
     tenant: str | None,
     version: str | None,
+    old_version: str | None,
     route: str | None,
     since: str,
     until: str | None,
@@ -144,6 +146,7 @@ def whatif(
     complete requests (levers apply in the order given; sub-stages roll up into retrieval), with the
     predicted P95's bootstrap interval and the stage-P95 estimate beside it. --rank: which stage to cut first.
     """
+    version = model_version(version, old_version)
     try:
         levers = ordered_levers(ctx.meta.get(_ORDER_KEY, []), lever_values)
     except LeverError as exc:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import click
 
 from streams.app.runner import default_worker_id, run_all, run_join, run_writer
+from streams.logs import LOG_FORMATS, configure_logging
 from streams.settings import load_settings
 
 
@@ -23,13 +23,16 @@ from streams.settings import load_settings
 @click.option("--worker-id", default=None, help="Stable id of this worker (default host-pid).")
 @click.option("--metrics-port", type=int, default=None, help="Port of /metrics and /healthz (0 = free).")
 @click.option("--log-level", default="warning", show_default=True)
-def worker(role: str, worker_id: str | None, metrics_port: int | None, log_level: str) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="Logs on stderr for people (text) or one JSON object per line (json: ts, level, logger, message, ...).",
+)
+def worker(role: str, worker_id: str | None, metrics_port: int | None, log_level: str, log_format: str) -> None:
     """Run the pipeline: join stage events, write records, close windows, evaluate alerts."""
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(log_level, log_format)
     try:
         settings = load_settings()
     except ValueError as exc:
@@ -37,9 +40,9 @@ def worker(role: str, worker_id: str | None, metrics_port: int | None, log_level
     wid = worker_id or default_worker_id()
     port = settings.metrics_port if metrics_port is None else metrics_port
     if role == "join":
-        rc = run_join(settings, wid, port, loglevel=log_level)
+        rc = run_join(settings, wid, port, loglevel=log_level, log_format=log_format)
     elif role == "writer":
-        rc = run_writer(settings, wid, port)
+        rc = run_writer(settings, wid, port, loglevel=log_level, log_format=log_format)
     else:
-        rc = run_all(settings, wid, port)
+        rc = run_all(settings, wid, port, loglevel=log_level, log_format=log_format)
     sys.exit(rc)

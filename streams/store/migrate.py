@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,25 +103,54 @@ def applied_versions(client: Client, database: str) -> dict[str, str]:
     return {str(version): str(checksum) for version, checksum in result.result_rows}
 
 
-def apply_migrations(client: Client, database: str, directory: Path | None = None) -> list[str]:
+@dataclass(frozen=True)
+class MigrationStep:
+    """Progress of :func:`apply_migrations`: statement ``index`` of ``total`` of migration ``name``, reported
+    before it runs (``seconds`` ``None``) and after (``seconds`` it took). ``pending``: migrations this run
+    applies, this one included. ``summary``: the statement's first code line, shortened."""
+
+    name: str
+    index: int
+    total: int
+    pending: int
+    summary: str
+    seconds: float | None = None
+
+
+def apply_migrations(
+    client: Client,
+    database: str,
+    directory: Path | None = None,
+    progress: Callable[[MigrationStep], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[str]:
     """Create ``database`` if needed and apply the migrations it lacks, in order; return their names.
 
     Idempotent: a second run applies nothing and returns ``[]``. A changed file that was already applied
-    is not re-run (write a new migration instead); its checksum mismatch is logged.
+    is not re-run (write a new migration instead); its checksum mismatch is logged. ``progress`` hears of
+    each statement before and after it runs (a data copy can take minutes on a big table).
     """
     db = check_identifier(database)
     ensure_database(client, db)
     done = applied_versions(client, db)
+    migrations = load_migrations(directory)
+    for migration in migrations:
+        if migration.version in done and done[migration.version] != migration.checksum:
+            log.warning("migration %s changed after it was applied to %s", migration.name, db)
+    todo = [m for m in migrations if m.version not in done]
     applied: list[str] = []
-    for migration in load_migrations(directory):
-        if migration.version in done:
-            if done[migration.version] != migration.checksum:
-                log.warning("migration %s changed after it was applied to %s", migration.name, db)
-            continue
-        for statement in migration.statements(db):
+    for position, migration in enumerate(todo):
+        statements = migration.statements(db)
+        for index, statement in enumerate(statements, start=1):
+            step = MigrationStep(migration.name, index, len(statements), len(todo) - position, _summary(statement))
+            if progress is not None:
+                progress(step)
+            started = clock()
             # A data copy (INSERT ... SELECT) is synchronous like every insert of the project.
             sync = _SYNC if _first_word(statement) == "INSERT" else None
             client.command(statement, settings=sync)
+            if progress is not None:
+                progress(replace(step, seconds=clock() - started))
         client.insert(
             "schema_migrations",
             [[migration.version, migration.name, migration.checksum]],
@@ -133,6 +164,12 @@ def apply_migrations(client: Client, database: str, directory: Path | None = Non
 
 
 _SYNC: dict[str, Any] = {"async_insert": 0, "wait_for_async_insert": 1}
+
+
+def _summary(statement: str, width: int = 72) -> str:
+    code = [ln.strip() for ln in statement.splitlines() if ln.strip() and not ln.strip().startswith("--")]
+    first = code[0] if code else ""
+    return first if len(first) <= width else first[: width - 3] + "..."
 
 
 def _first_word(statement: str) -> str:

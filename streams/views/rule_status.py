@@ -102,6 +102,32 @@ def status_rows(
     return rows
 
 
+def status_records(
+    statuses: dict[str, RuleEvaluation], *, tenant: str | None = None, all_rules: bool = False
+) -> list[dict[str, object]]:
+    """The rows of :func:`status_rows` as JSON objects: the evaluation's fields, times in epoch ms, and
+    ``decided`` (whether the last outcome decided something)."""
+    records: list[dict[str, object]] = []
+    for e in sorted(statuses.values(), key=lambda e: (e.tenant, e.rule, e.stage, e.version)):
+        if (tenant is not None and e.tenant != tenant) or (not all_rules and e.rule not in SPAN_RULES):
+            continue
+        records.append(
+            {
+                "tenant": e.tenant,
+                "rule": e.rule,
+                "stage": e.stage or None,
+                "version": e.version or None,
+                "outcome": e.outcome,
+                "decided": e.outcome in DECIDED_OUTCOMES,
+                "span_windows": e.span_windows,
+                "samples": e.samples,
+                "window_start": e.window_start,
+                "last_decided_at": e.last_decided_at,
+            }
+        )
+    return records
+
+
 def render_status(rows: list[tuple[str, ...]]) -> str:
     """A plain aligned table (undecided outcomes in capitals, so they stand out)."""
     table: list[tuple[str, ...]] = [HEADER, *rows]

@@ -102,7 +102,7 @@ def test_whatif_filters_and_relative_spans(cli: StoredCli) -> None:
     acme_main = [r for r in records if r["status"] == "complete" and r["tenant_id"] == "acme" and r["route"] == "main"]
     payload = _json(cli("--json", "--tenant", "acme", "--route", "main", "--scale", "llm_ttft=0.8", *SPAN_ARGS))
     assert payload["requests"] == len(acme_main)
-    v2 = _json(cli("--json", "--version", "v2", "--since", "5m", "--scale", "llm_ttft=0.8"))
+    v2 = _json(cli("--json", "--model-version", "v2", "--since", "5m", "--scale", "llm_ttft=0.8"))
     newest_end = HOUR_START_MS + WINDOWS * WINDOW_MS  # anchored on the newest stored window, not the clock
     assert v2["requests"] == sum(
         1

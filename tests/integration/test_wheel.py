@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,8 @@ def test_the_wheel_installs_outside_the_checkout_and_runs_against_a_fresh_store(
     assert (report["shipped_missing"], report["shipped_extra"], report["shipped_differ"]) == ([], [], [])
     assert {name.split("/")[0] for name in report["shipped"]} == set(SHIPPED)
 
+    versions = f"ttft {version('ttft-pipeline')} (ttft-emit {version('ttft-emit')}, Python 3.11"
+    assert outputs["ttft --version"].startswith(versions)
     migrations = sorted(p.stem for p in (REPO / SHIPPED["migrations"][0]).glob("*.sql"))
     applied = [line.split()[1] for line in outputs["db migrate"].splitlines() if line.startswith("applied ")]
     assert applied == migrations
