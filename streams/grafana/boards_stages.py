@@ -1,4 +1,5 @@
-"""Dashboard 2: Stage drill-down (per-stage percentiles, retrieval levers, slowest requests)."""
+"""Dashboard 2: Stage drill-down (per-stage percentiles, what if a stage were faster, retrieval levers,
+slowest requests)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from streams.grafana.model import (
     PanelSpec,
     PercentileCheck,
 )
+from streams.grafana.panels_whatif import scale_variable, whatif_panel
 from streams.grafana.sql import STAGE, TENANT, VERSION, count_rows, percentiles, stage_order, where
 
 
@@ -153,12 +155,14 @@ def stage_drilldown() -> DashboardSpec:
         uid="ttft-stages",
         slug="ttft-stage-drilldown",
         title="TTFT stage drill-down",
-        description="Per-stage percentiles over time from the stored sketches, the retrieval levers "
-        "(recall mode, rerank top-k) and the slowest requests.",
-        variables=(tenant_variable(), version_variable(), stage_variable()),
+        description="Per-stage percentiles over time from the stored sketches, TTFT's P95 if a stage took "
+        "$scale times as long (replayed request by request), the retrieval levers (recall mode, rerank top-k) "
+        "and the slowest requests.",
+        variables=(tenant_variable(), version_variable(), stage_variable(), scale_variable()),
         panels=(
             _stage_over_time(),
             _stage_range_table(),
+            whatif_panel(),
             recall_mode_panel(),
             _rerank_top_k(),
             _slowest_requests(),

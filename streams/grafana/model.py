@@ -45,6 +45,18 @@ class PercentileCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class WhatIfCheck:
+    """How a what-if panel is checked: each row's ``column`` (the ``quantile`` of TTFT) equals the pure replay
+    (:mod:`streams.core.whatif`) of the interval's requests with the series' stage scaled by ``$scale``, or
+    their observed TTFT for the ``observed`` series; ``series_column`` holds ``observed`` or ``<stage> x<F>``."""
+
+    quantile: float
+    column: str
+    series_column: str
+    observed: str
+
+
+@dataclass(frozen=True, slots=True)
 class PanelSpec:
     """One panel. ``expect_sql`` counts the source rows that oblige the panel to return rows."""
 
@@ -59,6 +71,7 @@ class PanelSpec:
     width: int = 12
     height: int = 8
     check: PercentileCheck | None = None
+    whatif: WhatIfCheck | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     field_config: Mapping[str, Any] = field(default_factory=dict)
     overrides: tuple[Mapping[str, Any], ...] = ()
@@ -66,11 +79,15 @@ class PanelSpec:
 
 @dataclass(frozen=True, slots=True)
 class VariableSpec:
-    """A multi-value query variable with *All* (the plugin runs ``sql`` through the same query path)."""
+    """A multi-value query variable with *All* (the plugin runs ``sql`` through the same query path), or with
+    ``kind="custom"`` a single-value variable whose options are ``sql``'s comma-separated values (no query),
+    ``default`` selected."""
 
     name: str
     label: str
     sql: str
+    kind: str = "query"
+    default: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +161,19 @@ def _panel_json(spec: PanelSpec, panel_id: int, grid: dict[str, int]) -> dict[st
 
 
 def _variable_json(spec: VariableSpec) -> dict[str, Any]:
+    if spec.kind == "custom":
+        values = spec.sql.split(",")
+        return {
+            "name": spec.name,
+            "label": spec.label,
+            "type": "custom",
+            "query": spec.sql,
+            "multi": False,
+            "includeAll": False,
+            "current": {"selected": True, "text": spec.default, "value": spec.default},
+            "options": [{"selected": v == spec.default, "text": v, "value": v} for v in values],
+            "hide": 0,
+        }
     return {
         "name": spec.name,
         "label": spec.label,

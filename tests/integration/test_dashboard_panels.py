@@ -3,7 +3,8 @@
 The store is the session's ``pipeline_run`` (broker, join and writer workers over simulated traffic; the
 writer has exited). chDB allows one data directory per process, so ``tests/support/panel_check.py`` runs
 every panel in a subprocess, once, at a 1 h range, a 24 h range and a 24 h range with one tenant, version
-and stage selected, and compares percentile columns with numpy (``method='lower'``) over ``requests``.
+and stage selected, and compares percentile columns with numpy (``method='lower'``) over ``requests`` (the
+what-if panel with the pure replay of the same requests).
 Each test below judges one panel (or variable, annotation, alert rule) in that report.
 """
 
@@ -39,7 +40,7 @@ def _panel_ids() -> list[str]:
     for path in sorted((REPO / "dashboards").glob("*.json")):
         model = json.loads(path.read_text(encoding="utf-8"))
         ids += [f"{path.stem}/{slugify(p['title'])}" for p in model["panels"]]
-        ids += [f"{path.stem}/var-{v['name']}" for v in model["templating"]["list"]]
+        ids += [f"{path.stem}/var-{v['name']}" for v in model["templating"]["list"] if v.get("type") == "query"]
         ids += [f"{path.stem}/annotation-{slugify(a['name'])}" for a in model["annotations"]["list"] if "target" in a]
     return ids
 
@@ -101,6 +102,14 @@ def test_panel(report: dict[str, Any], panel_id: str) -> None:
             assert percentiles["missing_keys"] == [] and percentiles["extra_keys"] == [], (run, percentiles)
             assert (percentiles["compared"] > 0) == (entry["rows"] > 0), (run, percentiles)
             assert percentiles["max_rel_err"] <= 0.01 + 1e-9
+        whatif = entry.get("whatif")
+        if whatif is not None:
+            # The what-if panel against the pure replay of the same requests (exact, both sides).
+            assert whatif["failures"] == [], (run, whatif)
+            assert whatif["missing_keys"] == [] and whatif["extra_keys"] == [], (run, whatif)
+            assert (whatif["compared"] > 0) == (entry["rows"] > 0), (run, whatif)
+            if entry["rows"] and run == "24h":
+                assert len(whatif["series"]) == 7, whatif  # observed and each of the six lever stages
     day = report["runs"]["24h"][panel_id]
     if "/var-" in panel_id:
         # Free-form ids (tenant, version) are (value = hex of the id, text = the id): streams.grafana.sql.

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from streams.core.sketch import MIN_VALUE  # noqa: E402
 from streams.grafana.build import dashboard_specs, repo_settings  # noqa: E402
 from streams.grafana.macros import QueryContext, Variable, expand_query, panel_interval_ms  # noqa: E402
-from streams.grafana.model import PercentileCheck, slugify  # noqa: E402
+from streams.grafana.model import PercentileCheck, WhatIfCheck, slugify  # noqa: E402
 from streams.store.shutdown import exit_process  # noqa: E402
 
 STAGE_FIELDS = ("retrieval", "vector_recall", "bm25_recall", "rerank", "prompt_assemble", "llm_ttft")
@@ -166,6 +166,71 @@ def compare(
     return report
 
 
+class ReplayReference:
+    """``requests FINAL``'s replayable requests, for what-if panels: per interval, the pure replay."""
+
+    def __init__(self, client: Any) -> None:
+        result = client.query(
+            "SELECT toUnixTimestamp64Milli(window_start), tenant_id, version_id, status, first_token_at, ttft_ms, "
+            f"recall_mode, {', '.join(f'{s}_ms' for s in STAGE_FIELDS)} FROM requests FINAL"
+        )
+        self.records = []
+        for ws, tenant, version, status, first, ttft, mode, *stages in result.result_rows:
+            record = {"ws": int(ws), "tenant_id": tenant, "version_id": version, "status": status}
+            record |= {"first_token_at": first, "ttft_ms": ttft, "recall_mode": mode}
+            record |= {f"{s}_ms": v for s, v in zip(STAGE_FIELDS, stages, strict=True)}
+            self.records.append(record)
+
+    def compare(
+        self, check: WhatIfCheck, ctx: QueryContext, variables: dict[str, Variable], columns: list[str], rows: list[Any]
+    ) -> dict[str, Any]:
+        from streams.core.whatif import RequestColumns, replay
+        from streams.core.whatif_levers import LEVER_STAGES, Scale
+        from streams.core.whatif_stats import lower_quantiles
+
+        lo, hi = (ctx.from_ms // 1000) * 1000, (ctx.to_ms // 1000) * 1000
+        step = max(ctx.interval_ms // 1000, 1)
+        wanted = {
+            name: {unhex_value(v) if name in HEX_VARIABLES else v for v in variables[name].values}
+            for name in ("tenant", "version", "stage")
+            if name in variables and not variables[name].is_all
+        }
+        stages = [s for s in LEVER_STAGES if "stage" not in wanted or s in wanted["stage"]]
+        scale = float(variables["scale"].values[0])
+        buckets: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for rec in self.records:
+            if not lo <= rec["ws"] <= hi:
+                continue
+            if any(rec[f"{name}_id"] not in wanted[name] for name in ("tenant", "version") if name in wanted):
+                continue
+            buckets[(rec["ws"] // 1000 // step) * step].append(rec)
+        want: dict[tuple[int, str], float] = {}
+        for bucket, records in buckets.items():
+            replayable = RequestColumns.from_records(records)
+            if not replayable.n:
+                continue
+            want[(bucket, check.observed)] = lower_quantiles(replayable.ttft, [check.quantile])[0]
+            for stage in stages:
+                predicted = replay(replayable, [Scale(stage, scale)]).predicted
+                want[(bucket, f"{stage} x{scale:g}")] = lower_quantiles(predicted, [check.quantile])[0]
+        got = {}
+        for row in rows:
+            rec = dict(zip(columns, row, strict=True))
+            got[(int(_plain(rec["time"])), str(rec[check.series_column]))] = float(rec[check.column])
+        failures = [
+            {"key": list(key), "got": got[key], "want": value}
+            for key, value in sorted(want.items())
+            if key in got and not abs(got[key] - value) <= 1e-9 * abs(value)
+        ]
+        return {
+            "compared": len(want.keys() & got.keys()),
+            "failures": failures[:5],
+            "missing_keys": sorted(map(list, want.keys() - got.keys()), key=str)[:5],
+            "extra_keys": sorted(map(list, got.keys() - want.keys()), key=str)[:5],
+            "series": sorted({series for _, series in got}),
+        }
+
+
 def run_query(client: Any, sql: str) -> tuple[list[tuple[str, str]], list[list[Any]]]:
     result = client.query(sql)
     columns = [(name, str(t.name)) for name, t in zip(result.column_names, result.column_types, strict=True)]
@@ -177,7 +242,8 @@ def queries(model: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any] | 
     for panel in model["panels"]:
         yield slugify(panel["title"]), panel["targets"][0]["rawSql"], panel
     for var in model["templating"]["list"]:
-        yield f"var-{var['name']}", var["query"], None
+        if var.get("type", "query") == "query":  # a custom variable's options are no query
+            yield f"var-{var['name']}", var["query"], None
     for anno in model["annotations"]["list"]:
         if "target" in anno:
             yield f"annotation-{slugify(anno['name'])}", anno["target"]["rawSql"], None
@@ -215,6 +281,14 @@ def selection(client: Any) -> dict[str, Variable]:
         "version": Variable("version", hexed, hexed),
         "stage": Variable("stage", ("llm_ttft", "ttft"), ("llm_ttft", "ttft")),
     }
+
+
+def _default(variable: dict[str, Any]) -> Variable:
+    """A variable nobody chose: *All* for a query variable, its default value for a custom one."""
+    if variable.get("type") == "custom":
+        options = tuple(str(o["value"]) for o in variable["options"])
+        return Variable(variable["name"], options, (str(variable["current"]["value"]),))
+    return Variable(variable["name"], ())
 
 
 def check_alert_rules(client: Any, to_ms: int) -> dict[str, Any]:
@@ -261,6 +335,7 @@ def main() -> None:
     }
     specs = {(d.uid, p.title): p for d in dashboard_specs(repo_settings()) for p in d.panels}
     reference = Reference(client)
+    replays = ReplayReference(client)
     report: dict[str, Any] = {
         "runs": {},
         "selected": {k: [unhex_value(x) if k in HEX_VARIABLES else x for x in v.values] for k, v in selected.items()},
@@ -269,7 +344,7 @@ def main() -> None:
         out: dict[str, Any] = {}
         for path in sorted((REPO / "dashboards").glob("*.json")):
             model = json.loads(path.read_text(encoding="utf-8"))
-            variables = {v["name"]: chosen.get(v["name"], Variable(v["name"], ())) for v in model["templating"]["list"]}
+            variables = {v["name"]: chosen.get(v["name"], _default(v)) for v in model["templating"]["list"]}
             for suffix, raw_sql, panel in queries(model):
                 interval = panel_interval_ms(
                     from_ms, to_ms, (panel or {}).get("maxDataPoints", 500), (panel or {}).get("interval")
@@ -292,6 +367,9 @@ def main() -> None:
                             uses_stage = "$stage" in raw_sql or "${stage" in raw_sql
                             ref = reference.groups(spec.check, ctx, variables, uses_stage)
                             entry["percentiles"] = compare(spec.check, [c for c, _ in columns], rows, ref)
+                        if spec.whatif is not None:
+                            names = [c for c, _ in columns]
+                            entry["whatif"] = replays.compare(spec.whatif, ctx, variables, names, rows)
                 except Exception as exc:  # reported per panel: one broken panel must not hide the others
                     entry["error"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
                 entry["seconds"] = round(time.perf_counter() - started, 3)

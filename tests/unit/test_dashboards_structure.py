@@ -116,7 +116,11 @@ def test_every_panel_has_the_datasource_and_a_known_type(name: str) -> None:
             assert target["format"] in (0, 1)
             assert (target["queryType"] == "timeseries") == (target["format"] == FORMAT_TIME_SERIES)
     for variable in model["templating"]["list"]:
-        assert variable["datasource"] == DATASOURCE
+        if variable["type"] == "query":
+            assert variable["datasource"] == DATASOURCE
+        else:  # a custom variable: fixed options, no query, one value
+            assert variable["type"] == "custom" and not variable["multi"] and not variable["includeAll"]
+            assert variable["current"]["value"] in variable["query"].split(",")
     for annotation in model["annotations"]["list"][1:]:
         assert annotation["datasource"] == DATASOURCE
 
