@@ -99,3 +99,43 @@ def test_generated_events_agree_with_the_step_by_step_path(attrs: dict, stage: s
     full = decode.decode_stage_event(raw, b"r1", "t", 0, 0, None, CAPS, 1_797_000_000_000.0)
     slow = _step_by_step(raw)
     assert (full == slow) if slow is not None else not isinstance(full, StageEvent)
+
+
+# --- decode_stage_event's inlined fast path returns what the checks in contract order return ----------------
+
+CLOCK_MS = 1_796_000_100_000.0
+
+
+Message = tuple[bytes, bytes | None, float | None]
+
+
+@st.composite
+def raw_messages(draw: st.DrawFn) -> Message:
+    event: dict[str, object] = {**BASE, "request_id": draw(st.sampled_from(["r1", "r:1", "ré"]))}
+    event["ts_ms"] = CLOCK_MS + draw(st.sampled_from([-10_000.0, 0.0, 290_000.0, 299_995.0, 300_001.0, 9e6]))
+    if draw(st.booleans()):
+        event["attrs"] = draw(
+            st.dictionaries(
+                st.sampled_from(["prompt_tokens", "trace_id", "custom", "c:olon"]),
+                st.one_of(st.integers(-5, 2**63 - 1), st.text(max_size=8), st.none(), st.booleans()),
+                max_size=3,
+            )
+        )
+    if draw(st.booleans()):
+        event["tenant_id"] = draw(st.sampled_from(["", "__other__", "t" * 65, "ok"]))
+    raw = orjson.dumps(event)
+    if draw(st.integers(0, 4)) == 0:
+        raw = raw.replace(b'"stage"', b'"stage":"x","stage"', 1)  # a repeated key
+    if draw(st.integers(0, 6)) == 0:
+        raw = raw + b" " * CAPS.max_event_bytes  # too large
+    key = draw(st.sampled_from([None, b"r1", b"r:1", "ré".encode(), b"other"]))
+    append_time = draw(st.sampled_from([None, -1.0, CLOCK_MS, CLOCK_MS + 600_000.0]))
+    return raw, key, append_time
+
+
+@settings(max_examples=400, deadline=None)
+@given(raw_messages())
+def test_the_fast_path_decides_as_the_checks_in_contract_order(message: Message) -> None:
+    raw, key, append_time = message
+    args = (raw, key, "ttft.stage-events", 1, 7, 123, CAPS, CLOCK_MS)
+    assert decode.decode_stage_event(*args, append_time_ms=append_time) == decode._decode_in_steps(*args, append_time)
