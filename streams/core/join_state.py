@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import orjson
 
-from schemas.events import KNOWN_ATTRS, StageEvent
+from schemas.events import KNOWN_ATTRS, StageAttrs, StageEvent
 from schemas.records import ATTR_COLUMNS
 from schemas.vocabulary import KNOWN_STAGES
 
@@ -75,14 +75,21 @@ _ATTR_OWNERS: Final[dict[str, tuple[str, ...]]] = {
 }
 _N_ATTRS: Final = len(ATTR_COLUMNS)
 _ATTR_INDEX: Final[dict[str, int]] = {name: i for i, name in enumerate(ATTR_COLUMNS)}
-#: Every well-known attr of the input contract, unset (the start of an event's content digest).
+#: Every well-known attr of the input contract, unset (the start of an event's content digest), in key order.
 _NO_ATTRS: Final[dict[str, Any]] = dict.fromkeys(sorted(KNOWN_ATTRS))
+_N_KNOWN_ATTRS: Final = len(_NO_ATTRS)
+#: The custom attrs of an event that has none (never modified).
+_NO_EXTRA: Final[dict[str, Any]] = {}
 #: :attr:`PendingRequest.attrs` is sparse: ``(tag, value, tag, value, ...)`` in attr-index order, one pair per
 #: attr ever set, where ``tag = source event index * 8 + attr index`` (``>> 3`` and ``& 7`` take it apart,
 #: also for a source of -1). The changelog keeps the dense form: the ``ATTR_COLUMNS`` values, then sources.
 _TAG_BITS: Final = 3
 _TAG_MASK: Final = (1 << _TAG_BITS) - 1
 assert _N_ATTRS <= 1 << _TAG_BITS
+#: The dense form of attrs never set: no value, no source.
+_DENSE_UNSET: Final[tuple[Any, ...]] = (None,) * _N_ATTRS + (-1,) * _N_ATTRS
+#: base64.b64encode without its Python wrapper (the same bytes).
+_b64encode: Final = binascii.b2a_base64
 
 EventRank = tuple[float, int, str, float]
 
@@ -94,31 +101,40 @@ def content_digest(
 
     Two copies with the same dedup key and different digests are conflicting duplicates.
     """
-    attrs = event.attrs
+    # The model's values in one read: every attribute read of a pydantic model goes through its __getattr__
+    # hook, which costs several dict lookups.
+    fields = event.__dict__
+    attrs = fields["attrs"]
     # Every well-known attr (None when unset: unset and null say the same thing) and the custom ones, as two
     # objects: the layout the digest had when attrs was a nested model, so changelog states keep matching.
     known: dict[str, Any] | None = None
     extra: dict[str, Any] | None = None
+    option = 0  # without a custom attr both objects are in key order already: nothing to sort
     if attrs is not None:
-        known = dict(_NO_ATTRS)
-        extra = {}
-        for name, value in attrs.items():
-            if name in known:
-                known[name] = value
-            else:
-                extra[name] = value
+        known = {**_NO_ATTRS, **attrs}
+        if len(known) == _N_KNOWN_ATTRS:
+            extra = _NO_EXTRA
+        else:
+            known = dict(_NO_ATTRS)
+            extra = {}
+            for name, value in attrs.items():
+                if name in known:
+                    known[name] = value
+                else:
+                    extra[name] = value
+            option = _sort
     payload = _dumps(
         [
-            event.ts_ms,
-            event.duration_ms,
-            event.version_id,
-            event.rollout,
-            event.route,
-            event.fallback_level,
+            fields["ts_ms"],
+            fields["duration_ms"],
+            fields["version_id"],
+            fields["rollout"],
+            fields["route"],
+            fields["fallback_level"],
             known,
             extra,
         ],
-        option=_sort,
+        option=option,
     )
     digest = _crc32(payload)
     return (digest - (1 << 32) if digest >= 1 << 31 else digest) or 1
@@ -145,12 +161,23 @@ def state_key(tenant_id: str, request_id: str) -> str:
     return f"{tenant_id}\x00{request_id}"
 
 
-def event_key(event: StageEvent, _blake2b: Any = hashlib.blake2b, _from_bytes: Any = int.from_bytes) -> int:
-    """The compact dedup key of an event: a stable hash of its ``event_id``, 0 when it has none."""
+#: blake2b with an 8-byte digest, unfed: copying it is cheaper than building one with keyword arguments.
+_EVENT_ID_HASH: Final = hashlib.blake2b(digest_size=8)
+_INT64: Final = struct.Struct("<q")
+
+
+def event_key(event: StageEvent, _unpack: Any = _INT64.unpack) -> int:
+    """The compact dedup key of an event: a stable hash of its ``event_id``, 0 when it has none.
+
+    The hash is blake2b with an 8-byte digest of the id in UTF-8, read as a little-endian signed integer
+    (a hash of 0 counts as 1): the changelog states keep these, so the definition never changes."""
     eid = event.event_id
     if eid is None:
         return 0
-    return _from_bytes(_blake2b(eid.encode("utf-8"), digest_size=8).digest(), "little", signed=True) or 1
+    h = _EVENT_ID_HASH.copy()
+    h.update(eid.encode())
+    key: int = _unpack(h.digest())[0]
+    return key or 1
 
 
 _ATTR_RANKS: Final[dict[str, tuple[dict[str, int], int]]] = {
@@ -310,14 +337,15 @@ class PendingRequest:
     def fold_event(self, event: StageEvent, key: int, digest: int = 0, offset: int = -1) -> bool | Conflict:
         """Fold an event in: True when added, False for a duplicate, a :class:`Conflict` when a copy with
         the same dedup key says something else (``digest``: :func:`content_digest`, 0 = unknown)."""
-        stage = event.stage
+        fields = event.__dict__  # the model's values in one read (see content_digest)
+        stage: str = fields["stage"]
         code = STAGE_CODES.get(stage)
         if code is None:
             code = self._code(stage)
-        ts = float(event.ts_ms)
+        ts: float = fields["ts_ms"]  # validated: a float
         # + 0.0 turns -0.0 into 0.0: equal as floats (dedup_key), so they must be equal as bytes too.
-        duration = event.duration_ms
-        dur = 0.0 if duration is None else float(duration) + 0.0
+        duration: float | None = fields["duration_ms"]
+        dur = 0.0 if duration is None else duration + 0.0
         record = _pack(code, ts, dur, key, digest, offset)
         rank: EventRank = (ts, key, stage, dur)
         events = self.events
@@ -337,18 +365,19 @@ class PendingRequest:
         self.events = events + record
         self._account(code, ts, dur)
         self._fold_identity(event, index, code == REQUEST_START, rank)
-        fallback = event.fallback_level
+        fallback = fields["fallback_level"]
         if fallback is not None and fallback > self.fallback:
             self.fallback = fallback
-        if event.attrs is not None:
-            self._fold_attrs(event, index, rank)
+        attrs = fields["attrs"]
+        if attrs is not None:
+            self._fold_attrs(attrs, stage, index, rank)
         return True
 
     def _fold_rest(self, event: StageEvent, index: int, rank: EventRank) -> None:
         if event.fallback_level is not None and event.fallback_level > self.fallback:
             self.fallback = event.fallback_level
         if event.attrs is not None:
-            self._fold_attrs(event, index, rank)
+            self._fold_attrs(event.attrs, event.stage, index, rank)
 
     def _holds(self, record: bytes, by_id: bool) -> int:
         """The index of an accepted event with the dedup key of ``record``, else -1. A byte search (C
@@ -430,61 +459,65 @@ class PendingRequest:
         self.rollout = event.rollout
         self.route = _intern(event.route)
 
-    def _fold_attrs(self, event: StageEvent, index: int, rank: EventRank) -> None:
-        attrs = event.attrs
-        assert attrs is not None
-        sparse = self.attrs or ()
-        new: dict[int, tuple[int, Any]] | None = None
-        stage = event.stage
+    def _fold_attrs(self, attrs: StageAttrs, stage: str, index: int, rank: EventRank) -> None:
+        """Take the well-known ``attrs`` of event ``index`` (of ``stage``, ranked ``rank``) where no better-ranked
+        event set them already."""
+        pairs = list(self.attrs or ())  # (tag, value) pairs in attr-index order
+        changed = False
+        ranked = -1  # the source event whose rank ``old_stage`` and ``old`` hold (a few attrs share one)
+        old_stage, old = "", rank
         for name, value in attrs.items():  # the few attrs the event carries (each is independent)
             i = _ATTR_INDEX.get(name)
             if i is None or value is None:
                 continue
-            for j in range(0, len(sparse), 2):
-                tag = sparse[j]
-                if tag & _TAG_MASK == i:
-                    source = tag >> _TAG_BITS
-                    if source >= 0:
-                        ranks, other = _ATTR_RANKS[name]
-                        old_stage, old = self._rank(source)
-                        if (ranks.get(old_stage, other), old) <= (ranks.get(stage, other), rank):
-                            break
-                    if new is None:
-                        new = {}
-                    new[i] = ((index << _TAG_BITS) | i, value)
+            n = len(pairs)
+            j = 0
+            tag = 0
+            while j < n:  # i's place
+                tag = pairs[j]
+                if tag & _TAG_MASK >= i:
                     break
+                j += 2
+            if j < n and tag & _TAG_MASK == i:
+                source = tag >> _TAG_BITS
+                if source >= 0:
+                    # The event with the better (owner rank, event rank) keeps the attr; on a tie, the holder.
+                    if source != ranked:
+                        ranked = source
+                        old_stage, old = self._rank(source)
+                    ranks, other = _ATTR_RANKS[name]
+                    held_by, offered_by = ranks.get(old_stage, other), ranks.get(stage, other)
+                    if held_by < offered_by or (held_by == offered_by and old <= rank):
+                        continue
+                pairs[j] = (index << _TAG_BITS) | i
+                pairs[j + 1] = value
             else:
-                if new is None:
-                    new = {}
-                new[i] = ((index << _TAG_BITS) | i, value)
-        if new is not None:
-            for j in range(0, len(sparse), 2):
-                i = sparse[j] & _TAG_MASK
-                if i not in new:
-                    new[i] = (sparse[j], sparse[j + 1])
-            merged: list[Any] = []
-            for i in sorted(new):
-                merged += new[i]
-            self.attrs = tuple(merged)
+                pairs.insert(j, value)
+                pairs.insert(j, (index << _TAG_BITS) | i)
+            changed = True
+        if changed:
+            self.attrs = tuple(pairs)
 
     def attr_values(self) -> tuple[Any, ...]:
         """The well-known attr values in ``ATTR_COLUMNS`` order (None when never seen)."""
         values: list[Any] = [None] * _N_ATTRS
         sparse = self.attrs or ()
         for j in range(0, len(sparse), 2):
-            values[sparse[j] & _TAG_MASK] = sparse[j + 1]
+            tag: int = sparse[j]
+            values[tag & _TAG_MASK] = sparse[j + 1]
         return tuple(values)
 
     def _dense_attrs(self) -> list[Any] | None:
         """The changelog form of ``attrs``: the ``ATTR_COLUMNS`` values, then each one's source (-1: none)."""
         if self.attrs is None:
             return None
-        dense: list[Any] = [None] * _N_ATTRS + [-1] * _N_ATTRS
+        dense: list[Any] = list(_DENSE_UNSET)
         sparse = self.attrs
         for j in range(0, len(sparse), 2):
-            tag = sparse[j]
+            tag: int = sparse[j]
             i = tag & _TAG_MASK
-            dense[i], dense[_N_ATTRS + i] = sparse[j + 1], tag >> _TAG_BITS
+            dense[i] = sparse[j + 1]
+            dense[_N_ATTRS + i] = tag >> _TAG_BITS
         return dense
 
     # --- serialising --------------------------------------------------------------------------
@@ -509,7 +542,7 @@ class PendingRequest:
                 self.deadline,
                 self.offset,
                 self.customs,
-                base64.b64encode(self.events).decode("ascii"),
+                _b64encode(self.events, newline=False).decode("ascii"),
                 self._dense_attrs(),
             ]
         )
