@@ -243,6 +243,16 @@ class RequestJoin:
         # Event-record bytes below which one more event (a known stage) passes both per-request bounds.
         by_bytes = (config.max_request_state_bytes - STATE_FIXED_BYTES - 128) * 3 // 4 - 3
         self._fast_events_bytes = min((config.max_events_per_request - 1) * EVENT_RECORD.size, by_bytes)
+        # The bounds read for every event, copied from the (frozen) config: a field of this class is one load,
+        # a settings attribute a lookup through its model.
+        self._grace_ms = config.grace_ms
+        self._request_timeout_ms = config.request_timeout_ms
+        self._forget_after_ms = config.forget_after_ms
+        self._max_step_ms = config.max_watermark_step_ms
+        self._max_lead_ms = config.max_watermark_lead_ms
+        self._max_tenant_lag_ms = config.max_tenant_lag_ms
+        self._max_open = config.max_open_requests
+        self._max_open_per_tenant = config.max_open_requests_per_tenant
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -275,7 +285,7 @@ class RequestJoin:
         return 0.0 if part is None or clock is None else self._effective(part, clock)
 
     def _effective(self, part: _Partition, clock: _TenantClock) -> float:
-        return max(clock.watermark, part.lead - self.config.max_tenant_lag_ms)
+        return max(clock.watermark, part.lead - self._max_tenant_lag_ms)
 
     def get(self, request_id: str, tenant_id: str | None = None) -> PendingRequest | None:
         """The state of a request held in memory (of ``tenant_id``; without one, of any tenant: for tests)."""
@@ -302,8 +312,9 @@ class RequestJoin:
         """Fold one event; returns records due now (late re-emissions, amendments, evictions) and
         tenant mismatches. ``offset`` (the source offset, optional) lets a replay after a crash be told
         from a genuine duplicate: replayed events change nothing."""
-        tenant = event.tenant_id
-        pending = self._requests.get(f"{tenant}\x00{event.request_id}")  # state_key, inlined (hot path)
+        fields = event.__dict__  # the model's values in one read (see join_state.content_digest)
+        tenant: str = fields["tenant_id"]
+        pending = self._requests.get(f"{tenant}\x00{fields['request_id']}")  # state_key, inlined (hot path)
         if pending is not None and pending.partition != partition:
             partition = pending.partition  # the key is the request id, so only a misrouted event lands here
         part = self._partitions.get(partition)
@@ -319,8 +330,8 @@ class RequestJoin:
         if offset is not None and pending.offset is not None and offset <= pending.offset:
             self.counters.replayed += 1
             return []
-        duration = event.duration_ms
-        end = event.ts_ms + (duration or 0.0)
+        duration: float | None = fields["duration_ms"]
+        end: float = fields["ts_ms"] + (duration or 0.0)
         if pending.customs or len(pending.events) >= self._fast_events_bytes:  # not surely under the caps
             refusal = self._over_cap(pending, event)
             if refusal is not None:
@@ -382,11 +393,13 @@ class RequestJoin:
         offset: int | None,
         now_wall_ms: float,
     ) -> list[JoinOutput]:
-        end = event.ts_ms + (event.duration_ms or 0.0)
+        fields = event.__dict__  # the model's values in one read (see join_state.content_digest)
+        request_id: str = fields["request_id"]
+        end: float = fields["ts_ms"] + (fields["duration_ms"] or 0.0)
         wm = self._effective(part, clock)
-        if wm > 0.0 and end < wm - self.config.forget_after_ms:
+        if wm > 0.0 and end < wm - self._forget_after_ms:
             # A late event of a request already forgotten: the writer merges this into the stored record.
-            lone = PendingRequest(event.request_id, event.tenant_id, partition, wm)
+            lone = PendingRequest(request_id, fields["tenant_id"], partition, wm)
             lone.fold(event, event_key(event), content_digest(event), _offset(offset))
             lone.late = 1
             self.counters.late_events += 1
@@ -394,13 +407,12 @@ class RequestJoin:
             record = build_record(lone, self.config, self.window_ms)
             record["amend"] = True
             return [record]
-        pending = PendingRequest(event.request_id, event.tenant_id, partition, wm)
+        pending = PendingRequest(request_id, fields["tenant_id"], partition, wm)
         pending.fold(event, event_key(event), content_digest(event), _offset(offset))
         pending.offset = offset
         self._requests[pending.key] = pending
         self._count_open(pending.tenant, +1)
         self._dirty[pending.key] = partition
-        end = event.ts_ms + (event.duration_ms or 0.0)
         if end > clock.watermark:
             self._raise(part, clock, end, now_wall_ms)
         self._schedule(clock, pending)
@@ -479,7 +491,7 @@ class RequestJoin:
     def _release_tenant(self, partition: int, clock: _TenantClock, watermark: float) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         heap = clock.deadlines
-        forget_after = self.config.forget_after_ms
+        forget_after = self._forget_after_ms
         while heap and heap[0][0] <= watermark:
             deadline, key = heapq.heappop(heap)
             pending = self._requests.get(key)
@@ -516,15 +528,14 @@ class RequestJoin:
 
     def _schedule(self, clock: _TenantClock, pending: PendingRequest) -> None:
         # _deadline and _natural_due, inlined (once per event); the same values.
-        cfg = self.config
         first_token = pending.first_token
         if first_token is not None:
-            natural = max(first_token, pending.max_end) + cfg.grace_ms
+            natural = max(first_token, pending.max_end) + self._grace_ms
         elif pending.customs is not None and LLM_UNMEASURED in pending.customs:
-            natural = pending.max_end + cfg.grace_ms
+            natural = pending.max_end + self._grace_ms
         else:
-            natural = (pending.start if pending.start is not None else pending.min_ts) + cfg.request_timeout_ms
-        deadline = max(min(natural, pending.first_ts + cfg.request_timeout_ms), pending.first_wm + cfg.grace_ms)
+            natural = (pending.start if pending.start is not None else pending.min_ts) + self._request_timeout_ms
+        deadline = max(min(natural, pending.first_ts + self._request_timeout_ms), pending.first_wm + self._grace_ms)
         if deadline != pending.deadline:
             pending.deadline = deadline
             heapq.heappush(clock.deadlines, (deadline, pending.key))
@@ -540,13 +551,12 @@ class RequestJoin:
         * never more than ``max_watermark_step_ms`` in one event (a replay far behind the clock), except
           for the tenant's first event on the partition, which sets it.
         """
-        cfg = self.config
-        if clock.watermark > 0.0 and end - clock.watermark > cfg.max_watermark_step_ms:
+        if clock.watermark > 0.0 and end - clock.watermark > self._max_step_ms:
             self.counters.caps["watermark_step"] += 1
-            end = clock.watermark + cfg.max_watermark_step_ms
-        if now_wall_ms >= MIN_TS_MS and end > now_wall_ms + cfg.max_watermark_lead_ms:
+            end = clock.watermark + self._max_step_ms
+        if now_wall_ms >= MIN_TS_MS and end > now_wall_ms + self._max_lead_ms:
             self.counters.caps["watermark_lead"] += 1
-            end = max(clock.watermark, now_wall_ms + cfg.max_watermark_lead_ms)
+            end = max(clock.watermark, now_wall_ms + self._max_lead_ms)
         clock.watermark = end
         clock.idle_base = end
         part.lead = max(part.lead, end)
@@ -574,12 +584,11 @@ class RequestJoin:
     def _enforce_open_caps(self, tenant: str) -> list[JoinOutput]:
         """Evict for the caps: the tenant's own oldest past its per-tenant cap; past the global cap, the
         oldest request of the tenant holding the most (so one tenant's flood evicts its own requests)."""
-        cfg = self.config
         outputs: list[JoinOutput] = []
-        while self._open_by.get(tenant, 0) > cfg.max_open_requests_per_tenant:
+        while self._open_by.get(tenant, 0) > self._max_open_per_tenant:
             self.counters.caps["open_requests_per_tenant"] += 1
             outputs.append(self._evict_oldest(tenant))
-        while self._open > cfg.max_open_requests:
+        while self._open > self._max_open:
             outputs.append(self._evict_oldest(max(self._open_by, key=self._open_by.__getitem__)))
         return outputs
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from schemas.records import ATTR_COLUMNS, STAGE_COLUMNS, RecallMode, RequestStatus, record_version
 from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED, PARENT_STAGES, REQUIRED_STAGES
-from streams.core.join_state import EVENT_RECORD, FIRST_CUSTOM_CODE, PendingRequest
+from streams.core.join_state import EVENT_RECORD, PendingRequest
 from streams.settings import JoinConfig
 
 _SPAN_STAGES = frozenset(column.removesuffix("_ms") for column in STAGE_COLUMNS)
@@ -97,11 +97,10 @@ def build_record(
     """The request record of ``pending`` as it stands (``status_override``: an eviction's verdict)."""
     # A fixed summation order makes the floats identical whatever order the events arrived in: by
     # (ts, key, stage, duration), the rows themselves (pending.iter_events, reordered, and sorted as is).
-    customs = pending.customs or ()
-    events = sorted(
-        (ts, key, KNOWN_STAGES[code] if code < FIRST_CUSTOM_CODE else customs[code - FIRST_CUSTOM_CODE], dur)
-        for code, ts, dur, key, _, _ in EVENT_RECORD.iter_unpack(pending.events)
-    )
+    # A stage code indexes the known stages, then the request's custom names (join_state.FIRST_CUSTOM_CODE).
+    names = KNOWN_STAGES + pending.customs if pending.customs else KNOWN_STAGES
+    events = [(ts, key, names[code], dur) for code, ts, dur, key, _, _ in EVENT_RECORD.iter_unpack(pending.events)]
+    events.sort()
     spans: dict[str, float] = {}
     counts: dict[str, int] = {}
     recalls: dict[str, list[tuple[float, float]]] = {"vector_recall": [], "bm25_recall": []}
@@ -113,7 +112,8 @@ def build_record(
         if stage in recalls:
             recalls[stage].append((ts, dur))
     start, first_token = pending.start, pending.first_token
-    missing = sorted_missing(s for s in required_stages(config, pending.route) if s not in counts)
+    absent = [s for s in required_stages(config, pending.route) if s not in counts]
+    missing = sorted_missing(absent) if absent else absent
     unmeasured = spans.get(LLM_UNMEASURED)
     status = status_override or status_of(start is not None, first_token is not None, missing, unmeasured is not None)
     ttft = first_token - start if start is not None and first_token is not None else None
@@ -136,10 +136,15 @@ def build_record(
         record[column] = spans.get(stage)
     record["other_ms"] = other_ms(ttft, spans)
     record["llm_unmeasured_ms"] = unmeasured
-    record["custom_stages"] = {s: spans[s] for s in sorted(spans) if s not in _KNOWN and s != LLM_UNMEASURED}
-    record["stage_repeats"] = {s: n - 1 for s, n in sorted(counts.items()) if n > 1}
+    # Both maps are in name order; most requests have neither custom stages nor repeats (nothing to sort).
+    custom = [s for s in spans if s not in _KNOWN and s != LLM_UNMEASURED]
+    record["custom_stages"] = {s: spans[s] for s in sorted(custom)} if custom else {}
+    repeated = [(s, n - 1) for s, n in counts.items() if n > 1]
+    record["stage_repeats"] = dict(sorted(repeated)) if repeated else {}
     record["recall_mode"] = recall_mode(recalls["vector_recall"], recalls["bm25_recall"])
-    record.update(zip(ATTR_COLUMNS, pending.attr_values(), strict=True))
+    attr_values = pending.attr_values()
+    for i, column in enumerate(ATTR_COLUMNS):
+        record[column] = attr_values[i]
     record["duplicate_events"] = pending.duplicates
     record["late_events"] = pending.late
     record["event_count"] = len(events)
