@@ -15,7 +15,7 @@ that do not even parse), or several tenants at once, pass the share, or when mor
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -26,7 +26,13 @@ class DeadLetterGuard:
     window: int
     share: float
     max_quarantined: int = 10
-    _seen: deque[tuple[bool, str | None]] = field(default_factory=deque)
+    # The window as a ring of ``_count`` slots (at most ``window``), one per message: whether it was dead and
+    # its tenant. Once full, ``_next`` is the oldest slot, which the next message takes (no allocation per
+    # message, as a deque of pairs would have).
+    _deads: list[bool] = field(default_factory=list)
+    _tenants: list[str | None] = field(default_factory=list)
+    _count: int = 0
+    _next: int = 0
     _dead: int = 0
     _dead_by_tenant: Counter[str] = field(default_factory=Counter)
     tripped: bool = False
@@ -40,22 +46,31 @@ class DeadLetterGuard:
         if tenant is not None and tenant in self.quarantined:
             return self.tripped
         self._push(dead, tenant)
-        if len(self._seen) >= self.window and self._dead > self.share * self.window:
+        if self._count >= self.window and self._dead > self.share * self.window:
             self._judge()
         return self.tripped
 
     def _push(self, dead: bool, tenant: str | None) -> None:
-        self._seen.append((dead, tenant))
+        if self.window < 1:
+            return  # a window of nothing: no message is kept
         if dead:
             self._dead += 1
             if tenant is not None:
                 self._dead_by_tenant[tenant] += 1
-        if len(self._seen) > self.window:
-            old_dead, old_tenant = self._seen.popleft()
-            if old_dead:
-                self._dead -= 1
-                if old_tenant is not None:
-                    self._dead_by_tenant[old_tenant] -= 1
+        if self._count < self.window:
+            self._deads.append(dead)
+            self._tenants.append(tenant)
+            self._count += 1
+            return
+        at = self._next
+        if self._deads[at]:  # the oldest message leaves the window
+            self._dead -= 1
+            old_tenant = self._tenants[at]
+            if old_tenant is not None:
+                self._dead_by_tenant[old_tenant] -= 1
+        self._deads[at] = dead
+        self._tenants[at] = tenant
+        self._next = at + 1 if at + 1 < self.window else 0
 
     def _judge(self) -> None:
         """Quarantine the one tenant behind the excess, or trip the global halt."""
@@ -66,14 +81,17 @@ class DeadLetterGuard:
             return
         self.quarantined[worst] = None
         self.newly_quarantined.append(worst)
-        kept = [(d, t) for d, t in self._seen if t != worst]
-        self._seen = deque(kept)
-        self._dead = sum(d for d, _ in kept)
+        oldest_first = [*range(self._next, self._count), *range(self._next)]
+        kept = [i for i in oldest_first if self._tenants[i] != worst]
+        self._deads = [self._deads[i] for i in kept]
+        self._tenants = [self._tenants[i] for i in kept]
+        self._count, self._next = len(kept), 0
+        self._dead = sum(self._deads)
         del self._dead_by_tenant[worst]
 
     @property
     def dead_share(self) -> float:
-        return self._dead / len(self._seen) if self._seen else 0.0
+        return self._dead / self._count if self._count else 0.0
 
     @property
     def dead_letters(self) -> int:

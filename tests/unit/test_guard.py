@@ -1,3 +1,8 @@
+from collections import Counter, deque
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from streams.core.guard import DeadLetterGuard
 
 
@@ -67,3 +72,62 @@ def test_too_many_quarantined_tenants_halt() -> None:
         for _ in range(4):
             guard.observe(True, tenant)
     assert list(guard.quarantined) == ["t1", "t2"] and guard.tripped
+
+
+# --- the window as a ring gives what the first implementation (a deque of pairs) gave -------------
+
+
+class DequeGuard:
+    """The guard as first written: a deque of (dead, tenant) pairs (the reference)."""
+
+    def __init__(self, window: int, share: float, max_quarantined: int = 10) -> None:
+        self.window, self.share, self.max_quarantined = window, share, max_quarantined
+        self.seen: deque[tuple[bool, str | None]] = deque()
+        self.dead = 0
+        self.dead_by_tenant: Counter[str] = Counter()
+        self.tripped = False
+        self.quarantined: dict[str, None] = {}
+
+    def observe(self, dead: bool, tenant: str | None) -> bool:
+        if tenant is not None and tenant in self.quarantined:
+            return self.tripped
+        self.seen.append((dead, tenant))
+        if dead:
+            self.dead += 1
+            if tenant is not None:
+                self.dead_by_tenant[tenant] += 1
+        if len(self.seen) > self.window:
+            old_dead, old_tenant = self.seen.popleft()
+            if old_dead:
+                self.dead -= 1
+                if old_tenant is not None:
+                    self.dead_by_tenant[old_tenant] -= 1
+        if len(self.seen) >= self.window and self.dead > self.share * self.window:
+            worst, count = self.dead_by_tenant.most_common(1)[0] if self.dead_by_tenant else (None, 0)
+            alone = worst is not None and self.dead - count <= self.share * self.window
+            if not alone or worst is None or len(self.quarantined) >= self.max_quarantined:
+                self.tripped = True
+            else:
+                self.quarantined[worst] = None
+                self.seen = deque((d, t) for d, t in self.seen if t != worst)
+                self.dead = sum(d for d, _ in self.seen)
+                del self.dead_by_tenant[worst]
+        return self.tripped
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.sampled_from([0.25, 0.5, 0.9]),
+    st.integers(0, 3),
+    st.lists(st.tuples(st.booleans(), st.sampled_from([None, "a", "b", "c", "d"])), max_size=80),
+)
+def test_the_ring_window_judges_as_the_deque_of_pairs_did(
+    window: int, share: float, max_quarantined: int, messages: list[tuple[bool, str | None]]
+) -> None:
+    guard, reference = DeadLetterGuard(window, share, max_quarantined), DequeGuard(window, share, max_quarantined)
+    for dead, tenant in messages:
+        assert guard.observe(dead, tenant) == reference.observe(dead, tenant)
+        assert list(guard.quarantined) == list(reference.quarantined) == guard.newly_quarantined
+        assert guard.dead_letters == reference.dead
+        assert guard.dead_share == (reference.dead / len(reference.seen) if reference.seen else 0.0)
