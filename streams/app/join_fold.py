@@ -153,29 +153,29 @@ class JoinFold(KeyedStateFold):
     def _fold(self, records: Sequence[ConsumerRecord[Any, Any]], now: float, emit: Emit) -> None:
         """Decode and fold one partition's records in order (names bound once)."""
         caps = self.settings.caps
-        guard, add, decode = self.guard, self.core.add, decode_stage_event
+        guard, observe, add, decode = self.guard, self.guard.observe, self.core.add, decode_stage_event
         for record in records:
-            p = record.partition
-            append_time = record.timestamp if record.timestamp_type == 1 else None  # LogAppendTime: the broker's
+            p, offset, timestamp = record.partition, record.offset, record.timestamp
+            append_time = timestamp if record.timestamp_type == 1 else None  # LogAppendTime: the broker's
             decoded = decode(
                 record.value,
                 record.key,
                 record.topic,
                 p,
-                record.offset,
-                record.timestamp,
+                offset,
+                timestamp,
                 caps,
                 now,
                 append_time_ms=append_time,
             )
-            if guard.observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
+            if observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
                 self._halt(decoded, record)
             if guard.newly_quarantined:
                 report_quarantines(self.settings, guard, self.metrics)
             if isinstance(decoded, DeadLetter):
                 self._add_dead_letter(emit, p, decoded)
                 continue
-            for out in add(decoded, p, now, offset=record.offset):
+            for out in add(decoded, p, now, offset):
                 if isinstance(out, dict):
                     self._add_record(emit, p, out)
                 else:

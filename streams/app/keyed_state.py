@@ -54,8 +54,12 @@ class KeyedStateFold:
     def take_dirty(self) -> Outputs:
         """One changelog write per key touched since the last call, on its partition."""
         state: Outputs = defaultdict(list)
+        by_partition: dict[int, list[tuple[bytes | None, bytes | None]]] = {}  # state's lists, by partition
         for key, (partition, packed) in self.core.dirty().items():
-            state[(self.changelog, partition)].append((key.encode(), packed))
+            writes = by_partition.get(partition)
+            if writes is None:
+                writes = by_partition[partition] = state[(self.changelog, partition)]
+            writes.append((key.encode(), packed))
         return state
 
     async def restore(self, partitions: list[TopicPartition]) -> None:
