@@ -12,6 +12,7 @@ import json
 import shutil
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,24 @@ from typing import Any
 from streams.demo.processes import ChildProcess, ProcessSet, free_port, wait_http_ok
 
 ALERTMANAGER_BINARY = "prometheus-alertmanager"
+#: Alertmanager's API v2 endpoint the writer posts alerts to (streams/alerting/alertmanager.py).
+API_ALERTS_PATH = "/api/v2/alerts"
+
+
+def notification_of_api_alerts(alerts: list[Any], now: datetime) -> dict[str, Any]:
+    """API v2 alert objects as one webhook notification: firing until ``endsAt``, resolved from then on;
+    each marked ``direct`` (no Alertmanager delivered it)."""
+    out = []
+    for alert in alerts:
+        if not isinstance(alert, dict):
+            continue
+        try:
+            ends = datetime.fromisoformat(str(alert.get("endsAt", "")).replace("Z", "+00:00"))
+        except ValueError:
+            ends = None
+        status = "resolved" if ends is not None and ends <= now else "firing"
+        out.append({**alert, "status": status, "direct": True})
+    return {"receiver": "demo-direct", "status": "firing", "alerts": out}
 
 
 def find_alertmanager() -> str | None:
@@ -29,7 +48,13 @@ def find_alertmanager() -> str | None:
 
 
 class WebhookRecorder:
-    """An HTTP server keeping every JSON notification Alertmanager posts; ``on_alert`` sees each alert."""
+    """An HTTP server keeping every JSON notification Alertmanager posts; ``on_alert`` sees each alert.
+
+    Without Alertmanager (not installed, or ``--no-alertmanager``) the writer is pointed at :attr:`api_url`
+    instead: the recorder then also takes Alertmanager's own API, ``POST /api/v2/alerts``, and keeps each
+    alert as a one-alert notification (``status`` firing, or resolved once ``endsAt`` has passed), so the
+    demo's alerts still reach its webhook, without Alertmanager's grouping, routing or silences.
+    """
 
     def __init__(self, on_alert: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.payloads: list[dict[str, Any]] = []
@@ -43,7 +68,10 @@ class WebhookRecorder:
                     payload = json.loads(body or b"{}")
                 except ValueError:
                     payload = {}
-                recorder._record(payload if isinstance(payload, dict) else {})
+                if self.path.rstrip("/") == API_ALERTS_PATH and isinstance(payload, list):
+                    recorder._record(notification_of_api_alerts(payload, datetime.now(UTC)))
+                else:
+                    recorder._record(payload if isinstance(payload, dict) else {})
                 self.send_response(200)
                 self.end_headers()
 
@@ -52,7 +80,8 @@ class WebhookRecorder:
 
         self._on_alert = on_alert
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+        self.api_url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.url = f"{self.api_url}/hook"
         self._thread = threading.Thread(target=self._server.serve_forever, name="demo-webhook", daemon=True)
         self._thread.start()
 

@@ -133,6 +133,8 @@ class DemoRun:
         self.processes = ProcessSet(self.home / "logs")
         self.broker = LocalBroker(self.home / "kafka", port=free_port())
         self.webhook: WebhookRecorder | None = None
+        #: No Alertmanager: the writer posts alerts straight to the webhook receiver.
+        self.alerts_direct = False
         self.view: DemoView | None = None
         self.env: dict[str, str] = {}
         self.settings: Settings | None = None
@@ -147,15 +149,18 @@ class DemoRun:
         with self.say.step("starting Kafka"):
             started = self.broker.start(timeout_s=120.0)
         self.say(f"kafka ready at {self.broker.bootstrap} in {started:.1f} s")
-        am_url: str | None = None
         binary = find_alertmanager() if self.options.alertmanager else None
+        self.webhook = WebhookRecorder(on_alert=self._on_webhook_alert)
         if binary is not None:
-            self.webhook = WebhookRecorder(on_alert=self._on_webhook_alert)
             with self.say.step("starting Alertmanager"):
                 _, am_url = start_alertmanager(self.processes, self.home / "alertmanager", self.webhook.url, binary)
             self.say(f"alertmanager ready at {am_url} (webhook receiver {self.webhook.url})")
-        elif self.options.alertmanager:
-            self.say("alertmanager not installed (deploy/alertmanager/install.sh): alerts go to the store only")
+        else:
+            # The writer posts to the webhook receiver as it would to Alertmanager: the story still pages.
+            am_url = self.webhook.api_url
+            self.alerts_direct = True
+            why = "not installed (deploy/alertmanager/install.sh)" if self.options.alertmanager else "off"
+            self.say(f"alertmanager {why}: alerts go straight to the demo's own webhook receiver {self.webhook.url}")
         self.env = demo_env(self.home, self.broker.bootstrap, am_url)
         self.settings = settings_for(self.env)
         with self.say.step("starting the writer (applies migrations) and the join worker"):
@@ -258,7 +263,7 @@ class DemoRun:
 
             with environment(self.env):
                 client = make_client(self.settings)
-            return collect_results(
+            results = collect_results(
                 client,
                 self.settings,
                 plan,
@@ -268,6 +273,8 @@ class DemoRun:
                 otel_tenant=OTEL_TENANT if self.options.otel else None,
                 otlp_spans=self.otlp_spans,
             )
+        results.paged_directly = self.alerts_direct
+        return results
 
     def _start_generator(self, plan: DemoPlan, now_ms: float, origin: float) -> ChildProcess:
         """The SDK-instrumented generator of :data:`OTEL_TENANT`'s traces (:mod:`streams.demo.otel_traffic`)."""
@@ -306,7 +313,7 @@ class DemoRun:
 
 
 def _paged(webhook: WebhookRecorder | None) -> list[str]:
-    """``alertname labels`` of every firing alert Alertmanager delivered to the webhook."""
+    """``alertname labels`` of every firing alert delivered to the webhook (by Alertmanager, or directly)."""
     if webhook is None:
         return []
     return sorted(

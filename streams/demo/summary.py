@@ -73,6 +73,8 @@ class DemoResults:
     report_dir: Path
     verdict: str
     silent_windows: int = 0
+    #: No Alertmanager ran: the writer posted ``paged`` straight to the demo's webhook receiver.
+    paged_directly: bool = False
     tenants: list[TenantRow] | None = None
     otel_tenant: str | None = None
     #: ``--otel``: the join's ``ttft_otlp_spans_total`` by outcome (stage, not_stage, dead_letter, replayed).
@@ -305,7 +307,10 @@ def render_results(console: Console, results: DemoResults) -> None:
     if results.paged:
         by_name = Counter(entry.split(" ", 1)[0] for entry in results.paged)
         names = ", ".join(f"{name} x{count}" if count > 1 else name for name, count in sorted(by_name.items()))
-        say(f"alertmanager paged {len(results.paged)} firing alert(s) to the demo's webhook: {names}")
+        if results.paged_directly:
+            say(f"no Alertmanager: {len(results.paged)} firing alert(s) went straight to the demo's webhook: {names}")
+        else:
+            say(f"alertmanager paged {len(results.paged)} firing alert(s) to the demo's webhook: {names}")
     if results.tenants:
         console.print(_tenant_table(results.tenants))
         for row in results.tenants:

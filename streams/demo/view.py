@@ -94,7 +94,8 @@ class DemoView:
             if key in self.paged:
                 return
             self.paged.add(key)
-            self._pending_lines.append(f"alertmanager paged: {key[0]} {key[1]}")
+            who = "paged (no Alertmanager)" if alert.get("direct") else "alertmanager paged"
+            self._pending_lines.append(f"{who}: {key[0]} {key[1]}")
 
     # --- refresh --------------------------------------------------------------------------------
 
