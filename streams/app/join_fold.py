@@ -25,6 +25,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
+from schemas.events import StageEvent
 from streams.app.join_guard import halt_alert, report_quarantines
 from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics, sync_counter
@@ -168,11 +169,13 @@ class JoinFold(KeyedStateFold):
                 now,
                 append_time_ms=append_time,
             )
-            if observe(isinstance(decoded, DeadLetter), decoded.tenant_id):
+            # Exact-type checks: decode returns a StageEvent or a DeadLetter, and isinstance answers "no" for a
+            # pydantic model class only through ABCMeta's subclass check.
+            if observe(type(decoded) is DeadLetter, decoded.tenant_id):
                 self._halt(decoded, record)
             if guard.newly_quarantined:
                 report_quarantines(self.settings, guard, self.metrics)
-            if isinstance(decoded, DeadLetter):
+            if not isinstance(decoded, StageEvent):
                 self._add_dead_letter(emit, p, decoded)
                 continue
             for out in add(decoded, p, now, offset):

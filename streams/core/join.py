@@ -41,8 +41,8 @@ from streams.core.join_state import (
     STATE_FIXED_BYTES,
     Conflict,
     PendingRequest,
-    content_digest,
-    event_key,
+    event_id_key,
+    fields_digest,
     state_key,
 )
 from streams.settings import CapsConfig, JoinConfig
@@ -339,7 +339,8 @@ class RequestJoin:
                     self._raise(part, clock, end, now_wall_ms)
                 return [refusal]
         started_at = pending.start if pending.start is not None else pending.min_ts
-        folded = pending.fold_event(event, event_key(event), content_digest(event), -1 if offset is None else offset)
+        key, digest = event_id_key(fields["event_id"]), fields_digest(fields)
+        folded = pending.fold_event(event, key, digest, -1 if offset is None else offset)
         if offset is not None:
             pending.offset = offset
         self._dirty[pending.key] = pending.partition
@@ -400,7 +401,7 @@ class RequestJoin:
         if wm > 0.0 and end < wm - self._forget_after_ms:
             # A late event of a request already forgotten: the writer merges this into the stored record.
             lone = PendingRequest(request_id, fields["tenant_id"], partition, wm)
-            lone.fold(event, event_key(event), content_digest(event), _offset(offset))
+            lone.fold(event, event_id_key(fields["event_id"]), fields_digest(fields), _offset(offset))
             lone.late = 1
             self.counters.late_events += 1
             self.counters.amendments += 1
@@ -408,7 +409,7 @@ class RequestJoin:
             record["amend"] = True
             return [record]
         pending = PendingRequest(request_id, fields["tenant_id"], partition, wm)
-        pending.fold(event, event_key(event), content_digest(event), _offset(offset))
+        pending.fold(event, event_id_key(fields["event_id"]), fields_digest(fields), _offset(offset))
         pending.offset = offset
         self._requests[pending.key] = pending
         self._count_open(pending.tenant, +1)

@@ -94,16 +94,20 @@ _b64encode: Final = binascii.b2a_base64
 EventRank = tuple[float, int, str, float]
 
 
-def content_digest(
-    event: StageEvent, _dumps: Any = orjson.dumps, _crc32: Any = zlib.crc32, _sort: int = orjson.OPT_SORT_KEYS
-) -> int:
+def content_digest(event: StageEvent) -> int:
     """A stable 32-bit digest of what an event says beyond its dedup identity (never 0).
 
     Two copies with the same dedup key and different digests are conflicting duplicates.
     """
     # The model's values in one read: every attribute read of a pydantic model goes through its __getattr__
     # hook, which costs several dict lookups.
-    fields = event.__dict__
+    return fields_digest(event.__dict__)
+
+
+def fields_digest(
+    fields: dict[str, Any], _dumps: Any = orjson.dumps, _crc32: Any = zlib.crc32, _sort: int = orjson.OPT_SORT_KEYS
+) -> int:
+    """:func:`content_digest` of the event whose field values (its ``__dict__``) are ``fields``."""
     attrs = fields["attrs"]
     # Every well-known attr (None when unset: unset and null say the same thing) and the custom ones, as two
     # objects: the layout the digest had when attrs was a nested model, so changelog states keep matching.
@@ -166,12 +170,16 @@ _EVENT_ID_HASH: Final = hashlib.blake2b(digest_size=8)
 _INT64: Final = struct.Struct("<q")
 
 
-def event_key(event: StageEvent, _unpack: Any = _INT64.unpack) -> int:
-    """The compact dedup key of an event: a stable hash of its ``event_id``, 0 when it has none.
+def event_key(event: StageEvent) -> int:
+    """The compact dedup key of an event: a stable hash of its ``event_id``, 0 when it has none."""
+    return event_id_key(event.event_id)
+
+
+def event_id_key(eid: str | None, _unpack: Any = _INT64.unpack) -> int:
+    """:func:`event_key` of an event whose ``event_id`` is ``eid``.
 
     The hash is blake2b with an 8-byte digest of the id in UTF-8, read as a little-endian signed integer
     (a hash of 0 counts as 1): the changelog states keep these, so the definition never changes."""
-    eid = event.event_id
     if eid is None:
         return 0
     h = _EVENT_ID_HASH.copy()
