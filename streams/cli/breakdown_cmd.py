@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import time
-
 import click
 import orjson
 from rich.console import Console
 
 from streams.cli.conventions import model_version, model_version_option
+from streams.cli.span_reader import open_span
 from streams.settings import load_settings
-from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
-from streams.store.live import reader_client
 from streams.views.breakdown import compute_breakdown, render_breakdown
-from streams.views.reads import store_span, table_exists, tenants_in_span
-from streams.views.span import SpanError
+from streams.views.reads import tenants_in_span
 
 SPAN_HELP = (
     "a duration (1h, 30m, 1h30m) counted back from the end of the newest stored window (see --anchor), "
@@ -48,26 +44,7 @@ def breakdown(
     """Where TTFT goes, per stage, and which stage to cut first."""
     version = model_version(version, old_version)
     settings = load_settings()
-    try:
-        client = reader_client(settings)
-    except (StoreConfigError, StoreUnavailable) as exc:
-        raise click.ClickException(str(exc)) from None
-    database = check_identifier(settings.clickhouse_database)
-    if not table_exists(client, database, "stage_windows"):
-        raise click.ClickException(f"no stage_windows table in {database}: run 'ttft db migrate' first")
-    try:
-        span = store_span(
-            client,
-            database,
-            since,
-            until,
-            window_ms=settings.windows.window_s * 1000,
-            now_ms=time.time() * 1000.0,
-            tenant=tenant,
-            anchor="now" if anchor == "now" else "data",
-        )
-    except SpanError as exc:
-        raise click.BadParameter(str(exc)) from None
+    client, database, span = open_span(settings, "stage_windows", since, until, anchor, tenant)
     tenants = [tenant] if tenant is not None else tenants_in_span(client, database, span)
     if not tenants:
         raise click.ClickException("no stage windows in the span (has the worker closed any window yet?)")

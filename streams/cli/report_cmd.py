@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import click
@@ -19,12 +18,10 @@ from rich.progress import (
 
 from streams.cli.breakdown_cmd import SPAN_HELP
 from streams.cli.conventions import echo_json, json_option
+from streams.cli.span_reader import open_span
 from streams.settings import load_settings
-from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
-from streams.store.live import reader_client
-from streams.views.reads import store_span, table_exists, tenants_in_span
+from streams.views.reads import tenants_in_span
 from streams.views.report import build_report, report_steps
-from streams.views.span import SpanError
 
 
 @click.command()
@@ -49,25 +46,7 @@ from streams.views.span import SpanError
 def report(since: str, until: str | None, anchor: str, out_dir: Path, tenants: tuple[str, ...], as_json: bool) -> None:
     """Write a TTFT report: verdict, P95 over time, breakdown, tail, canary, alerts, completeness."""
     settings = load_settings()
-    try:
-        client = reader_client(settings)
-    except (StoreConfigError, StoreUnavailable) as exc:
-        raise click.ClickException(str(exc)) from None
-    database = check_identifier(settings.clickhouse_database)
-    if not table_exists(client, database, "stage_windows"):
-        raise click.ClickException(f"no stage_windows table in {database}: run 'ttft db migrate' first")
-    try:
-        span = store_span(
-            client,
-            database,
-            since,
-            until,
-            window_ms=settings.windows.window_s * 1000,
-            now_ms=time.time() * 1000.0,
-            anchor="now" if anchor == "now" else "data",
-        )
-    except SpanError as exc:
-        raise click.BadParameter(str(exc)) from None
+    client, database, span = open_span(settings, "stage_windows", since, until, anchor)
     names = list(tenants) or tenants_in_span(client, database, span)
     if not names:
         raise click.ClickException("no stage windows in the span (has the worker closed any window yet?)")

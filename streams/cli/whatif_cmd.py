@@ -6,7 +6,6 @@ levers in that order); click groups an option's repeats, so the order is read fr
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ from rich.console import Console
 
 from streams.cli.breakdown_cmd import SPAN_HELP
 from streams.cli.conventions import model_version, model_version_option
+from streams.cli.span_reader import open_span
 from streams.core.whatif import (
     DEFAULT_MIN_DONORS,
     DEFAULT_RESAMPLES,
@@ -36,10 +36,7 @@ from streams.core.whatif_levers import (
 )
 from streams.core.whatif_rank import rank_stages
 from streams.settings import load_settings
-from streams.store.client import StoreConfigError, StoreUnavailable, check_identifier
-from streams.store.live import reader_client
-from streams.views.reads import request_columns, store_span, table_exists
-from streams.views.span import SpanError
+from streams.views.reads import request_columns
 from streams.views.whatif import Scope, render_rank, render_whatif
 
 _ORDER_KEY = "ttft.whatif.lever_order"
@@ -159,26 +156,7 @@ def whatif(
             "or --rank"
         )
     settings = load_settings()
-    try:
-        client = reader_client(settings)
-    except (StoreConfigError, StoreUnavailable) as exc:
-        raise click.ClickException(str(exc)) from None
-    database = check_identifier(settings.clickhouse_database)
-    if not table_exists(client, database, "requests"):
-        raise click.ClickException(f"no requests table in {database}: run 'ttft db migrate' first")
-    try:
-        span = store_span(
-            client,
-            database,
-            since,
-            until,
-            window_ms=settings.windows.window_s * 1000,
-            now_ms=time.time() * 1000.0,
-            tenant=tenant,
-            anchor="now" if anchor == "now" else "data",
-        )
-    except SpanError as exc:
-        raise click.BadParameter(str(exc)) from None
+    client, database, span = open_span(settings, "requests", since, until, anchor, tenant)
     columns = request_columns(client, database, span, tenant, version, route)
     scope = Scope(tenant, version, route, span)
     try:
