@@ -84,6 +84,11 @@ class RequestRecord(BaseModel):
     duplicate_events: int = 0
     late_events: int = 0
     event_count: int = Field(description="Distinct events folded into this record.")
+    event_keys: list[int] = Field(
+        default_factory=list,
+        description="The events counted, one signed 64-bit identity each (stage and dedup key hashed), in order: "
+        "a late amendment tells a retry (summed) from a replay. Empty on rows written before the field.",
+    )
     record_version: int = Field(description="Higher wins in the store: more events, then a better status.")
     amend: bool = Field(False, description="True when this record only carries late events to merge.")
 

@@ -4,7 +4,8 @@ Records are plain dicts with exactly the fields of :class:`schemas.records.Reque
 DESIGN.md's join semantics: status precedence orphan > no_first_chunk > timed_out > missing_stage > complete;
 missing stage values are None, never 0; ``other_ms`` is signed; retries are summed with a repeat counter; the earliest
 instant wins. ``missing_stages`` lists the absent required stages whatever the status, so a later
-amendment can tell which gaps it fills.
+amendment can tell which gaps it fills, and ``event_keys`` the events a record counted, so a later amendment can
+tell a retry of a stage (a new event: summed) from a replay (an event already counted: no value changes).
 
 The reserved stage ``llm_unmeasured`` (an LLM call whose first chunk its telemetry does not tell) is no custom
 stage: it fills ``llm_unmeasured_ms`` and, without a ``first_token``, makes the request ``no_first_chunk``.
@@ -12,7 +13,9 @@ stage: it fills ``llm_unmeasured_ms`` and, without a ``first_token``, makes the 
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +27,34 @@ from streams.settings import JoinConfig
 _SPAN_STAGES = frozenset(column.removesuffix("_ms") for column in STAGE_COLUMNS)
 _KNOWN = frozenset(KNOWN_STAGES)
 _STAGE_OF_COLUMN = tuple((column, column.removesuffix("_ms")) for column in STAGE_COLUMNS)
+_RECALLS = ("vector_recall_ms", "bm25_recall_ms")
+_INT64 = struct.Struct("<q")
+_TIMING = struct.Struct("<dd")
+_STAGE_SALTS: dict[str, int] = {}
+
+
+def _hash64(data: bytes) -> int:
+    value: int = _INT64.unpack(hashlib.blake2b(data, digest_size=8).digest())[0]
+    return value
+
+
+def _stage_salt(stage: str) -> int:
+    salt = _STAGE_SALTS.get(stage)
+    if salt is None:
+        salt = _hash64(b"stage\x00" + stage.encode())
+        if len(_STAGE_SALTS) < 4_096:  # known stages and the common custom ones; the rest are hashed each time
+            _STAGE_SALTS[stage] = salt
+    return salt
+
+
+def event_identity(stage: str, key: int, ts: float, dur: float) -> int:
+    """The signed 64-bit identity of one counted event in a record's ``event_keys``: its dedup identity
+    (:meth:`schemas.events.StageEvent.dedup_key`) hashed with its stage name. ``key`` is the join's hash of
+    its ``event_id`` (0 without one: then its ``ts_ms`` and ``duration_ms``, 0.0 for an instant, identify it).
+    Stable across processes and versions: stored rows keep these."""
+    if key == 0:
+        key = _hash64(_TIMING.pack(ts, dur))
+    return key ^ _stage_salt(stage)
 
 
 def required_stages(config: JoinConfig, route: str | None) -> tuple[str, ...]:
@@ -104,7 +135,9 @@ def build_record(
     spans: dict[str, float] = {}
     counts: dict[str, int] = {}
     recalls: dict[str, list[tuple[float, float]]] = {"vector_recall": [], "bm25_recall": []}
-    for ts, _, stage, dur in events:
+    keys: list[int] = []
+    for ts, key, stage, dur in events:
+        keys.append(event_identity(stage, key, ts, dur))
         counts[stage] = counts.get(stage, 0) + 1
         if stage == "request_start" or stage == "first_token":
             continue
@@ -148,6 +181,8 @@ def build_record(
     record["duplicate_events"] = pending.duplicates
     record["late_events"] = pending.late
     record["event_count"] = len(events)
+    keys.sort()
+    record["event_keys"] = keys
     record["record_version"] = record_version(len(events), status, pending.late)
     record["amend"] = False
     return record
@@ -163,24 +198,48 @@ def _has_stage(record: Mapping[str, Any], stage: str) -> bool:
     return stage in record["custom_stages"]
 
 
-def _merged_recall_mode(stored: Mapping[str, Any], amendment: Mapping[str, Any], merged: Mapping[str, Any]) -> Any:
-    both = ("vector_recall_ms", "bm25_recall_ms")
-    if all(merged[c] is not None for c in both):
+def _merged_recall_mode(
+    stored: Mapping[str, Any], amendment: Mapping[str, Any], merged: Mapping[str, Any], summed: set[str]
+) -> Any:
+    if all(merged[c] is not None for c in _RECALLS):
+        if summed & set(_RECALLS):
+            return None  # a late recall attempt: its overlap with the other recall is unknown
         for source in (stored, amendment):
-            if all(source[c] is not None for c in both):
+            if all(source[c] is not None for c in _RECALLS):
                 return source["recall_mode"]
         return None  # the two recalls came in different records: their overlap is unknown
-    return "single" if any(merged[c] is not None for c in both) else "none"
+    return "single" if any(merged[c] is not None for c in _RECALLS) else "none"
+
+
+def _keyed(record: Mapping[str, Any]) -> list[int] | None:
+    """The record's ``event_keys`` when they name every event it counted, else None (a row written before
+    the field, or merged from amendments that could not be told apart)."""
+    keys: list[int] = record.get("event_keys") or []
+    return keys if keys and len(keys) == record["event_count"] else None
 
 
 def merge_records(stored: Mapping[str, Any], amendment: Mapping[str, Any], window_ms: int) -> dict[str, Any]:
     """Fold a late amendment (``amend=True``) into the stored record of the same request (pure).
 
-    A stage already present in ``stored`` is assumed already counted (a replayed amendment changes no
-    value); stages it lacks are taken from ``amendment``. Instants keep the earliest; status, ttft,
-    other, missing stages, window and record version are recomputed. When the two recalls arrive in
-    different records their overlap is unknown and ``recall_mode`` becomes None.
+    Both records name the events they counted (``event_keys``). An amendment whose events are all counted
+    already is a replay: only ``duplicate_events`` grows. One whose events are all new is a retry or a stage
+    that came late: a stage the stored record lacks is taken, one it has is summed with a repeat (DESIGN.md: a
+    retried stage is summed), however late the retry came. Without keys on both sides (rows written before
+    the field) a stage already present in ``stored`` is assumed already counted and left as it is. Instants
+    keep the earliest; status, ttft, other, missing stages, window and record version are recomputed. When
+    the two recalls arrive in different records their overlap is unknown and ``recall_mode`` becomes None.
     """
+    stored_keys, amend_keys = _keyed(stored), _keyed(amendment)
+    new_keys: list[int] = []
+    if stored_keys is not None and amend_keys is not None:
+        counted = set(stored_keys)
+        new_keys = [k for k in amend_keys if k not in counted]
+        if not new_keys:  # every event of the amendment is counted already: a replay
+            replayed = dict(stored)
+            replayed["duplicate_events"] = stored["duplicate_events"] + amendment["event_count"]
+            replayed["amend"] = False
+            return replayed
+    sums = len(new_keys) == len(amend_keys or ()) > 0  # all new: a stage already stored is summed
     merged = dict(stored)
     stored_start = _has_stage(stored, "request_start")
     amend_start = _has_stage(amendment, "request_start")
@@ -195,24 +254,32 @@ def merge_records(stored: Mapping[str, Any], amendment: Mapping[str, Any], windo
     has_start = stored_start or amend_start
     merged["ttft_ms"] = merged["first_token_at"] - merged["started_at"] if has_start and firsts else None
     repeats = dict(stored["stage_repeats"])
-    for column in STAGE_COLUMNS:
-        if stored[column] is None and amendment[column] is not None:
-            merged[column] = amendment[column]
-            stage = column.removesuffix("_ms")
-            if stage in amendment["stage_repeats"]:
-                repeats[stage] = amendment["stage_repeats"][stage]
+    summed: set[str] = set()
+
+    def fold(stage: str, have: float | None, late: float | None, key: str) -> float | None:
+        if late is None:
+            return have
+        extra = amendment["stage_repeats"].get(stage)
+        if have is None:
+            if extra is not None:
+                repeats[stage] = extra
+            return late
+        if not sums:
+            return have
+        summed.add(key)
+        repeats[stage] = repeats.get(stage, 0) + (extra or 0) + 1
+        return have + late
+
+    for column, stage in _STAGE_OF_COLUMN:
+        merged[column] = fold(stage, stored[column], amendment[column], column)
     custom = dict(stored["custom_stages"])
     for stage, value in amendment["custom_stages"].items():
-        if stage not in custom:
-            custom[stage] = value
-            if stage in amendment["stage_repeats"]:
-                repeats[stage] = amendment["stage_repeats"][stage]
+        folded = fold(stage, custom.get(stage), value, stage)
+        if folded is not None:
+            custom[stage] = folded
     merged["custom_stages"] = dict(sorted(custom.items()))
-    unmeasured = stored.get("llm_unmeasured_ms")  # absent from a record written before the field
-    if unmeasured is None and amendment.get("llm_unmeasured_ms") is not None:
-        unmeasured = amendment["llm_unmeasured_ms"]
-        if LLM_UNMEASURED in amendment["stage_repeats"]:
-            repeats[LLM_UNMEASURED] = amendment["stage_repeats"][LLM_UNMEASURED]
+    # absent from a record written before the field
+    unmeasured = fold(LLM_UNMEASURED, stored.get("llm_unmeasured_ms"), amendment.get("llm_unmeasured_ms"), "")
     merged["llm_unmeasured_ms"] = unmeasured
     merged["stage_repeats"] = dict(sorted(repeats.items()))
     missing = [s for s in stored["missing_stages"] if not _has_stage(amendment, s)]
@@ -220,7 +287,7 @@ def merge_records(stored: Mapping[str, Any], amendment: Mapping[str, Any], windo
     status = status_of(has_start, bool(firsts), missing, unmeasured is not None)
     merged["status"] = status
     merged["other_ms"] = other_ms(merged["ttft_ms"], {s: merged[f"{s}_ms"] for s in PARENT_STAGES})
-    merged["recall_mode"] = _merged_recall_mode(stored, amendment, merged)
+    merged["recall_mode"] = _merged_recall_mode(stored, amendment, merged, summed)
     for column in ATTR_COLUMNS:
         if merged[column] is None:
             merged[column] = amendment[column]
@@ -228,6 +295,8 @@ def merge_records(stored: Mapping[str, Any], amendment: Mapping[str, Any], windo
     merged["window_start"] = window_start(merged["started_at"], window_ms)
     for counter in ("duplicate_events", "late_events", "event_count"):
         merged[counter] = stored[counter] + amendment[counter]
+    # Keys stay only while they name every counted event (a partly known amendment cannot be told apart).
+    merged["event_keys"] = sorted([*(stored_keys or ()), *new_keys]) if sums else []
     merged["record_version"] = record_version(merged["event_count"], status, merged["late_events"])
     merged["amend"] = False
     return merged

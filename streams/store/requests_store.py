@@ -35,6 +35,8 @@ INSERT_COLUMNS: tuple[str, ...] = (*RECORD_FIELDS, _AMENDMENT_IDS)
 #: Forces a synchronous insert on a server whose profile enables async inserts (chDB ignores them).
 SYNC_INSERT: dict[str, Any] = {"async_insert": 0, "wait_for_async_insert": 1}
 _FETCH_CHUNK = 5_000
+#: Record fields stored as ``Array`` columns.
+_ARRAY_FIELDS = frozenset({"missing_stages", "event_keys"})
 
 
 def _select_list() -> str:
@@ -64,7 +66,7 @@ def _row(record: dict[str, Any], amendment_ids: Sequence[str] = ()) -> list[Any]
     for name in RECORD_FIELDS:
         if name in TIME_FIELDS:
             row.append(_ms_to_ticks(record.get(name)))
-        elif name == "missing_stages":
+        elif name in _ARRAY_FIELDS:
             row.append(list(record.get(name) or ()))
         elif name in ("custom_stages", "stage_repeats"):
             row.append(dict(record.get(name) or {}))
@@ -83,6 +85,7 @@ def _record(row: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
         if values[name] is not None:
             values[name] = float(values[name])
     values["missing_stages"] = list(values["missing_stages"])
+    values["event_keys"] = [int(k) for k in values["event_keys"]]
     values["custom_stages"] = {str(k): float(v) for k, v in values["custom_stages"].items()}
     values["stage_repeats"] = {str(k): int(v) for k, v in values["stage_repeats"].items()}
     values["amend"] = bool(values["amend"])
@@ -97,7 +100,7 @@ def store_form(record: dict[str, Any]) -> dict[str, Any]:
 
 _ALL_FIELDS = operator.itemgetter(*RECORD_FIELDS)
 _TIME_COLUMNS = tuple(i for i, name in enumerate(RECORD_FIELDS) if name in TIME_FIELDS)
-_ARRAY_COLUMNS = tuple(i for i, name in enumerate(RECORD_FIELDS) if name == "missing_stages")
+_ARRAY_COLUMNS = tuple(i for i, name in enumerate(RECORD_FIELDS) if name in _ARRAY_FIELDS)
 _MAP_COLUMNS = tuple(i for i, name in enumerate(RECORD_FIELDS) if name in ("custom_stages", "stage_repeats"))
 
 
@@ -134,7 +137,7 @@ def _columns_by_field(records: Sequence[dict[str, Any]]) -> list[list[Any]]:
     for name in RECORD_FIELDS:
         if name in TIME_FIELDS:
             columns.append([None if (v := r.get(name)) is None else round(v) for r in records])
-        elif name == "missing_stages":
+        elif name in _ARRAY_FIELDS:
             columns.append([v if type(v := r.get(name)) is list else list(v or ()) for r in records])
         elif name in ("custom_stages", "stage_repeats"):
             columns.append([v if type(v := r.get(name)) is dict else dict(v or {}) for r in records])

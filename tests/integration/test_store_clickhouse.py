@@ -12,9 +12,10 @@ from clickhouse_connect.driver.client import Client
 from pydantic import SecretStr
 
 from schemas.dead_letter import make_dead_letter
+from schemas.events import StageEvent
 from schemas.records import record_version
-from streams.core.join import merge_records
-from streams.settings import Settings
+from streams.core.join import RequestJoin, merge_records
+from streams.settings import JoinConfig, Settings
 from streams.store.client import StoreConfigError, make_client
 from streams.store.dead_letter_store import count_dead_letters, fetch_dead_letters, insert_dead_letters
 from streams.store.migrate import apply_migrations, load_migrations
@@ -25,6 +26,7 @@ from streams.store.requests_store import (
     fetch_requests,
     fetch_window_records,
     insert_requests,
+    store_form,
 )
 from streams.store.stats_store import insert_stats, stat_sample
 from tests.support.recent import RECENT_DAY_MS
@@ -179,6 +181,34 @@ def test_amendments_of_one_request_fold_in_order(ch_client: Client, ch_database:
     expected = merge_records(merge_records(stored, first, W), second, W)
     assert fetch_request(ch_client, ch_database, "r2") == expected
     assert expected["missing_stages"] == []
+
+
+def _joined(events: list[StageEvent], forgotten: bool = False) -> dict[str, Any]:
+    """The record the join emits for ``events``; ``forgotten``: their amendment (the join's watermark
+    passed them by more than ``forget_after_ms``)."""
+    join = RequestJoin(JoinConfig(), W)
+    if forgotten:
+        join.add(StageEvent(request_id="clock", tenant_id="acme", stage="x", ts_ms=T0 + 10**7, duration_ms=0.0), 0, 0.0)
+    out = [r for e in events for r in join.add(e, 0, 0.0) if isinstance(r, dict)]
+    return out[0] if forgotten else join.advance(0, 10**15)[0]
+
+
+def test_a_late_retry_is_summed_and_a_replay_is_not_through_the_store(ch_client: Client, ch_database: str) -> None:
+    def ev(stage: str, ts: float, dur: float | None, eid: str) -> StageEvent:
+        return StageEvent(request_id="r9", tenant_id="acme", stage=stage, ts_ms=T0 + ts, duration_ms=dur, event_id=eid)
+
+    stored = _joined(
+        [ev("request_start", 0, None, "root"), ev("retrieval", 1, 80.1, "first"), ev("first_token", 900, None, "ft")]
+    )
+    insert_requests(ch_client, ch_database, [stored])
+    assert fetch_request(ch_client, ch_database, "r9") == store_form(stored)
+    retry = _joined([ev("retrieval", 82, 500.0, "second")], forgotten=True)
+    replay = _joined([ev("retrieval", 1, 80.1, "first")], forgotten=True)
+    apply_amendments(ch_client, ch_database, [retry, replay], _merge)
+    row = fetch_request(ch_client, ch_database, "r9")
+    assert row is not None and row["retrieval_ms"] == 580.1 and row["stage_repeats"] == {"retrieval": 1}
+    assert row["event_count"] == 4 and row["duplicate_events"] == 1
+    assert sorted(row["event_keys"]) == sorted([*stored["event_keys"], *retry["event_keys"]])
 
 
 def test_amendment_without_a_stored_record_is_kept_and_flagged(ch_client: Client, ch_database: str) -> None:

@@ -65,7 +65,7 @@ def test_migration_keeps_every_row_and_rekeys(ch_client: Client, old_store: str)
     before = ch_client.query(f"SELECT * EXCEPT inserted_at FROM {old_store}.requests FINAL ORDER BY request_id")
     assert apply_migrations(ch_client, old_store)[0] == "0008_requests_tenant_key"
     assert _key(ch_client, old_store) == "tenant_id, request_id"
-    later = "inserted_at, llm_unmeasured_ms"  # the column of migration 0012: NULL for the rows kept
+    later = "inserted_at, llm_unmeasured_ms, event_keys"  # the columns of 0012 and 0013: NULL and [] for these rows
     after = ch_client.query(f"SELECT * EXCEPT ({later}) FROM {old_store}.requests FINAL ORDER BY request_id")
     assert after.result_rows == before.result_rows and len(after.result_rows) == 30
     nulls = ch_client.query(f"SELECT countIf(llm_unmeasured_ms IS NULL) FROM {old_store}.requests FINAL")

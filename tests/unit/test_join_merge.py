@@ -66,13 +66,49 @@ def test_merging_the_late_event_gives_the_record_of_all_events(late: str) -> Non
     assert merged == expected
 
 
-def test_a_stage_already_stored_is_not_counted_twice() -> None:
+def test_a_retry_that_comes_after_the_request_was_forgotten_is_summed() -> None:
     stored = joined(FULL)
-    merged = merge_records(stored, amendment(ev("retrieval", 700, 50.0)), W)
-    assert merged["retrieval_ms"] == stored["retrieval_ms"]
-    assert merged["stage_repeats"] == stored["stage_repeats"]
-    assert merged["other_ms"] == stored["other_ms"]
-    assert merged["event_count"] == stored["event_count"] + 1
+    merged = merge_records(stored, amendment(ev("retrieval", 700, 50.0, event_id="attempt-2")), W)
+    assert merged["retrieval_ms"] == stored["retrieval_ms"] + 50.0
+    assert merged["stage_repeats"] == {"retrieval": 1}
+    assert merged["other_ms"] == stored["other_ms"] - 50.0
+    assert merged["event_count"] == stored["event_count"] + 1 == len(merged["event_keys"])
+    RequestRecord.model_validate(merged)
+    # The same attempt again (a replay) is counted once; a third attempt is summed too.
+    again = merge_records(merged, amendment(ev("retrieval", 700, 50.0, event_id="attempt-2")), W)
+    assert again == {**merged, "duplicate_events": merged["duplicate_events"] + 1}
+    third = merge_records(merged, amendment(ev("retrieval", 800, 7.0)), W)
+    assert third["retrieval_ms"] == merged["retrieval_ms"] + 7.0 and third["stage_repeats"] == {"retrieval": 2}
+
+
+def test_a_late_event_counted_already_changes_no_value() -> None:
+    stored = joined(FULL)
+    for replayed in FULL:
+        merged = merge_records(stored, amendment(replayed), W)
+        assert merged == {**stored, "duplicate_events": stored["duplicate_events"] + 1}
+
+
+def test_events_told_apart_by_id_else_by_time_and_per_stage() -> None:
+    a = joined([ev("request_start", 0), ev("retrieval", 10, 5.0, event_id="x"), ev("rerank", 20, 5.0)])
+    b = joined([ev("request_start", 0), ev("retrieval", 11, 6.0, event_id="x"), ev("rerank", 20, 5.0)])
+    c = joined([ev("request_start", 0), ev("rerank", 10, 5.0, event_id="x"), ev("rerank", 20, 5.0)])
+    assert a["event_keys"] == b["event_keys"]  # same stages, same event ids, same instants
+    assert len(set(a["event_keys"]) & set(c["event_keys"])) == 2  # "x" is another event in another stage
+    assert len(set(a["event_keys"])) == a["event_count"] == 3
+
+
+def test_rows_without_event_keys_merge_as_before() -> None:
+    stored = {**joined(FULL), "event_keys": []}  # a row written before the field
+    merged = merge_records(stored, amendment(ev("retrieval", 700, 50.0, event_id="attempt-2")), W)
+    assert merged["retrieval_ms"] == stored["retrieval_ms"] and merged["stage_repeats"] == {}
+    assert merged["event_count"] == stored["event_count"] + 1 and merged["event_keys"] == []
+
+
+def test_a_late_recall_attempt_leaves_the_recall_mode_unknown() -> None:
+    stored = joined(FULL)
+    assert stored["recall_mode"] == "parallel"
+    merged = merge_records(stored, amendment(ev("vector_recall", 500, 20.0, event_id="again")), W)
+    assert merged["vector_recall_ms"] == 120.0 and merged["recall_mode"] is None
 
 
 def test_earliest_first_token_wins_in_a_merge() -> None:

@@ -9,13 +9,14 @@ from itertools import pairwise
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.decode import decode_stage_event
 from schemas.events import StageEvent
 from schemas.otlp import AttrValue, OtlpSpan, OtlpSpanEvent
-from streams.core.join import RequestJoin
+from streams.core.join import RequestJoin, merge_records
 from streams.core.otlp_traces import ForwardedEvent, Output, TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 
@@ -117,3 +118,57 @@ def test_a_late_embedding_sent_before_its_retriever_in_one_message_is_vector_rec
     events = [orjson.loads(o.value) for o in out if isinstance(o, ForwardedEvent)]
     assert sorted(e["event_id"] for e in events if e["stage"] == "vector_recall") == sorted([EMBED_1, EMBED_2])
     assert sorted(e["event_id"] for e in events if e["stage"] == "retrieval") == sorted([FIRST, SECOND])
+
+
+def _stored(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row the writer keeps: the most complete full record, then every amendment merged in order
+    (streams.store.requests_store.apply_amendments; an amendment of a request not stored is kept as it is)."""
+    full = [r for r in records if not r["amend"]]
+    row = max(full, key=lambda r: r["record_version"]) if full else None
+    for amendment in (r for r in records if r["amend"]):
+        row = dict(amendment) if row is None else merge_records(row, amendment, 60_000)
+    assert row is not None
+    return row
+
+
+RETRY = frozenset({EMBED_2, RERANK, SECOND})
+
+
+@pytest.mark.parametrize("late", ["trace", "retry"])
+def test_a_retried_retrieval_that_reaches_the_join_after_it_forgot_the_request_sums_both_attempts(late: str) -> None:
+    """Issue 25's 43 traces: events that reach the join more than ``forget_after_ms`` (event time) behind its
+    watermark each become an ``amend=True`` record, and the writer kept the retrieval it had stored (the first
+    attempt's) and dropped the second. ``late``: the whole trace came that late, or only its second attempt's
+    spans (delivered after the rest of the trace, once the join had emitted and forgotten the request)."""
+    asm = TraceAssembler(OtlpConfig(), JOIN, CAPS, "otlp_spans")
+    join = RequestJoin(JOIN, 60_000)
+    records: list[dict[str, Any]] = []
+
+    def feed(outputs: list[Output], now_ms: float) -> None:
+        for o in outputs:
+            assert isinstance(o, ForwardedEvent), o
+            raw = decode_stage_event(o.value, o.request_id.encode(), "ttft.stage-events", 0, 0, None, CAPS, now_ms)
+            assert isinstance(raw, StageEvent), raw
+            records.extend(r for r in join.add(raw, 0, now_ms) if isinstance(r, dict))
+        records.extend(join.advance(0, now_ms))
+
+    now = NOW_MS
+    early = [] if late == "trace" else [s for s in SPANS if s.span_id not in RETRY]
+    for i, span in enumerate(early):
+        feed(asm.add_message([span], 0, i, now), now)
+    # Other requests of the tenant, much later in event time, move the join's watermark on.
+    for step in range(1, 4):
+        now += JOIN.forget_after_ms
+        other = StageEvent(request_id=f"other-{step}", tenant_id="acme", stage="retrieval", ts_ms=now, duration_ms=1.0)
+        join.add(other, 0, now)
+        feed(asm.advance(0, now), now)
+    for i, span in enumerate([s for s in SPANS if s not in early], start=len(early)):
+        feed(asm.add_message([span], 0, i, now), now)
+    now += JOIN.request_timeout_ms + PAUSE_MS
+    feed(asm.advance(0, now), now)
+    mine = [r for r in records if r["request_id"] == TRACE]
+    assert any(r["amend"] for r in mine)
+    row = _stored(mine)
+    assert row["retrieval_ms"] == 580.1 and row["stage_repeats"]["retrieval"] == 1
+    assert row["rerank_ms"] == 80.0 and row["status"] == "complete"
+    assert row["event_count"] == len(row["event_keys"])
