@@ -24,6 +24,7 @@ JSON_COMMANDS: Final = (
     "db migrate",
     "grafana build",
     "kafka status",
+    "otel check",
     "otel status",
     "report",
     "request",

@@ -1,4 +1,6 @@
-"""``ttft otel up/down/status``: the local OpenTelemetry Collector, in front of the local broker.
+"""``ttft otel up/down/status``: the local OpenTelemetry Collector, in front of the local broker; ``ttft otel
+check``: what recent traces become, per instrumentation scope, and what is missing
+(:mod:`streams.cli.otel_check`).
 
 The Collector (``make otelcol``) receives OTLP on ``127.0.0.1`` (ports ``TTFT_OTEL__GRPC_PORT`` 4317 and
 ``TTFT_OTEL__HTTP_PORT`` 4318), writes spans to Kafka at ``TTFT_KAFKA_BOOTSTRAP`` (topic ``otlp_spans``) and
@@ -14,6 +16,8 @@ from pathlib import Path
 import click
 
 from streams.cli.conventions import echo_json, json_option
+from streams.cli.otel_check import SpanSourceError, read_span_file, read_topic, report_lines
+from streams.core.otlp_check import check_traces
 from streams.kafka.topics import wait_for_broker
 from streams.otel.collector import CollectorError, LocalCollector, missing_binary, otlp_env
 from streams.settings import Settings, load_settings
@@ -99,4 +103,48 @@ def status(as_json: bool) -> None:
     else:
         click.echo(str(state))
     if not state.running:
+        raise SystemExit(1)
+
+
+@otel.command()
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Read an OTLP file (OTLP/JSON lines, or length-prefixed protobuf) instead of the span topic.",
+)
+@click.option("--traces", default=100, show_default=True, type=click.IntRange(1, 10_000), help="Last N traces.")
+@json_option("Print {source, traces, spans, complete, scopes: [...]} as JSON (the exit status is the same).")
+def check(path: Path | None, traces: int, as_json: bool) -> None:
+    """Map recent traces as the worker would and say, per instrumentation scope, how many become complete
+    requests, which attribute or event gave each stage, and what is missing with its fix. Exit 1 when a
+    trace is not a complete request."""
+    settings = load_settings()
+    try:
+        if path is not None:
+            source, spans = str(path), read_span_file(path)
+        else:
+            source = f"topic {settings.otlp.topic} ({settings.otlp.encoding})"
+            spans = read_topic(settings, traces)
+    except (SpanSourceError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (RuntimeError, TimeoutError) as exc:
+        raise click.ClickException(f"cannot read {settings.otlp.topic} at {settings.kafka_bootstrap}: {exc}") from exc
+    if not spans:
+        raise click.ClickException(f"no spans in {source}")
+    reports, findings = check_traces(spans, settings.join, settings.caps)
+    if as_json:
+        echo_json(
+            {
+                "source": source,
+                "traces": len(findings),
+                "spans": len(spans),
+                "complete": sum(r.complete for r in reports),
+                "scopes": [r.to_json() for r in reports],
+            }
+        )
+    else:
+        for line in report_lines(source, len(spans), reports, findings):
+            click.echo(line)
+    if any(f.status != "complete" for f in findings):
         raise SystemExit(1)

@@ -84,24 +84,31 @@ MODEL_ATTRS: Final = ("gen_ai.request.model", "gen_ai.response.model", "llm.mode
 def span_stage(a: dict[str, AttrValue]) -> str | None:
     """The stage a span's attributes name: ``ttft.stage``, else its OpenInference kind, its GenAI operation
     or a Vercel AI SDK provider call; :data:`EMBEDDING` for an embedding span; ``None`` for no stage."""
+    return stage_and_source(a)[0]
+
+
+def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
+    """:func:`span_stage` and the attribute that named it (``"openinference.span.kind = RETRIEVER"``; empty
+    for no stage), as ``ttft otel check`` reports it."""
     explicit = a.get("ttft.stage")
     if isinstance(explicit, str) and is_stage_name(explicit):
-        return explicit
+        return explicit, f"ttft.stage = {explicit}"
     kind = a.get("openinference.span.kind")
     if isinstance(kind, str):
         if kind == "EMBEDDING":
-            return EMBEDDING
+            return EMBEDDING, "openinference.span.kind = EMBEDDING"
         if kind in OPENINFERENCE_STAGES:
-            return OPENINFERENCE_STAGES[kind]
+            return OPENINFERENCE_STAGES[kind], f"openinference.span.kind = {kind}"
     operation = a.get("gen_ai.operation.name")
     if isinstance(operation, str):
         if operation == "embeddings":
-            return EMBEDDING
+            return EMBEDDING, "gen_ai.operation.name = embeddings"
         if operation in GEN_AI_STAGES:
-            return GEN_AI_STAGES[operation]
-    if a.get("ai.operationId") in VERCEL_LLM_OPERATIONS:
-        return "llm_ttft"
-    return None
+            return GEN_AI_STAGES[operation], f"gen_ai.operation.name = {operation}"
+    operation_id = a.get("ai.operationId")
+    if isinstance(operation_id, str) and operation_id in VERCEL_LLM_OPERATIONS:
+        return "llm_ttft", f"ai.operationId = {operation_id}"
+    return None, ""
 
 
 def is_retriever(a: dict[str, AttrValue]) -> bool:

@@ -1,0 +1,237 @@
+"""``ttft otel check``: what a team's traces become, per instrumentation scope, and what is missing (pure).
+
+Each trace goes through the mapping the worker runs (:class:`streams.core.otlp_traces.TraceAssembler`, which
+validates every event as the join decodes it) and then through a join of its own
+(:class:`streams.core.join.RequestJoin`), so the status reported is the status the pipeline would store.
+What is added here is only the reading of the outcome: which attribute or event gave each stage (the
+conventions' own names, :func:`streams.core.otlp_conventions.stage_and_source` and the LLM span's first-chunk
+source), and, for every gap, the one-line fix. Traces are grouped by the instrumentation scope (name, version)
+of their LLM span, the library a team would have to change.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from schemas.dead_letter import DeadLetter
+from schemas.decode import decode_stage_event
+from schemas.otlp import OtlpSpan
+from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED
+from streams.core.join import RequestJoin
+from streams.core.otlp_conventions import FIRST_CHUNK_ATTRS, stage_and_source
+from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, note_span
+from streams.core.otlp_traces import ForwardedEvent, TraceAssembler
+from streams.settings import CapsConfig, JoinConfig, OtlpConfig
+
+_TOPIC: Final = "otlp_spans"
+_WINDOW_MS: Final = 60_000
+_NS_PER_MS: Final = 1_000_000
+#: The group of traces without an LLM span (no instrumentation scope to blame).
+NO_LLM_SCOPE: Final = ("(no LLM span)", "")
+_ATTR_SOURCES: Final = frozenset(name for name, _ in FIRST_CHUNK_ATTRS)
+#: What is missing -> the one-line fix a team applies (docs/otlp-mapping.md has the recipes).
+FIXES: Final[dict[str, str]] = {
+    "first chunk": "the LLM span tells no first chunk: set gen_ai.response.time_to_first_chunk (seconds) on it "
+    "when the first chunk arrives (docs/otlp-mapping.md, 'No first chunk')",
+    "tenant": "set tenant.id on the resource in the Collector (a resource or transform processor: "
+    "docs/otlp-mapping.md, 'The tenant with the Collector alone')",
+    "request_start": "the trace has no root span (still running, or not exported): check again once the requests ended",
+    "retrieval": "mark the retrieval span: openinference.span.kind = RETRIEVER or gen_ai.operation.name = "
+    "retrieval (or ttft.stage = retrieval)",
+    "prompt_assemble": "a span with openinference.span.kind = PROMPT or ttft.stage = prompt_assemble (derived "
+    "only when a retrieval or rerank span ends before the LLM span)",
+    "llm_ttft": "no LLM span: instrument the model client (OpenInference, OpenLLMetry or the GenAI "
+    "conventions), or set ttft.stage = llm_ttft on the call's span",
+    "stream flag": "the LLM span does not say whether the call streamed: set gen_ai.request.stream (a call "
+    "that did not stream then counts its whole duration, exactly)",
+    "first_token": "the LLM span's first chunk gives it (see 'first chunk'), or a span with ttft.stage = first_token",
+}
+
+
+@dataclass(slots=True)
+class TraceFinding:
+    """One trace: its scope, the status it would be stored with (``not stored`` when every stage span was
+    dead-lettered), the source of each stage and of the tenant, and what is missing (keys of :data:`FIXES`,
+    or a dead letter's reason and detail)."""
+
+    trace_id: str
+    scope: tuple[str, str]
+    status: str
+    stages: dict[str, str] = field(default_factory=dict)
+    tenant: str = ""
+    missing: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ScopeReport:
+    """The traces of one instrumentation scope, counted."""
+
+    scope: tuple[str, str]
+    traces: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    stages: dict[str, Counter[str]] = field(default_factory=dict)
+    tenant: Counter[str] = field(default_factory=Counter)
+    missing: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def complete(self) -> int:
+        return self.statuses["complete"]
+
+    def add(self, finding: TraceFinding) -> None:
+        self.traces += 1
+        self.statuses[finding.status] += 1
+        for stage, source in finding.stages.items():
+            self.stages.setdefault(stage, Counter())[source] += 1
+        self.tenant[finding.tenant or "(none)"] += 1
+        self.missing.update(dict.fromkeys(finding.missing, 1))
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form: counts per status, stage source, tenant source and missing item (with its fix)."""
+        return {
+            "scope": self.scope[0],
+            "scope_version": self.scope[1],
+            "traces": self.traces,
+            "complete": self.complete,
+            "statuses": dict(sorted(self.statuses.items())),
+            "stages": {stage: dict(c.most_common()) for stage, c in self.stages.items()},
+            "tenant": dict(self.tenant.most_common()),
+            "missing": [{"what": what, "traces": n, "fix": fix_for(what)} for what, n in self.missing.most_common()],
+        }
+
+
+def fix_for(what: str) -> str:
+    """The one-line fix of a missing item (a dead letter's detail is its own explanation)."""
+    if what in FIXES:
+        return FIXES[what]
+    if what.startswith("dead letter"):
+        return "see the detail: the span breaks the stage-event contract"
+    if what.startswith("first chunk ignored"):
+        return "the first-chunk value must be a finite number within the span (seconds after its start)"
+    return f"a span with ttft.stage = {what}"
+
+
+def check_traces(
+    spans: Iterable[OtlpSpan], join: JoinConfig | None = None, caps: CapsConfig | None = None
+) -> tuple[list[ScopeReport], list[TraceFinding]]:
+    """Every trace of ``spans`` through the mapping and a join: the reports per scope (most traces first) and
+    the finding per trace (in the order the traces were first seen)."""
+    join = join or JoinConfig()
+    caps = caps or CapsConfig()
+    traces: dict[str, list[OtlpSpan]] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, []).append(span)
+    findings = [_check_trace(trace_id, trace, join, caps) for trace_id, trace in traces.items()]
+    reports: dict[tuple[str, str], ScopeReport] = {}
+    for finding in findings:
+        reports.setdefault(finding.scope, ScopeReport(finding.scope)).add(finding)
+    return sorted(reports.values(), key=lambda r: (-r.traces, r.scope)), findings
+
+
+def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: CapsConfig) -> TraceFinding:
+    asm = TraceAssembler(OtlpConfig(), join, caps, _TOPIC)
+    # The exporter's order (end time, the root last), so the trace resolves as it would live.
+    ordered = sorted(spans, key=lambda s: (s.is_root, s.end_ns, s.span_id))
+    now = max(s.end_ns for s in spans) / _NS_PER_MS + 1.0
+    outputs = asm.add_message(ordered, 0, 0, now)
+    outputs += asm.advance(0, now)
+    later = now + join.request_timeout_ms + join.grace_ms + join.idle_tick_ms
+    outputs += asm.advance(0, later)
+    notes = {s.span_id: (s, note_span(s, 0)) for s in spans}
+    llms = [n for _, n in notes.values() if n.stage == "llm_ttft"]
+    first_llm = min(llms, key=lambda n: (n.start_ns, n.span_id)) if llms else None
+    scope = NO_LLM_SCOPE if first_llm is None else (first_llm.scope_name, first_llm.scope_version)
+    finding = TraceFinding(trace_id, scope, "not stored", tenant=_tenant_source(spans))
+    requests = RequestJoin(join, _WINDOW_MS)
+    for output in outputs:
+        if isinstance(output, DeadLetter):
+            finding.missing.append(_dead_letter_item(output))
+            continue
+        assert isinstance(output, ForwardedEvent)
+        event = orjson.loads(output.value)
+        finding.stages.setdefault(event["stage"], _stage_source(event, notes))
+        decoded = decode_stage_event(output.value, output.request_id.encode(), _TOPIC, 0, 0, None, caps, later)
+        if not isinstance(decoded, DeadLetter):
+            requests.add(decoded, 0, later)
+    requests.advance(0, later)
+    records = requests.advance(0, later + join.request_timeout_ms + join.forget_after_ms)
+    if records:
+        record = max(records, key=lambda r: r["record_version"])
+        finding.status = record["status"]
+        finding.missing += _record_gaps(record, first_llm)
+    if not finding.tenant and "tenant" not in finding.missing:
+        finding.missing.append("tenant")
+    if first_llm is not None and first_llm.first_chunk_problem:
+        finding.missing.append(f"first chunk ignored: {first_llm.first_chunk_problem}")
+    if first_llm is not None and first_llm.streaming is None and "first chunk" in finding.missing:
+        finding.missing.append("stream flag")
+    finding.missing = list(dict.fromkeys(finding.missing))  # one per trace: every stage span lacks the tenant
+    finding.stages = dict(sorted(finding.stages.items(), key=lambda item: _stage_order(item[0])))
+    return finding
+
+
+def _stage_order(stage: str) -> tuple[int, str]:
+    return (KNOWN_STAGES.index(stage), "") if stage in KNOWN_STAGES else (len(KNOWN_STAGES), stage)
+
+
+def _tenant_source(spans: list[OtlpSpan]) -> str:
+    """The attribute that gives the trace its tenant (span or resource), as the mapping looks it up."""
+    for name in CONTEXT_ATTRS["tenant_id"]:
+        if any(isinstance(v := s.attributes.get(name), str) and v for s in spans):
+            return name
+    return ""
+
+
+def _dead_letter_item(letter: DeadLetter) -> str:
+    if letter.reason_code == "missing_tenant":
+        return "tenant"
+    return f"dead letter {letter.reason_code}: {letter.detail[:160]}"
+
+
+def _stage_source(event: dict[str, Any], notes: dict[str, tuple[OtlpSpan, SpanNote]]) -> str:
+    """Which attribute or event of which span gave ``event``."""
+    stage, event_id = event["stage"], event.get("event_id", "")
+    if stage == "prompt_assemble" and event_id.endswith("/prompt_assemble"):
+        return "derived: from the last retrieval or rerank end to the LLM span's start"
+    found = notes.get(event_id)
+    if found is None:
+        return "?"
+    span, note = found
+    named = stage_and_source(span.attributes)[1]
+    if stage == "request_start":
+        return "the root span" if span.is_root and not named else named
+    if stage in ("llm_ttft", "first_token") and note.stage == "llm_ttft":
+        if note.first_chunk_ns is None:
+            chunk = "the span's end (not streaming)"
+        elif note.first_chunk_source in _ATTR_SOURCES:
+            chunk = f"attribute {note.first_chunk_source}"
+        else:
+            chunk = f"event {note.first_chunk_source!r}"
+        return f"{named}, first chunk from {chunk}" if stage == "llm_ttft" else f"the LLM span's first chunk ({chunk})"
+    if stage == LLM_UNMEASURED:
+        told = "not told" if note.streaming is None else ("streaming" if note.streaming else "not streaming")
+        return f"{named}, no first chunk (streaming: {told})"
+    if stage == "vector_recall" and note.stage != "vector_recall":
+        return f"{named} inside a retrieval span"
+    return named
+
+
+def _record_gaps(record: dict[str, Any], llm: SpanNote | None) -> list[str]:
+    """What keeps the stored record from ``complete``, as keys of :data:`FIXES` (or stage names)."""
+    gaps: list[str] = []
+    if record["status"] == "orphan":
+        gaps.append("request_start")
+    unmeasured = record["status"] == "no_first_chunk" or record.get("llm_unmeasured_ms") is not None
+    if unmeasured:
+        gaps.append("first chunk")
+    for stage in record["missing_stages"]:
+        if unmeasured and stage in ("llm_ttft", "first_token"):
+            continue
+        if stage == "first_token" and llm is None:
+            continue  # the LLM span's absence says it
+        gaps.append(stage)
+    return gaps
