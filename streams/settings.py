@@ -162,10 +162,30 @@ class CapsConfig(_Section):
         gt=0,
         description="An event ending this long after the worker's clock (or broker append time) is timestamp_skew.",
     )
-    halt_window_messages: int = Field(1_000, gt=0, description="Window of messages for the dead-letter guard.")
-    halt_dead_letter_share: float = Field(0.5, gt=0, le=1.0, description="Halt ingestion above this share.")
+    halt_window_messages: int = Field(
+        1_000, gt=0, description="Window of messages the dead-letter guard judges the invalid share over."
+    )
+    halt_dead_letter_share: float = Field(
+        0.5, gt=0, le=1.0, description="Quarantine the source of the dead letters above this share of the window."
+    )
     max_quarantined_tenants: int = Field(
-        10, ge=0, description="Tenants the guard may quarantine (instead of halting); one more halts ingestion."
+        10,
+        ge=0,
+        description="Tenants, and separately producers, the guard may quarantine; past it, it quarantines the "
+        "partition with the most dead letters (the guard never halts ingestion).",
+    )
+    quarantine_release_messages: int = Field(
+        0,
+        ge=0,
+        description="Messages without a dead letter of a quarantined source before it is released and its page "
+        "resolves (0: five guard windows).",
+    )
+    producer_header: str = Field(
+        "ttft-producer",
+        min_length=1,
+        max_length=64,
+        description="Kafka header naming the producer of a stage event; the guard quarantines bytes without a "
+        "tenant by (source partition, this header), or by partition when a message has none.",
     )
 
 

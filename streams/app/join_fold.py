@@ -26,13 +26,21 @@ from aiokafka import ConsumerRecord, TopicPartition
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
 from schemas.events import StageEvent
-from streams.app.join_guard import halt_alert, report_quarantines
+from streams.app.join_guard import QuarantineReporter
 from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics, sync_counter
 from streams.core.guard import DeadLetterGuard
 from streams.core.join import RequestJoin
 from streams.core.watermarks import WATERMARK_KEY
-from streams.kafka.batches import Emit, IngestHalted, Outputs, PartitionView, Records, RunnerConfig, RunnerMetrics
+from streams.kafka.batches import (
+    Emit,
+    Outputs,
+    PartitionView,
+    Records,
+    RunnerConfig,
+    RunnerMetrics,
+    by_key,
+)
 from streams.settings import Settings
 
 JOIN_STATE_TABLE = "join-state"
@@ -58,7 +66,8 @@ def join_runner_config(settings: Settings) -> RunnerConfig:
         name="join",
         group_id=join_group_id(settings),
         topics=(settings.topic("stage-events"),),
-        output_topics=(settings.topic("requests"), settings.topic("dead-letter")),
+        output_topics=(settings.topic("requests"), settings.topic("dead-letter"), settings.topic("alerts")),
+        routes={settings.topic("alerts"): by_key},  # one alert's transitions on one partition, in order
         changelog=changelog_topic(settings),
         batch_max=join.batch_max,
         # A fetch is join.batch_max events (10k ~ 4 MB): 16 MiB of prefetch keeps the consumer ahead without
@@ -93,11 +102,16 @@ class JoinFold(KeyedStateFold):
         super().__init__(settings, metrics, changelog_topic(settings), wall_clock)
         self.core = RequestJoin(settings.join, settings.windows.window_s * 1000)
         self.requests_topic = settings.topic("requests")
+        caps = settings.caps
         self.guard = DeadLetterGuard(
-            settings.caps.halt_window_messages,
-            settings.caps.halt_dead_letter_share,
-            settings.caps.max_quarantined_tenants,
+            caps.halt_window_messages,
+            caps.halt_dead_letter_share,
+            caps.max_quarantined_tenants,
+            caps.quarantine_release_messages,
         )
+        self.quarantines = QuarantineReporter(settings, self.guard, metrics)
+        self.alerts_topic = settings.topic("alerts")
+        self._producer_header = caps.producer_header
         self._last_heartbeat_ms = 0.0
         self._emitted_by_status: dict[str, Any] = {}  # status -> its records_emitted child
         #: Old (bare request id) changelog keys to delete once their re-keyed states are written.
@@ -155,6 +169,7 @@ class JoinFold(KeyedStateFold):
         """Decode and fold one partition's records in order (names bound once)."""
         caps = self.settings.caps
         guard, observe, add, decode = self.guard, self.guard.observe, self.core.add, decode_stage_event
+        header = self._producer_header
         for record in records:
             p, offset, timestamp = record.partition, record.offset, record.timestamp
             append_time = timestamp if record.timestamp_type == 1 else None  # LogAppendTime: the broker's
@@ -171,10 +186,10 @@ class JoinFold(KeyedStateFold):
             )
             # Exact-type checks: decode returns a StageEvent or a DeadLetter, and isinstance answers "no" for a
             # pydantic model class only through ABCMeta's subclass check.
-            if observe(type(decoded) is DeadLetter, decoded.tenant_id):
-                self._halt(decoded, record)
-            if guard.newly_quarantined:
-                report_quarantines(self.settings, guard, self.metrics)
+            headers = record.headers
+            observe(type(decoded) is DeadLetter, decoded.tenant_id, p, _producer(headers, header) if headers else None)
+            if guard.newly_quarantined or guard.released:
+                self._report_quarantines(emit, p, now)
             if not isinstance(decoded, StageEvent):
                 self._add_dead_letter(emit, p, decoded)
                 continue
@@ -183,6 +198,10 @@ class JoinFold(KeyedStateFold):
                     self._add_record(emit, p, out)
                 else:
                     self._add_dead_letter(emit, p, out.to_dead_letter(_Source(record), now, caps))
+
+    def _report_quarantines(self, emit: Emit, source: int, now: float) -> None:
+        """The guard quarantined or released a source: its page goes out with this batch's outputs."""
+        self.quarantines.report(now, lambda key, value: emit(self.alerts_topic, key, value, source))
 
     def _add_record(self, emit: Emit, source: int, record: dict[str, Any]) -> None:
         status = record["status"]
@@ -218,11 +237,13 @@ class JoinFold(KeyedStateFold):
             )
             emit.everywhere(self.requests_topic, WATERMARK_KEY, value)
 
-    def _halt(self, decoded: Any, record: ConsumerRecord[Any, Any]) -> None:
-        """The dead-letter guard tripped: page, then exit with nothing of this batch committed."""
-        where = (record.topic, record.partition, record.offset)
-        key, value = halt_alert(self.settings, self.guard, decoded, where, self._wall() * 1000.0)
-        raise IngestHalted(self.settings.topic("alerts"), key, value)
+
+def _producer(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
+    """The producer a message names in its ``name`` header (bounded, undecodable bytes replaced), if any."""
+    for key, value in headers:
+        if key == name and value:
+            return value[:128].decode("utf-8", "replace")
+    return None
 
 
 class _Source:

@@ -83,6 +83,12 @@ class WorkerMetrics:
             "ttft_caps_tripped", "Times a bound tripped (docs/operations.md, hostile input)", ["cap"], registry=r
         )
         self.series_overflow = Counter("ttft_series_overflow", "Records mapped to __other__", registry=r)
+        self.quarantined_sources = Gauge(
+            "ttft_quarantined_sources",
+            "Sources (tenant, producer, partition) the dead-letter guard holds in quarantine",
+            ["kind"],
+            registry=r,
+        )
         self.alerts_refused = Counter(
             "ttft_alerts_refused",
             "Alerts Alertmanager refused for what they hold (400): dropped, never re-sent",

@@ -29,9 +29,12 @@ ALERT_NAMES: tuple[str, ...] = (
     "TTFTTelemetryDegraded",
     "TTFTTenantSilent",
     "TTFTIngestHalted",
+    "TTFTSourceQuarantined",
     "TTFTRuleUndecidable",
     "Watchdog",
 )
+#: Paged by the join's dead-letter guard for each source it quarantines (label ``source``; ``tenant`` for a tenant).
+SOURCE_QUARANTINED = "TTFTSourceQuarantined"
 IDENTITY_LABELS: tuple[str, ...] = ("alertname", "tenant", "stage", "version", "severity")
 
 

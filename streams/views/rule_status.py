@@ -45,7 +45,11 @@ def fold_statuses(messages: Iterable[bytes | None]) -> dict[str, RuleEvaluation]
 
 async def read_statuses(settings: Settings, *, timeout_s: float = 30.0) -> dict[str, RuleEvaluation]:
     """Read ``ttft.rule-evaluations`` from its beginning to the current end (no group, no commit)."""
-    topic = settings.topic("rule-evaluations")
+    return fold_statuses(await read_topic_values(settings, settings.topic("rule-evaluations"), timeout_s=timeout_s))
+
+
+async def read_topic_values(settings: Settings, topic: str, *, timeout_s: float = 30.0) -> list[bytes | None]:
+    """Every value of ``topic`` from its beginning to its current end, in offset order per partition."""
     tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
     consumer = AIOKafkaConsumer(enable_auto_commit=False, **kafka_client_kwargs(settings))
     await consumer.start()
@@ -63,7 +67,7 @@ async def read_statuses(settings: Settings, *, timeout_s: float = 30.0) -> dict[
                 values += [r.value for r in records]
     finally:
         await consumer.stop()
-    return fold_statuses(values)
+    return values
 
 
 def _when(ms: float | None) -> str:

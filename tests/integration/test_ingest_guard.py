@@ -1,20 +1,24 @@
-"""Issue 8: a bad upstream deploy halts ingestion before commit, with a distinct exit code and a page."""
+"""The dead-letter guard through the real broker: a flood of invalid input quarantines its source (a tenant,
+or the producer of bytes without one) and pages once; ingestion never halts for everyone (issues 14, 27)."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
 
-from streams.kafka.batches import EXIT_INGEST_HALTED
 from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce_sync, read_topic
 from tests.support.traffic import build_traffic
 
-pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e, pytest.mark.clickhouse]
 
 
 def _free_port() -> int:
@@ -25,9 +29,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_dead_letter_flood_halts_ingestion_before_commit(kafka_settings: Any, tmp_path: Path) -> None:
+async def _produce_to_partition(bootstrap: str, topic: str, partition: int, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
+    await producer.start()
+    try:
+        pending = [await producer.send(topic, value, key=b"bad", partition=partition) for value in values]
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+def test_unparseable_flood_on_one_partition_is_quarantined_and_every_tenant_keeps_flowing(
+    kafka_settings: Any, tmp_path: Path
+) -> None:
+    """Issue 27 item 4: 2,000 unparseable messages on one partition used to halt the join for every tenant
+    (and the restart halted again on them). Now their producer is quarantined and paged once, they are
+    dead-lettered, and the other tenants' requests are stored with the process running."""
     good = build_traffic(300, start_ms=time.time() * 1000 - 60_000, malformed_share=0.0, dup_share=0.0)
-    flood = [(b"bad", b"{not json at all") for _ in range(1_500)]
     env = pipeline_env(
         kafka_settings,
         tmp_path,
@@ -35,27 +53,47 @@ def test_dead_letter_flood_halts_ingestion_before_commit(kafka_settings: Any, tm
         TTFT_CAPS__HALT_DEAD_LETTER_SHARE="0.5",
     )
     pipe = Pipeline(env, tmp_path)
-    topic = kafka_settings.topic("stage-events")
+    topic, bootstrap = kafka_settings.topic("stage-events"), kafka_settings.kafka_bootstrap
+    app = f"app-{kafka_settings.topic_prefix}"
     try:
+        writer = pipe.start("writer", _free_port())
         join = pipe.start("join", _free_port())
+        pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
-        produce_sync(kafka_settings.kafka_bootstrap, topic, good.messages)
-        produce_sync(kafka_settings.kafka_bootstrap, topic, flood)
-        join.proc.wait(timeout=120)
-        assert join.proc.returncode == EXIT_INGEST_HALTED, join.log()[-3000:]
-        assert "TTFTIngestHalted" in join.log()
-        assert "docs/operations.md" in join.log()
+        asyncio.run(_produce_to_partition(bootstrap, topic, 3, [b"{not json at all"] * 1_000))
+        produce_sync(bootstrap, topic, good.messages)
+        asyncio.run(_produce_to_partition(bootstrap, topic, 3, [b"\x00\xffgarbage"] * 1_000))
+        pipe.wait_for(lambda: group_lag(bootstrap, f"{app}-join", [topic]) == 0, 120, "the join to drain")
+        writer_topics = [kafka_settings.topic("requests"), kafka_settings.topic("dead-letter")]
+        pipe.wait_for(lambda: group_lag(bootstrap, f"{app}-writer", writer_topics) == 0, 120, "the writer to drain")
+        assert join.alive() and writer.alive(), join.log()[-3000:]
+        metrics = join.metrics()
+        assert metrics['ttft_caps_tripped_total{cap="producer_quarantine"}'] == 1
+        assert metrics['ttft_quarantined_sources{kind="producer"}'] == 1
+        letters = {k: v for k, v in metrics.items() if k.startswith("ttft_dead_letters_total")}
+        assert sum(letters.values()) == 2_000 and letters['ttft_dead_letters_total{reason="invalid_json"}'] >= 1_000
+        assert "partition 3 (no producer header) quarantined" in join.log()
+        assert "TTFTIngestHalted" not in join.log()
+        with urllib.request.urlopen(f"http://127.0.0.1:{join.port}/healthz", timeout=5) as resp:
+            health = orjson.loads(resp.read())
+        assert [q["source"] for q in health["quarantined_sources"]] == ["partition 3 (no producer header)"]
+        status = subprocess.run(
+            [sys.executable, "-m", "streams.cli.main", "rules", "status"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert "QUARANTINED partition 3 (no producer header) since" in status.stdout, status.stdout + status.stderr
+        assert pipe.stop(join) == 0 and pipe.stop(writer) == 0
     finally:
         pipe.stop_all()
-    group = f"app-{kafka_settings.topic_prefix}-join"
-    lag = group_lag(kafka_settings.kafka_bootstrap, group, [topic])
-    # The halting batch and everything after it stay uncommitted: far more than the window is left.
-    assert lag >= 1_000, lag
-    raw = asyncio.run(read_topic(kafka_settings.kafka_bootstrap, kafka_settings.topic("alerts")))
-    alerts = [orjson.loads(value) for _, value in raw]
-    halted = [a for a in alerts if a["alertname"] == "TTFTIngestHalted"]
-    assert halted and halted[0]["state"] == "firing"
-    assert halted[0]["labels"]["severity"] == "page"
+    raw = asyncio.run(read_topic(bootstrap, kafka_settings.topic("alerts")))
+    pages = [orjson.loads(value) for _, value in raw]
+    assert [(p["alertname"], p["state"], p["labels"]["source"]) for p in pages] == [
+        ("TTFTSourceQuarantined", "firing", "partition 3 (no producer header)")
+    ]
+    stored = pipe.query("SELECT request_id, status, ttft_ms FROM {db}.requests FINAL")
+    assert {r["request_id"]: r["status"] for r in stored} == {rid: t["status"] for rid, t in good.truth.items()}
+    (letters,) = pipe.query("SELECT count() AS n FROM {db}.dead_letters FINAL WHERE source_partition = 3")
+    assert int(letters["n"]) == 2_000  # nothing lost
 
 
 def test_one_tenants_bad_deploy_is_quarantined_and_everyone_else_keeps_flowing(
@@ -86,6 +124,7 @@ def test_one_tenants_bad_deploy_is_quarantined_and_everyone_else_keeps_flowing(
         assert join.alive(), join.log()[-3000:]
         metrics = join.metrics()
         assert metrics['ttft_caps_tripped_total{cap="tenant_quarantine"}'] == 1
+        assert metrics.get('ttft_caps_tripped_total{cap="producer_quarantine"}', 0) == 0
         assert metrics['ttft_dead_letters_total{reason="schema"}'] == 1_500
         assert "tenant 'bad-deploy' quarantined" in join.log()
         assert pipe.stop(join) == 0

@@ -1,0 +1,65 @@
+import asyncio
+from typing import Any
+
+import orjson
+from aiokafka import ConsumerRecord, TopicPartition
+
+from streams.app.join_guard import QUARANTINE_ALERT
+from streams.views.quarantines import fold_quarantines, quarantine_lines
+from tests.support.fake_kafka import FakeProducer
+from tests.unit.test_batches import T0, complete_request, join_rig
+
+TOPIC = "u.stage-events"
+
+
+def garbage(offset: int, partition: int = 3, producer: bytes | None = None) -> ConsumerRecord[bytes, bytes]:
+    headers = [("ttft-producer", producer)] if producer is not None else []
+    return ConsumerRecord(TOPIC, partition, offset, int(T0), 0, b"k", b"{not json", None, 0, 0, headers)  # type: ignore[call-arg]
+
+
+def alerts(producer: FakeProducer) -> list[dict[str, Any]]:
+    return [orjson.loads(v or b"") for _, _, v in producer.values("u.alerts")]
+
+
+def test_unparseable_flood_on_one_partition_is_quarantined_and_the_batch_committed() -> None:
+    producer = FakeProducer()
+    rig = join_rig(producer, caps={"halt_window_messages": 100, "quarantine_release_messages": 300})
+    good = complete_request(10)[TopicPartition(TOPIC, 3)]
+    flood = [garbage(100 + i) for i in range(2_000)]
+    asyncio.run(rig.runner.process({rig.tp: [*good, *flood]}))
+    assert rig.consumer.commits == [{rig.tp: 2_100}]  # nothing held back, no exit
+    assert producer.values("u.requests")  # the good request was still joined
+    assert len(producer.values("u.dead-letter")) == 2_000  # every bad message dead-lettered: nothing lost
+    [page] = alerts(producer)
+    assert page["alertname"] == QUARANTINE_ALERT and page["state"] == "firing"
+    assert page["labels"] == {
+        "alertname": QUARANTINE_ALERT,
+        "severity": "page",
+        "tenant": "",
+        "source": "partition 3 (no producer header)",
+    }
+    assert page["annotations"]["runbook_url"].endswith("#ttftsourcequarantined")
+    health = rig.fold.metrics.health
+    assert [q["source"] for q in health["quarantined_sources"]] == ["partition 3 (no producer header)"]
+    assert rig.fold.metrics.quarantined_sources.labels("producer")._value.get() == 1
+    [line] = quarantine_lines(fold_quarantines(v for _, _, v in producer.values("u.alerts")))
+    assert line.startswith("QUARANTINED partition 3 (no producer header) since ")
+
+    # Still flooding: no second page. Then fixed: released once, the page resolves.
+    asyncio.run(rig.runner.process({rig.tp: [garbage(2_100 + i) for i in range(500)]}))
+    assert len(alerts(producer)) == 1
+    fixed = [complete_request(3_000 + 10 * i)[TopicPartition(TOPIC, 3)] for i in range(80)]
+    asyncio.run(rig.runner.process({rig.tp: [r for request in fixed for r in request]}))
+    states = [(a["state"], a["fingerprint"]) for a in alerts(producer)]
+    assert [s for s, _ in states] == ["firing", "resolved"] and states[0][1] == states[1][1]
+    assert health["quarantined_sources"] == []
+    assert fold_quarantines([b"not json", *(v for _, _, v in producer.values("u.alerts"))]) == []
+
+
+def test_a_producer_that_names_itself_is_quarantined_alone() -> None:
+    producer = FakeProducer()
+    rig = join_rig(producer, caps={"halt_window_messages": 100})
+    flood = [garbage(100 + i, producer=b"batch-importer") for i in range(300)]
+    asyncio.run(rig.runner.process({rig.tp: flood}))
+    [page] = alerts(producer)
+    assert page["labels"]["source"] == "partition 3 producer 'batch-importer'"
