@@ -33,6 +33,7 @@ DeadLetterReason = Literal[
     "otlp_decode",
     "missing_tenant",
     "no_first_chunk",  # no longer produced (such LLM spans are forwarded as llm_unmeasured); stored rows keep it
+    "tenant_not_allowed",  # an event on a tenant's bound topic claiming another tenant, or a bound tenant's elsewhere
 ]
 #: The closed set of reason codes, in contract order.
 DEAD_LETTER_REASONS: Final[tuple[str, ...]] = get_args(DeadLetterReason)

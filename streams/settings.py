@@ -11,13 +11,14 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -289,6 +290,13 @@ class Settings(BaseSettings):
     clickhouse_user: str | None = None
     clickhouse_password: SecretStr | None = None
     topic_prefix: str = "ttft"
+    bound_tenants: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Tenants bound to their own input topic <prefix>.stage-events.<tenant> (comma-separated in "
+        "the environment), consumed beside the shared topic: an event there claiming another tenant, or a bound "
+        "tenant's event on the shared topic, is dead-lettered tenant_not_allowed. Append new tenants at the end: "
+        "the position is the tenant's slot of the join's state (docs/operations.md, Bound producers).",
+    )
     partitions: int = Field(8, gt=0, le=1024)
     replication_factor: int = Field(1, gt=0)
     alertmanager_url: SecretStr | None = Field(
@@ -331,6 +339,23 @@ class Settings(BaseSettings):
             raise ValueError("topic_prefix must be a legal Kafka topic prefix")
         return v
 
+    @field_validator("bound_tenants", mode="before")
+    @classmethod
+    def _split_bound(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return tuple(t.strip() for t in v.split(",") if t.strip())
+        return v
+
+    @field_validator("bound_tenants")
+    @classmethod
+    def _bound(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for tenant in v:
+            if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", tenant) or tenant in (".", ".."):
+                raise ValueError(f"bound tenant {tenant!r}: a bound tenant names a topic: use [A-Za-z0-9._-]{{1,64}}")
+        if len(set(v)) != len(v):
+            raise ValueError("bound_tenants lists a tenant twice")
+        return v
+
     @field_validator("clickhouse_database")
     @classmethod
     def _database(cls, v: str) -> str:
@@ -360,6 +385,10 @@ class Settings(BaseSettings):
     def topic(self, name: str) -> str:
         """Full topic name for a logical name: ``stage-events`` -> ``ttft.stage-events``."""
         return f"{self.topic_prefix}.{name}"
+
+    def bound_topics(self) -> dict[str, str]:
+        """Each bound tenant's input topic -> the tenant, in ``bound_tenants`` order."""
+        return {self.topic(f"stage-events.{tenant}"): tenant for tenant in self.bound_tenants}
 
     @property
     def store_url(self) -> str:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
 from aiokafka import ConsumerRecord, TopicPartition
 
-from schemas.dead_letter import DeadLetter
+from schemas.dead_letter import DeadLetter, make_dead_letter
 from schemas.decode import decode_stage_event
 from schemas.events import StageEvent
 from streams.app.join_guard import QuarantineReporter
@@ -59,16 +59,24 @@ def changelog_topic(settings: Settings) -> str:
     return f"{join_group_id(settings)}-{JOIN_STATE_TABLE}-changelog"
 
 
+def input_topics(settings: Settings) -> tuple[str, ...]:
+    """The shared stage-events topic, then each bound tenant's topic: their order is their state slot (a
+    bound topic's partition ``p`` is the core's partition ``slot * partitions + p``, so each input partition
+    keeps its own watermark and changelog partition)."""
+    return (settings.topic("stage-events"), *settings.bound_topics())
+
+
 def join_runner_config(settings: Settings) -> RunnerConfig:
     """The join's consumer: whole fetches of ``join.batch_max`` events, completed behind the next fold."""
     join = settings.join
     return RunnerConfig(
         name="join",
         group_id=join_group_id(settings),
-        topics=(settings.topic("stage-events"),),
+        topics=input_topics(settings),
         output_topics=(settings.topic("requests"), settings.topic("dead-letter"), settings.topic("alerts")),
         routes={settings.topic("alerts"): by_key},  # one alert's transitions on one partition, in order
         changelog=changelog_topic(settings),
+        changelog_partitions=settings.partitions * len(input_topics(settings)),
         batch_max=join.batch_max,
         # A fetch is join.batch_max events (10k ~ 4 MB): 16 MiB of prefetch keeps the consumer ahead without
         # holding 64 MiB of fetch buffers in every worker (RSS per open request).
@@ -110,6 +118,11 @@ class JoinFold(KeyedStateFold):
             caps.quarantine_release_messages,
         )
         self.quarantines = QuarantineReporter(settings, self.guard, metrics)
+        self._slots = {topic: slot for slot, topic in enumerate(input_topics(settings))}
+        self._stride = settings.partitions
+        #: Bound producers: topic -> the only tenant it may carry, and the tenants bound to a topic.
+        self._bound = settings.bound_topics()
+        self._bound_tenants = frozenset(self._bound.values())
         self.alerts_topic = settings.topic("alerts")
         self._producer_header = caps.producer_header
         self._last_heartbeat_ms = 0.0
@@ -123,17 +136,27 @@ class JoinFold(KeyedStateFold):
     async def fold(self, records: Records, now_ms: float, view: PartitionView, emit: Emit) -> None:
         folded: set[int] = set()
         for tp, items in records.items():
+            core = self._core_partition(tp)
             for start in range(0, len(items), FOLD_SLICE):
                 if start:
                     await asyncio.sleep(0)  # lets the previous completion and the fetcher progress
-                self._fold(items[start : start + FOLD_SLICE], now_ms, emit)
-            folded.add(tp.partition)
+                self._fold(items[start : start + FOLD_SLICE], core, now_ms, emit)
+            folded.add(core)
         for tp in sorted(view.owned):
-            caught_up = view.idle(tp)
-            if caught_up or tp.partition in folded:
-                for record in self.core.advance(tp.partition, now_ms, caught_up):
-                    self._add_record(emit, tp.partition, record)
+            caught_up, core = view.idle(tp), self._core_partition(tp)
+            if caught_up or core in folded:
+                for record in self.core.advance(core, now_ms, caught_up):
+                    self._add_record(emit, core, record)
         self._add_heartbeats(emit, view, now_ms)
+
+    def state_partitions(self, partitions: Iterable[TopicPartition]) -> list[int]:
+        return sorted(self._core_partition(tp) for tp in partitions)
+
+    def _core_partition(self, tp: TopicPartition) -> int:
+        """The core's partition of an input partition: its number on the shared topic, offset by the topic's
+        slot on a bound tenant's topic."""
+        slot: int = self._slots.get(tp.topic, 0)
+        return slot * self._stride + int(tp.partition)
 
     def take_dirty(self) -> Outputs:
         """One changelog write per request touched since the last call (None: forgotten, a tombstone); the
@@ -148,7 +171,7 @@ class JoinFold(KeyedStateFold):
         await super().restore(partitions)
         # States restored under a bare request id move to their (tenant, id) key: the core marked the new
         # entries dirty; the old keys are deleted after them, in the next checkpoint.
-        owned = {tp.partition for tp in partitions}
+        owned = set(self.state_partitions(partitions))
         self._legacy_tombstones += [(key, p) for key, p in self.core.legacy_keys if p in owned]
         self.core.legacy_keys = [(key, p) for key, p in self.core.legacy_keys if p not in owned]
         self.metrics.open_requests.set(self.core.open_requests)
@@ -165,11 +188,12 @@ class JoinFold(KeyedStateFold):
 
     # --- the per-event loop -----------------------------------------------------------------------
 
-    def _fold(self, records: Sequence[ConsumerRecord[Any, Any]], now: float, emit: Emit) -> None:
-        """Decode and fold one partition's records in order (names bound once)."""
+    def _fold(self, records: Sequence[ConsumerRecord[Any, Any]], core: int, now: float, emit: Emit) -> None:
+        """Decode and fold one input partition's records in order into the core's partition ``core``."""
         caps = self.settings.caps
         guard, observe, add, decode = self.guard, self.guard.observe, self.core.add, decode_stage_event
         header = self._producer_header
+        bound = self._bound.get(records[0].topic) if self._bound and records else None
         for record in records:
             p, offset, timestamp = record.partition, record.offset, record.timestamp
             append_time = timestamp if record.timestamp_type == 1 else None  # LogAppendTime: the broker's
@@ -184,20 +208,51 @@ class JoinFold(KeyedStateFold):
                 now,
                 append_time_ms=append_time,
             )
+            tenant = decoded.tenant_id
+            if self._bound_tenants and type(decoded) is not DeadLetter:
+                decoded, tenant = self._check_binding(decoded, bound, record, now)
             # Exact-type checks: decode returns a StageEvent or a DeadLetter, and isinstance answers "no" for a
             # pydantic model class only through ABCMeta's subclass check.
             headers = record.headers
-            observe(type(decoded) is DeadLetter, decoded.tenant_id, p, _producer(headers, header) if headers else None)
+            observe(type(decoded) is DeadLetter, tenant, p, _producer(headers, header) if headers else None)
             if guard.newly_quarantined or guard.released:
-                self._report_quarantines(emit, p, now)
+                self._report_quarantines(emit, core, now)
             if not isinstance(decoded, StageEvent):
-                self._add_dead_letter(emit, p, decoded)
+                self._add_dead_letter(emit, core, decoded)
                 continue
-            for out in add(decoded, p, now, offset):
+            for out in add(decoded, core, now, offset):
                 if isinstance(out, dict):
-                    self._add_record(emit, p, out)
+                    self._add_record(emit, core, out)
                 else:
-                    self._add_dead_letter(emit, p, out.to_dead_letter(_Source(record), now, caps))
+                    self._add_dead_letter(emit, core, out.to_dead_letter(_Source(record), now, caps))
+
+    def _check_binding(
+        self, event: StageEvent | DeadLetter, bound: str | None, record: ConsumerRecord[Any, Any], now: float
+    ) -> tuple[StageEvent | DeadLetter, str | None]:
+        """A bound topic carries its tenant's events only, and a bound tenant's events come from its topic only:
+        anything else is dead-lettered ``tenant_not_allowed`` (with the guard's tenant: the bound topic's, or
+        none for a claim on the shared topic, so a forger's flood never quarantines the tenant it names)."""
+        claimed = event.tenant_id
+        if bound is not None and claimed != bound:
+            detail = f"topic {record.topic} is bound to tenant {bound!r}; the event claims tenant {claimed!r}"
+        elif bound is None and claimed in self._bound_tenants:
+            detail = f"tenant {claimed!r} is bound to its own topic; the event came on {record.topic}"
+        else:
+            return event, claimed
+        letter = make_dead_letter(
+            "tenant_not_allowed",
+            detail,
+            record.value or b"",
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            kafka_timestamp_ms=record.timestamp if record.timestamp is not None and record.timestamp >= 0 else None,
+            max_original_bytes=self.settings.caps.dead_letter_bytes,
+            received_at_ms=now,
+            request_id=event.request_id,
+            tenant_id=bound,
+        )
+        return letter, bound
 
     def _report_quarantines(self, emit: Emit, source: int, now: float) -> None:
         """The guard quarantined or released a source: its page goes out with this batch's outputs."""
@@ -229,12 +284,11 @@ class JoinFold(KeyedStateFold):
             "evictions": self.core.counters.evictions,
         }
         for tp in sorted(view.owned):
-            watermark = self.core.watermark(tp.partition)
+            core = self._core_partition(tp)
+            watermark = self.core.watermark(core)
             if not watermark and not view.unread_backlog(tp):
                 continue  # never carried an event: holds nobody back
-            value = orjson.dumps(
-                {"watermark_ms": watermark, "source_partition": tp.partition, "lag": view.lag(tp), **stats}
-            )
+            value = orjson.dumps({"watermark_ms": watermark, "source_partition": core, "lag": view.lag(tp), **stats})
             emit.everywhere(self.requests_topic, WATERMARK_KEY, value)
 
 

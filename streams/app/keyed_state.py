@@ -63,14 +63,15 @@ class KeyedStateFold:
         return state
 
     async def restore(self, partitions: list[TopicPartition]) -> None:
-        await restore_partitions(self.settings, self.changelog, _numbers(partitions), self.core)
+        await restore_partitions(self.settings, self.changelog, self.state_partitions(partitions), self.core)
 
     def revoke(self, partitions: set[TopicPartition]) -> None:
-        self.core.revoke(set(_numbers(partitions)))
+        self.core.revoke(set(self.state_partitions(partitions)))
 
-
-def _numbers(partitions: Iterable[TopicPartition]) -> list[int]:
-    return sorted(tp.partition for tp in partitions)
+    def state_partitions(self, partitions: Iterable[TopicPartition]) -> list[int]:
+        """The core's (and the changelog's) partitions of these input partitions: their numbers, unless a
+        fold reads several topics into one core."""
+        return sorted(tp.partition for tp in partitions)
 
 
 #: How long one restore may take before the worker gives up (the group then moves the partitions on).

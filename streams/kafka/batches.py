@@ -161,6 +161,8 @@ class RunnerConfig:
     routes: Mapping[str, Route] = field(default_factory=dict)
     #: The fold's compacted changelog (created at start when missing), if it keeps state.
     changelog: str | None = None
+    #: The changelog's partitions when not ``settings.partitions`` (grown at start when it has fewer).
+    changelog_partitions: int | None = None
     batch_max: int = 10_000
     poll_ms: int = 200
     #: Keep polling this long after the first records of a fetch (one store insert for what arrives together).
@@ -307,7 +309,7 @@ class PartitionBatchRunner:
         s, c = self.settings, self.config
         client = kafka_client_kwargs(s)
         if c.changelog is not None:
-            await ensure_named_topics(s, {c.changelog: CHANGELOG_CONFIGS})
+            await ensure_named_topics(s, {c.changelog: CHANGELOG_CONFIGS}, partitions=c.changelog_partitions)
         if c.output_topics or c.changelog is not None:
             self.producer = AIOKafkaProducer(
                 acks="all", linger_ms=5, max_batch_size=1_048_576, max_request_size=4_194_304, **client

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.helpers import create_ssl_context
 
@@ -135,28 +135,40 @@ async def ensure_topics(
     Each gets ``settings.partitions`` partitions and ``settings.replication_factor`` replicas. A topic that
     already exists is left as it is (its partition count is not checked or changed). With the OTLP input
     enabled, its topic (``settings.otlp.topic``, unprefixed: the Collector's name) is declared too, since
-    the kafkaexporter does not create it.
+    the kafkaexporter does not create it; so is each bound tenant's input topic (``settings.bound_topics``).
     """
+    names = tuple(names)
     topics = {settings.topic(name): _topic_configs(settings.topic(name), settings) for name in names}
+    if "stage-events" in names:
+        topics.update({topic: {} for topic in settings.bound_topics()})
     if settings.otlp.enabled:
         topics[settings.otlp.topic] = {}
     return await ensure_named_topics(settings, topics, timeout_s=timeout_s)
 
 
 async def ensure_named_topics(
-    settings: Settings, topics: Mapping[str, dict[str, str]], *, timeout_s: float = 30.0
+    settings: Settings,
+    topics: Mapping[str, dict[str, str]],
+    *,
+    timeout_s: float = 30.0,
+    partitions: int | None = None,
 ) -> list[str]:
-    """Create topics by their full names with their configs if missing (see :func:`ensure_topics`)."""
+    """Create topics by their full names with their configs if missing (see :func:`ensure_topics`), with
+    ``partitions`` partitions (default ``settings.partitions``). With ``partitions`` given, an existing topic
+    with fewer is grown to it (a changelog whose partitions are chosen by the writer, never by key)."""
+    count = partitions or settings.partitions
     admin = AIOKafkaAdminClient(request_timeout_ms=int(timeout_s * 1000), **kafka_client_kwargs(settings))
     try:
         await admin.start()
         existing = set(await admin.list_topics())
         wanted = [t for t in topics if t not in existing]
+        if partitions is not None:
+            await _grow(admin, [t for t in topics if t in existing], partitions, timeout_s)
         created: list[str] = []
         if not wanted:
             return created
         response = await admin.create_topics(
-            [NewTopic(t, settings.partitions, settings.replication_factor, topic_configs=topics[t]) for t in wanted],
+            [NewTopic(t, count, settings.replication_factor, topic_configs=topics[t]) for t in wanted],
             timeout_ms=int(timeout_s * 1000),
         )
         errors: list[str] = []
@@ -173,6 +185,19 @@ async def ensure_named_topics(
         await admin.close()
     await _await_leaders(settings, created, timeout_s)
     return created
+
+
+async def _grow(admin: AIOKafkaAdminClient, topics: list[str], partitions: int, timeout_s: float) -> None:
+    """Add partitions to ``topics`` that have fewer than ``partitions``."""
+    if not topics:
+        return
+    grow = {
+        str(t["topic"]): NewPartitions(partitions)
+        for t in await admin.describe_topics(topics)
+        if len(t.get("partitions") or ()) < partitions
+    }
+    if grow:
+        await admin.create_partitions(grow, timeout_ms=int(timeout_s * 1000))
 
 
 def _topic_configs(topic: str, settings: Settings) -> dict[str, str]:

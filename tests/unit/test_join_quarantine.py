@@ -63,3 +63,49 @@ def test_a_producer_that_names_itself_is_quarantined_alone() -> None:
     asyncio.run(rig.runner.process({rig.tp: flood}))
     [page] = alerts(producer)
     assert page["labels"]["source"] == "partition 3 producer 'batch-importer'"
+
+
+# --- bound producers (issue 27 item 7) ---------------------------------------------------------------
+
+BOUND = "u.stage-events.acme"
+
+
+def bound_records(topic: str, tenant: str, first_offset: int, rid: str) -> list[ConsumerRecord[bytes, bytes]]:
+    records = complete_request(first_offset)[TopicPartition(TOPIC, 3)]
+    out = []
+    for r in records:
+        original = orjson.loads(r.value)
+        event = {**original, "tenant_id": tenant, "request_id": f"{rid}-{original['request_id']}"}
+        key, value = event["request_id"].encode(), orjson.dumps(event)
+        out.append(ConsumerRecord(topic, 3, r.offset, r.timestamp, 0, key, value, None, 0, 0, []))  # type: ignore[call-arg]
+    return out
+
+
+def test_a_bound_topic_carries_its_tenant_only_and_its_tenant_comes_from_it_only() -> None:
+    from streams.app.join_fold import join_runner_config
+
+    producer = FakeProducer()
+    rig = join_rig(producer, bound_tenants=("acme",))
+    config = join_runner_config(rig.fold.settings)
+    assert config.topics == (TOPIC, BOUND) and config.changelog_partitions == 16
+    bound_tp = TopicPartition(BOUND, 3)
+    rig.runner.owned = {rig.tp, bound_tp}
+    fetch = {
+        bound_tp: [*bound_records(BOUND, "acme", 10, "own"), *bound_records(BOUND, "globex", 20, "forged")],
+        rig.tp: [*bound_records(TOPIC, "acme", 10, "sneaked"), *bound_records(TOPIC, "initech", 20, "shared")],
+    }
+    asyncio.run(rig.runner.process(fetch))
+    stored = {orjson.loads(v or b"")["request_id"] for _, _, v in producer.values("u.requests") if k_is_record(v)}
+    assert stored == {"own-r1", "shared-r1"}
+    letters = [orjson.loads(v or b"") for _, _, v in producer.values("u.dead-letter")]
+    assert {(d["request_id"].split("-")[0], d["reason_code"], d["tenant_id"]) for d in letters} == {
+        ("forged", "tenant_not_allowed", "acme"),
+        ("sneaked", "tenant_not_allowed", None),
+    }
+    assert len(letters) == 12  # every event of both requests, each with its own bytes
+    # The bound topic's partition 3 is the core's partition 8 + 3: its own state and watermark.
+    assert {p for p, _, _ in producer.values(rig.changelog)} == {3, 11}
+
+
+def k_is_record(value: bytes | None) -> bool:
+    return b'"request_id"' in (value or b"")
