@@ -21,7 +21,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,8 @@ from streams.settings import OtelCollectorConfig, OtlpConfig
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 BINARY_ENV = "TTFT_OTELCOL_BIN"
 DEFAULT_CONFIG = _REPO_ROOT / "deploy" / "otel" / "collector.yaml"
+#: The overlay that sets the tenant with the Collector alone (docs/otlp-mapping.md).
+TENANT_OVERLAY = _REPO_ROOT / "deploy" / "otel" / "tenant.yaml"
 HOST = "127.0.0.1"
 
 
@@ -86,7 +88,8 @@ class LocalCollector:
     ``detach=True`` leaves it running after this process exits (``ttft otel up``); otherwise, when started
     from the main thread, it gets SIGTERM if this process dies, so a crashed test run leaks no Collector.
     ``env`` adds variables for the Collector (e.g. ``TTFT_OTLP__TOPIC``); the rest of the environment is
-    inherited.
+    inherited. ``overlays`` are more config files given after ``config`` (the Collector merges them in order,
+    e.g. :data:`TENANT_OVERLAY`).
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class LocalCollector:
         config: Path = DEFAULT_CONFIG,
         detach: bool = False,
         env: Mapping[str, str] | None = None,
+        overlays: Sequence[Path] = (),
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.ports = ports
@@ -107,6 +111,7 @@ class LocalCollector:
         self.config = config.resolve()
         self.detach = detach
         self.extra_env = dict(env or {})
+        self.overlays = tuple(p.resolve() for p in overlays)
         self._proc: subprocess.Popen[bytes] | None = None
 
     # --- addresses and files --------------------------------------------------------------------
@@ -228,7 +233,7 @@ class LocalCollector:
         preexec: Callable[[], None] | None = set_parent_death_signal if tie else None
         with open(self.log_file, "ab") as log:
             self._proc = subprocess.Popen(
-                [str(self.binary), "--config", str(self.config)],
+                [str(self.binary), *(a for c in (self.config, *self.overlays) for a in ("--config", str(c)))],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -26,7 +26,7 @@ from aiokafka.partitioner import murmur2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from streams.otel.collector import DEFAULT_CONFIG, LocalCollector, default_binary, missing_binary
+from streams.otel.collector import DEFAULT_CONFIG, TENANT_OVERLAY, LocalCollector, default_binary, missing_binary
 from streams.settings import Settings
 from tests.fixtures.otel import OtelCollectorHandle, free_otel_ports
 
@@ -113,13 +113,15 @@ def _bucket_bounds(url: str, namespace: str) -> set[str]:
 
 
 def test_committed_config_validates(tmp_path: Path) -> None:
-    """``otelcol-ttft validate`` accepts deploy/otel/collector.yaml with either encoding."""
+    """``otelcol-ttft validate`` accepts deploy/otel/collector.yaml with either encoding, alone and with the
+    tenant overlay (deploy/otel/tenant.yaml) merged over it."""
     if problem := missing_binary(default_binary()):
         pytest.fail(problem)
     collector = LocalCollector(tmp_path, ports=free_otel_ports(), kafka_bootstrap="127.0.0.1:9092")
-    for encoding in ("otlp_proto", "otlp_json"):
+    overlay = ["--config", str(TENANT_OVERLAY)]
+    for encoding, extra in (("otlp_proto", []), ("otlp_json", []), ("otlp_proto", overlay)):
         env = {**collector.environment(), "TTFT_OTLP__ENCODING": encoding}
-        cmd = [str(default_binary()), "validate", "--config", str(DEFAULT_CONFIG)]
+        cmd = [str(default_binary()), "validate", "--config", str(DEFAULT_CONFIG), *extra]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
 
