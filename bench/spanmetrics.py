@@ -10,7 +10,7 @@ count them and we scrape its Prometheus endpoint. Three P95s per stage:
   interpolation within the bucket, as Prometheus does);
 - **ours**: the very messages the Collector wrote to Kafka, decoded (:func:`schemas.otlp.parse_spans`) and
   folded by the worker's trace assembler (:class:`streams.core.otlp_traces.TraceAssembler`, the mapping of
-  DESIGN.md), the stage events it forwards added to the DDSketch the pipeline stores
+  docs/design.md), the stage events it forwards added to the DDSketch the pipeline stores
   (:class:`streams.core.sketch.LatencySketch`, 1 % relative accuracy). This is the pipeline's path from the
   topic to the sketch without the join and the store around it (the join sums a request's events of a stage,
   one each here, so the figure is the same).

@@ -136,7 +136,7 @@ _SPAN_RULE: Final[dict[str, Any]] = {
 
 
 class StageEvent(BaseModel):
-    """One timing event of one stage of one request (DESIGN.md, the contract).
+    """One timing event of one stage of one request (docs/design.md, the contract).
 
     Span stages carry ``ts_ms`` (start, epoch ms) and ``duration_ms``; the instants ``request_start``
     and ``first_token`` carry only ``ts_ms``. Kafka key: the request_id in UTF-8.
@@ -203,7 +203,7 @@ class StageEvent(BaseModel):
         return self.stage in INSTANT_STAGES
 
     def dedup_key(self) -> tuple[Any, ...]:
-        """Identity of an event for duplicate detection (DESIGN.md: event_id, else ts and duration)."""
+        """Identity of an event for duplicate detection (docs/design.md: event_id, else ts and duration)."""
         if self.event_id is not None:
             return (self.stage, "id", self.event_id)
         return (

@@ -1,6 +1,6 @@
 """One Kafka message of the Collector's ``kafkaexporter`` (an OTLP ``ExportTraceServiceRequest``) -> spans.
 
-Two encodings (DESIGN.md, "OpenTelemetry spans"): ``otlp_proto``, the protobuf bytes, and ``otlp_json``,
+Two encodings (docs/design.md, "OpenTelemetry spans"): ``otlp_proto``, the protobuf bytes, and ``otlp_json``,
 the OTLP/JSON mapping. OTLP/JSON is not protobuf's canonical JSON in one respect: ``traceId``, ``spanId``
 and ``parentSpanId`` are lowercase hex strings, not base64. They are rewritten to base64 before the
 generated message parses the rest, which also accepts int64 values as strings or numbers, enums as

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 RequestStatus = Literal["complete", "missing_stage", "no_first_chunk", "timed_out", "orphan"]
 RecallMode = Literal["parallel", "serial", "single", "none"]
 
-#: Status precedence: the first that matches wins (DESIGN.md, join semantics). ``no_first_chunk``: a
+#: Status precedence: the first that matches wins (docs/design.md, join semantics). ``no_first_chunk``: a
 #: request_start and an LLM call (``llm_unmeasured``) whose first chunk the telemetry does not tell, no
 #: first_token: answered, but its TTFT is unknown (never SLO-bad, see streams/core/stages.py).
 STATUS_ORDER: tuple[RequestStatus, ...] = ("orphan", "no_first_chunk", "timed_out", "missing_stage", "complete")
@@ -43,7 +43,7 @@ ATTR_COLUMNS: tuple[str, ...] = (
 
 
 class RequestRecord(BaseModel):
-    """A request joined from its stage events (DESIGN.md, join semantics)."""
+    """A request joined from its stage events (docs/design.md, join semantics)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

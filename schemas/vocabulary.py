@@ -1,7 +1,7 @@
 """The contract's vocabulary, spelled once: stage names, the stage-name rule, reserved identifiers.
 
 Every other module (the event model, the settings, the join, the rules, the views) imports these names
-from here; this module imports nothing of the project. DESIGN.md, "The contract" and "Join semantics".
+from here; this module imports nothing of the project. docs/design.md, "The contract" and "Join semantics".
 """
 
 from __future__ import annotations

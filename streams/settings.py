@@ -36,7 +36,7 @@ class _Section(BaseModel):
 
 
 class JoinConfig(_Section):
-    """How stage events become request records (DESIGN.md, join semantics)."""
+    """How stage events become request records (docs/design.md, join semantics)."""
 
     grace_ms: int = Field(2_000, ge=0, description="Wait after first_token for stragglers before emitting.")
     request_timeout_ms: int = Field(30_000, gt=0, description="No first_token this long after start: timed_out.")
@@ -116,7 +116,7 @@ class JoinConfig(_Section):
 
 
 class WindowConfig(_Section):
-    """Event-time windows of the aggregates (DESIGN.md, windows)."""
+    """Event-time windows of the aggregates (docs/design.md, windows)."""
 
     window_s: int = Field(60, gt=0, description="W: window_start = floor(started_at / W) * W.")
     grace_s: int = Field(10, ge=0, description="Allowed lateness after the join's watermark before a window closes.")
@@ -191,7 +191,7 @@ class CapsConfig(_Section):
 
 
 class OtlpConfig(_Section):
-    """The OpenTelemetry input: Collector ``kafkaexporter`` messages mapped to stage events (DESIGN.md,
+    """The OpenTelemetry input: Collector ``kafkaexporter`` messages mapped to stage events (docs/design.md,
     "OpenTelemetry spans"). It runs inside the join's worker, as its own agent on its own consumer group
     (streams/app/otlp_fold.py)."""
 

@@ -1,7 +1,7 @@
 """Request records from joined state (:func:`build_record`) and from a late amendment (:func:`merge_records`).
 
 Records are plain dicts with exactly the fields of :class:`schemas.records.RequestRecord`. The rules are
-DESIGN.md's join semantics: status precedence orphan > no_first_chunk > timed_out > missing_stage > complete;
+docs/design.md's join semantics: status precedence orphan > no_first_chunk > timed_out > missing_stage > complete;
 missing stage values are None, never 0; ``other_ms`` is signed; retries are summed with a repeat counter; the earliest
 instant wins. ``missing_stages`` lists the absent required stages whatever the status, so a later
 amendment can tell which gaps it fills, and ``event_keys`` the events a record counted, so a later amendment can
@@ -243,7 +243,7 @@ def merge_records(stored: Mapping[str, Any], amendment: Mapping[str, Any], windo
     merged = dict(stored)
     stored_start = _has_stage(stored, "request_start")
     amend_start = _has_stage(amendment, "request_start")
-    # Identity comes from request_start, else from the earliest event (DESIGN.md).
+    # Identity comes from request_start, else from the earliest event (docs/design.md).
     if (not stored_start and amend_start) or (
         not stored_start and not amend_start and amendment["started_at"] < stored["started_at"]
     ):

@@ -63,7 +63,7 @@ _START_CODE: Final = REQUEST_START.to_bytes(2, "little")
 FIRST_CUSTOM_CODE: Final = len(KNOWN_STAGES)
 MAX_CODE: Final = 0xFFFF
 
-#: Stages that own a well-known attr, best first; any other stage ranks after them (DESIGN.md, attrs).
+#: Stages that own a well-known attr, best first; any other stage ranks after them (docs/design.md, attrs).
 _ATTR_OWNERS: Final[dict[str, tuple[str, ...]]] = {
     "prompt_tokens": ("prompt_assemble", "llm_ttft"),
     "cached_tokens": ("prompt_assemble", "llm_ttft"),
@@ -160,7 +160,7 @@ class Conflict:
 
 
 def state_key(tenant_id: str, request_id: str) -> str:
-    """The join's key of a request: its tenant, a NUL, its request id (DESIGN.md: a request is identified
+    """The join's key of a request: its tenant, a NUL, its request id (docs/design.md: a request is identified
     by ``(tenant_id, request_id)``; two tenants' requests never share state). Also the changelog key."""
     return f"{tenant_id}\x00{request_id}"
 

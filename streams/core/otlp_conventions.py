@@ -1,6 +1,6 @@
 """What the instrumentation conventions say about one span, read from its attributes and events (pure).
 
-The OpenTelemetry input (DESIGN.md, "OpenTelemetry spans") meets spans made by several instrumentations,
+The OpenTelemetry input (docs/design.md, "OpenTelemetry spans") meets spans made by several instrumentations,
 each with its own names: OpenInference (``openinference.span.kind``, ``llm.*``), the GenAI semantic
 conventions (``gen_ai.*``), OpenLLMetry (GenAI names plus one event per streamed chunk), OpenLIT and Strands
 (``gen_ai.server.time_to_first_token`` on the span) and the Vercel AI SDK (``ai.*``). This module knows

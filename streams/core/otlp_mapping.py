@@ -1,4 +1,4 @@
-"""What one OTLP span says for the stage-event mapping (DESIGN.md, "OpenTelemetry spans"), as plain data.
+"""What one OTLP span says for the stage-event mapping (docs/design.md, "OpenTelemetry spans"), as plain data.
 
 A span is read once, when it arrives, into a :class:`SpanNote`: the stage it maps to (if any), its first
 chunk and whether it streamed for an LLM span (the conventions' names are in

@@ -12,7 +12,7 @@ root spans last. The assembler holds each trace's stage spans and the context an
   by an idle tick (wall time) when the partition has no backlog, as the join does; no span moves it
   further than the join's lead past the clock.
 
-Resolving maps every held stage span (DESIGN.md table, :mod:`streams.core.otlp_mapping`) and validates
+Resolving maps every held stage span (docs/design.md table, :mod:`streams.core.otlp_mapping`) and validates
 each event as the join will (:func:`schemas.decode.decode_stage_event`). A stage span that cannot map is
 dead-lettered with its trace and span ids; spans that are no stage are only counted. A resolved trace is
 remembered until the watermark passes its last span end plus the join's ``forget_after_ms``: a late span

@@ -1,6 +1,6 @@
 """Which values of a request record feed which latency sketch, and the strata of the canary view.
 
-DESIGN.md, windows: latency sketches take ``complete``, ``missing_stage`` and ``no_first_chunk`` records
+docs/design.md, windows: latency sketches take ``complete``, ``missing_stage`` and ``no_first_chunk`` records
 only, present stages only, ``ttft`` when both instants exist. ``other`` is the signed unattributed gap,
 clamped at 0 in the sketch and counted as negative. ``timed_out`` and ``orphan`` records feed completeness
 and SLO burn only.

@@ -1,6 +1,6 @@
 """Exact percentiles and their bootstrap interval over numpy arrays, for ``ttft whatif``.
 
-The percentile is the store's exact one (DESIGN.md, windows): numpy ``quantile(x, q, method='lower')``,
+The percentile is the store's exact one (docs/design.md, windows): numpy ``quantile(x, q, method='lower')``,
 the element at sorted index ``floor(q * (n - 1))``, the same rank the sketches use
 (:func:`streams.core.sketch.rank_lower`). ClickHouse's ``quantile*`` functions are never used.
 

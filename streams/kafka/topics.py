@@ -1,6 +1,6 @@
 """Kafka connection settings and the project's topics.
 
-The broker runs with ``auto.create.topics.enable=false``: every topic of DESIGN.md is created here, on
+The broker runs with ``auto.create.topics.enable=false``: every topic of docs/design.md is created here, on
 purpose, with ``settings.partitions`` partitions. ``kafka_client_kwargs`` / ``faust_broker_kwargs`` are the
 one place where the security settings turn into client arguments, so aiokafka producers, admin clients and
 the faust app always connect the same way.

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 RecallMode = Literal["parallel", "serial"]
 
-#: Below this draft acceptance rate speculative decoding costs more than it saves (DESIGN.md).
+#: Below this draft acceptance rate speculative decoding costs more than it saves (docs/design.md).
 SPECULATIVE_BREAK_EVEN = 0.6
 #: Prompts shorter than this never hit the provider's prefix cache (matches windows.cacheable_min_tokens).
 CACHEABLE_MIN_TOKENS = 1_024

@@ -3,7 +3,7 @@
 A chDB directory opens in one process only, and the writer holds it while the pipeline runs. So the writer
 serves it the way a ClickHouse server serves its tables, on ``store.http_host:store.http_port`` (default
 127.0.0.1:8123): clickhouse-connect, clickhouse-go over HTTP (Grafana's ClickHouse plugin) and the ``ttft``
-read commands reach the live store as they would reach a server (DESIGN.md, "Real components").
+read commands reach the live store as they would reach a server (docs/design.md, "Real components").
 
 What it speaks (ClickHouse's HTTP interface, the parts those clients use):
 

@@ -247,7 +247,7 @@ RequestKey = tuple[str, str]
 
 
 def request_key(record: dict[str, Any]) -> RequestKey:
-    """A request's identity: ``(tenant_id, request_id)`` (DESIGN.md: two tenants' ids never collide)."""
+    """A request's identity: ``(tenant_id, request_id)`` (docs/design.md: two tenants' ids never collide)."""
     return str(record["tenant_id"]), str(record["request_id"])
 
 

@@ -4,7 +4,7 @@ A :class:`TraceSpec` is one request as a traced service would run it: a root spa
 retried, each with an embedding child), a rerank, a prompt-assembly span, an LLM span that streams on after
 its first chunk, plus HTTP and tool spans that are no stage. It renders as OTLP spans (OpenInference or
 GenAI semantic-convention shape) split over several exports in end-time order, as the stage events the
-emitter would send for the same request, and as the ``requests`` row DESIGN.md's join semantics demand.
+emitter would send for the same request, and as the ``requests`` row docs/design.md's join semantics demand.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def emitter_events(spec: TraceSpec) -> list[tuple[bytes, bytes]]:
 
 
 def truth_row(spec: TraceSpec) -> dict[str, Any]:
-    """The ``requests`` row the join must store for this trace (DESIGN.md join semantics)."""
+    """The ``requests`` row the join must store for this trace (docs/design.md join semantics)."""
     retrieval = sum(b - a for a, b, _ in spec.retrievals) / 1000
     prompt = (spec.prompt[1] - spec.prompt[0]) / 1000
     row: dict[str, Any] = {

@@ -2,7 +2,7 @@
 
 Each request gets the five required stages plus optional recall sub-stages; events are shuffled within the
 request, some are duplicated, some requests lose a required stage or their request_start, and some
-messages are malformed. The truth is what DESIGN.md's join semantics say the record must be.
+messages are malformed. The truth is what docs/design.md's join semantics say the record must be.
 """
 
 from __future__ import annotations

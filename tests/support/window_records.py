@@ -133,7 +133,7 @@ def synthetic_records(
         if status == "missing_stage":
             record["missing_stages"] = ["prompt_assemble"]
             record["prompt_assemble_ms"] = None
-            record["other_ms"] = None  # DESIGN.md: other needs all three parents
+            record["other_ms"] = None  # docs/design.md: other needs all three parents
         elif status in ("timed_out", "orphan"):
             record |= {"first_token_at": None, "ttft_ms": None, "other_ms": None}
         record["record_version"] = record_version(record["event_count"], status, record["late_events"])

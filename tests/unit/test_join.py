@@ -113,7 +113,7 @@ def test_idle_tick_does_not_move_the_watermark_back() -> None:
 
 
 def test_another_tenants_event_with_the_same_id_is_another_request() -> None:
-    """DESIGN.md: a request is (tenant_id, request_id); one tenant can never merge into another's record."""
+    """docs/design.md: a request is (tenant_id, request_id); one tenant can never merge into another's record."""
     j = RequestJoin(CFG, W)
     feed(j, request()[:2])
     other = ev("prompt_assemble", 320, 80.0, tenant_id="globex")

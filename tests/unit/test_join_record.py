@@ -1,4 +1,4 @@
-"""Join semantics of one request record (DESIGN.md, join semantics): status, stages, instants, attrs."""
+"""Join semantics of one request record (docs/design.md, join semantics): status, stages, instants, attrs."""
 
 from __future__ import annotations
 
