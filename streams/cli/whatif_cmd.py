@@ -28,6 +28,8 @@ from streams.core.whatif_levers import (
     Lever,
     LeverError,
     ParallelRecall,
+    parse_cache_hits,
+    parse_cached_share,
     parse_cap,
     parse_cut,
     parse_route,
@@ -47,6 +49,8 @@ _PARSERS: dict[str, Callable[[Any], Lever]] = {
     "cap": parse_cap,
     "parallel_recall": lambda _flag: ParallelRecall(),
     "all_cache_hits": lambda _flag: AllCacheHits(),
+    "cache_hits": parse_cache_hits,
+    "cached_share": parse_cached_share,
     "route_all": parse_route,
     "route_share": parse_route_share,
 }
@@ -97,6 +101,19 @@ def ordered_levers(order: Sequence[str], values: dict[str, Any]) -> list[Lever]:
 @click.option("--cap", multiple=True, metavar="STAGE=MS|pNN", help="At most MS, or at most the stage's own pNN.")
 @click.option("--parallel-recall", is_flag=True, help="Serial recall in parallel: retrieval loses its shorter leg.")
 @click.option("--all-cache-hits", is_flag=True, help="Prompt-cache misses take a hit's llm_ttft (same prompt size).")
+@click.option(
+    "--cache-hits",
+    default=None,
+    metavar="SHARE",
+    help="Like --all-cache-hits, until SHARE (0-1) of the cacheable prompts hit (stored hits count toward it).",
+)
+@click.option(
+    "--cached-share",
+    default=None,
+    metavar="S",
+    help="Every prompt-cache hit (so far) caches S (0-1) of its prompt: its prefill rescaled by the fitted "
+    "llm_ttft-over-uncached-tokens line (after --all-cache-hits: the hits it made too).",
+)
 @click.option("--route-all", default=None, metavar="ROUTE", help="Every request takes the llm_ttft of one on ROUTE.")
 @click.option(
     "--route-share",
@@ -152,8 +169,8 @@ def whatif(
         raise click.UsageError("--rank replays each stage on its own: give it no levers")
     if not rank and not levers:
         raise click.UsageError(
-            "name a lever (--scale, --cut, --cap, --parallel-recall, --all-cache-hits, --route-all, --route-share) "
-            "or --rank"
+            "name a lever (--scale, --cut, --cap, --parallel-recall, --all-cache-hits, --cache-hits, --cached-share, "
+            "--route-all, --route-share) or --rank"
         )
     settings = load_settings()
     client, database, span = open_span(settings, "requests", since, until, anchor, tenant)

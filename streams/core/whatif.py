@@ -34,6 +34,17 @@ request slow in every stage (a busy host, a long context) stays slow after the f
 random would make the slow tail faster than it is (on the demo's story at 20k requests a phase, random
 pairing put the stable-prefix phase's TTFT P95 about 12 points lower than rank matching).
 
+``--cached-share S`` rescales the ``llm_ttft`` of every request that is a prompt-cache hit at that point (the
+stored hits, and the recipients of an earlier ``--all-cache-hits``) to a hit that caches ``S`` of its prompt:
+``llm_ttft * (a + b * tokens * (1 - S)) / (a + b * uncached)``, the line ``a + b * uncached tokens`` fitted
+(least squares) on the replayed requests with known prompt and cached tokens. A stored hit's uncached tokens
+are its own; a recipient's are its prompt times one minus the stored hits' median cached share (its donor's
+kind of hit). A cache-hit lever given right before ``--cached-share`` draws no donors: it only picks the
+misses that become hits, whose own ``llm_ttft`` (their whole prompt uncached) is then rescaled, so the
+prediction needs no hits of the same prompt size, which a short span rarely has. The ratio keeps each
+request's own slowness; the fit needs :data:`MIN_FIT_REQUESTS` requests and a prefill cost (a slope worth
+1 % of the base at the median uncached tokens), else the lever refuses.
+
 ``--route-share ROUTE=SHARE:FACTOR`` needs no donors: requests drawn at random (seeded) from those off the
 route move onto it until ``SHARE`` of all requests are on it, their ``llm_ttft`` times ``FACTOR``. It is for a
 route with no traffic yet (the demo's routing fix), where ``--route-all`` has nothing to draw from.
@@ -54,6 +65,7 @@ from streams.core.stages import PROMPT_BUCKETS
 from streams.core.whatif_levers import (
     LEVER_STAGES,
     AllCacheHits,
+    CachedShare,
     Cap,
     Cut,
     Lever,
@@ -72,6 +84,8 @@ IntArray = npt.NDArray[np.int64]
 RECALL_CODES: Final[dict[str, int]] = {"serial": 1, "parallel": 2, "single": 3, "none": 4}
 #: How much longer than retrieval its two legs and rerank may add up to and still count as serial (rounding).
 SERIAL_SLACK_MS: Final = 1.0
+#: Fewest requests with prompt and cached token counts --cached-share fits its prefill line on.
+MIN_FIT_REQUESTS: Final = 20
 #: Fewest donors a prompt bucket needs before its recipients may draw from them.
 DEFAULT_MIN_DONORS: Final = 10
 DEFAULT_RESAMPLES: Final = 200
@@ -101,6 +115,8 @@ class RequestColumns:
     prompt_cache_hit: npt.NDArray[np.int8]
     route: npt.NDArray[np.int32]
     route_names: tuple[str, ...] = ()
+    #: Cached prompt tokens (-1 unknown); ``None``: unknown for every request.
+    cached_tokens: IntArray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.ttft)
@@ -108,6 +124,8 @@ class RequestColumns:
             raise ValueError(f"stages must be exactly {LEVER_STAGES}")
         lengths = [len(a) for a in self.stages.values()]
         lengths += [len(self.recall_mode), len(self.prompt_tokens), len(self.prompt_cache_hit), len(self.route)]
+        if self.cached_tokens is not None:
+            lengths.append(len(self.cached_tokens))
         if any(length != n for length in lengths):
             raise ValueError("every column needs one value per request")
         if np.isnan(self.ttft).any():
@@ -141,6 +159,9 @@ class RequestColumns:
             prompt_cache_hit=np.array([-1 if h is None else int(bool(h)) for h in hits], dtype=np.int8),
             route=np.array([-1 if r.get("route") is None else names.index(str(r["route"])) for r in rows], np.int32),
             route_names=names,
+            cached_tokens=np.array(
+                [-1 if r.get("cached_tokens") is None else int(r["cached_tokens"]) for r in rows], dtype=np.int64
+            ),
         )
 
 
@@ -195,11 +216,16 @@ class _Stages:
         self.stages = dict(columns.stages)
         self.serial = serial_recall(columns)
         self.buckets = prompt_bucket_codes(columns.prompt_tokens)
+        #: Prompt-cache hits as the levers so far left them, and the recipients of --all-cache-hits among them.
+        self.hit: BoolArray = columns.prompt_cache_hit == 1
+        self.made_hit: BoolArray = np.zeros(columns.n, dtype=np.bool_)
+        #: Misses a cache-hit lever turned into hits without donors (--cached-share follows it).
+        self.flipped: BoolArray = np.zeros(columns.n, dtype=np.bool_)
         self.rng = rng
         self.min_donors = min_donors
         self.min_tokens = min_tokens
 
-    def apply(self, lever: Lever) -> LeverReport:
+    def apply(self, lever: Lever, *, modelled: bool = False) -> LeverReport:
         if isinstance(lever, Scale | Cut | Cap):
             return self._stage_lever(lever)
         if isinstance(lever, ParallelRecall):
@@ -212,7 +238,17 @@ class _Stages:
             hit, tokens = self.columns.prompt_cache_hit, self.columns.prompt_tokens
             cacheable = (tokens >= self.min_tokens) | (tokens < 0)
             kept = int(np.count_nonzero((hit == 0) & ~cacheable))
-            return self._donate(lever, (hit == 0) & cacheable, hit == 1, {"not_cacheable": kept})
+            recipients = self._turning_hits(lever.share, (hit == 0) & cacheable, (hit == 1) & cacheable)
+            made = recipients & ~np.isnan(self.stages["llm_ttft"])
+            self.hit = self.hit | made
+            if modelled:
+                self.flipped = self.flipped | made
+                detail = {"not_cacheable": kept, "llm_ttft": "from --cached-share"}
+                return LeverReport(lever, int(np.count_nonzero(made)), detail)
+            self.made_hit = self.made_hit | made
+            return self._donate(lever, recipients, hit == 1, {"not_cacheable": kept})
+        if isinstance(lever, CachedShare):
+            return self._cached_share(lever)
         if isinstance(lever, RouteShare):
             return self._route_share(lever)
         names = self.columns.route_names
@@ -249,6 +285,55 @@ class _Stages:
                 for sub in SUB_STAGES:
                     self.stages[sub] = self.stages[sub] * lever.factor
         return LeverReport(lever, changed, detail)
+
+    def _turning_hits(self, share: float, misses: BoolArray, hits: BoolArray) -> BoolArray:
+        """The misses that become hits: all of them, or random ones until ``share`` of the cacheable hit."""
+        if share >= 1.0:
+            return misses
+        wanted = round(share * (np.count_nonzero(misses) + np.count_nonzero(hits))) - np.count_nonzero(hits)
+        candidates = np.flatnonzero(misses)
+        llm = np.nan_to_num(self.stages["llm_ttft"])
+        # In the order of their TTFT and llm_ttft, so the draw does not depend on the order rows were read in.
+        candidates = candidates[np.lexsort((llm[candidates], self.columns.ttft[candidates]))]
+        chosen = self.rng.choice(candidates, size=min(max(wanted, 0), len(candidates)), replace=False)
+        out: BoolArray = np.zeros_like(misses)
+        out[chosen] = True
+        return out
+
+    def _cached_share(self, lever: CachedShare) -> LeverReport:
+        """Hits' llm_ttft rescaled along the fitted prefill line to a hit that caches ``share`` of its prompt."""
+        columns = self.columns
+        tokens = columns.prompt_tokens.astype(np.float64)
+        cached_ints = columns.cached_tokens if columns.cached_tokens is not None else np.full(columns.n, -1)
+        cached = cached_ints.astype(np.float64)
+        observed_llm = columns.stages["llm_ttft"]
+        known = (tokens > 0) & (cached >= 0) & (cached <= tokens) & ~np.isnan(observed_llm)
+        if np.count_nonzero(known) < MIN_FIT_REQUESTS:
+            raise WhatIfRefused(
+                f"{lever.text}: {np.count_nonzero(known):,} replayed request(s) have prompt and cached token counts "
+                f"(it needs {MIN_FIT_REQUESTS} to fit llm_ttft over uncached tokens)"
+            )
+        uncached = tokens[known] - cached[known]
+        slope, base = np.polyfit(uncached, observed_llm[known], 1) if np.ptp(uncached) > 0 else (0.0, 0.0)
+        # The prefill a typical request's uncached tokens cost: under 1 % of the fitted base is no cost at all.
+        if not slope * float(np.median(uncached)) > 0.01 * abs(base):
+            raise WhatIfRefused(
+                f"{lever.text}: llm_ttft does not grow with uncached prompt tokens in the replayed requests "
+                "(no prefill cost to save)"
+            )
+        stored_hits = known & (columns.prompt_cache_hit == 1)
+        typical = float(np.median(cached[stored_hits] / tokens[stored_hits])) if stored_hits.any() else 0.0
+        own = np.where(self.flipped, tokens, tokens - cached)  # a flipped miss: its whole prompt was uncached
+        before = np.where(self.made_hit & ~self.flipped, tokens * (1.0 - typical), own)
+        target = self.hit & (tokens > 0) & (self.made_hit | self.flipped | (cached >= 0))
+        old_cost = base + slope * before
+        new_cost = np.maximum(base + slope * tokens * (1.0 - lever.share), 0.0)
+        target &= old_cost > 0.0
+        llm = self.stages["llm_ttft"]
+        factor = np.divide(new_cost, old_cost, out=np.ones_like(old_cost), where=target)
+        self.stages["llm_ttft"] = np.where(target, llm * factor, llm)
+        detail = {"base_ms": float(base), "ms_per_1k_uncached": float(slope * 1000.0), "stored_share": typical}
+        return LeverReport(lever, int(np.count_nonzero(target & ~np.isnan(llm))), detail)
 
     def _route_share(self, lever: RouteShare) -> LeverReport:
         """A random set of requests off the route moves onto it, until ``share`` of all are on it."""
@@ -339,7 +424,12 @@ def replay(
 ) -> Replay:
     """Apply ``levers`` in order to every request and predict its TTFT (module docstring)."""
     state = _Stages(columns, rng if rng is not None else np.random.default_rng(0), min_donors, cacheable_min_tokens)
-    reports = tuple(state.apply(lever) for lever in levers)
+    # A cache-hit lever right before --cached-share only picks the new hits: --cached-share derives their
+    # llm_ttft from their own (uncached) one, so no donors are drawn (or needed).
+    reports = tuple(
+        state.apply(lever, modelled=isinstance(lever, AllCacheHits) and isinstance(following, CachedShare))
+        for lever, following in zip(levers, (*levers[1:], None), strict=False)
+    )
     return Replay(
         observed=columns.ttft,
         predicted=state.predicted(),

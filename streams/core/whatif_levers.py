@@ -11,6 +11,10 @@ stored requests is :mod:`streams.core.whatif`. The stages a lever may name are t
   over the requests replayed (``--cap llm_ttft=1500``, ``--cap rerank=p50``).
 - ``ParallelRecall()``: requests whose two recall legs ran one after the other run them side by side.
 - ``AllCacheHits()``: prompt-cache misses take the LLM first-token time of a prompt-cache hit.
+- ``CachedShare(share)``: every prompt-cache hit (so far) caches ``share`` of its prompt (``--cached-share
+  0.75``): its prefill rescaled along the line of ``llm_ttft`` over uncached prompt tokens fitted on the
+  replayed requests. For a fix that changes how much a hit caches (a stable prompt prefix), not only how
+  often a prompt hits.
 - ``RouteAll(route)``: every request takes the LLM first-token time of a request served on ``route``.
 - ``RouteShare(route, share, factor)``: ``share`` of the requests are served on ``route``, whose LLM first
   token takes ``factor`` times as long (``--route-share fast=0.58:0.4``): a route no request takes yet.
@@ -98,11 +102,35 @@ class ParallelRecall:
 @dataclass(frozen=True, slots=True)
 class AllCacheHits:
     """Prompt-cache misses take the ``llm_ttft`` of a hit with a prompt of the same size bucket (draws
-    matched by rank: the slowest miss takes the slowest draw)."""
+    matched by rank: the slowest miss takes the slowest draw). ``share`` < 1 (``--cache-hits 0.85``): only
+    until that share of the cacheable prompts hit (the stored hits count toward it; the misses that turn
+    into hits are drawn at random, seeded)."""
+
+    share: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.share) and 0.0 <= self.share <= 1.0):
+            raise LeverError(f"--cache-hits: a share lies in [0, 1], got {self.share!r}")
 
     @property
     def text(self) -> str:
-        return "--all-cache-hits"
+        return "--all-cache-hits" if self.share == 1.0 else f"--cache-hits {self.share:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class CachedShare:
+    """Every prompt-cache hit caches ``share`` (0-1) of its prompt: its ``llm_ttft`` is rescaled along the
+    fitted line ``a + b * uncached tokens`` from the uncached tokens it had to those it would have."""
+
+    share: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.share) and 0.0 <= self.share <= 1.0):
+            raise LeverError(f"--cached-share: a share lies in [0, 1], got {self.share!r}")
+
+    @property
+    def text(self) -> str:
+        return f"--cached-share {self.share:g}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,18 +175,19 @@ def _check(stage: str, value: float, what: str) -> None:
         raise LeverError(f"{what} of {stage} must be a finite number >= 0, got {value!r}")
 
 
-Lever = Scale | Cut | Cap | ParallelRecall | AllCacheHits | RouteAll | RouteShare
+Lever = Scale | Cut | Cap | ParallelRecall | AllCacheHits | CachedShare | RouteAll | RouteShare
 
 
 def lever_kind(lever: Lever) -> str:
     """The lever's name in JSON: ``scale``, ``cut``, ``cap``, ``parallel_recall``, ``all_cache_hits``,
-    ``route_all``, ``route_share``."""
+    ``cached_share``, ``route_all``, ``route_share``."""
     return {
         Scale: "scale",
         Cut: "cut",
         Cap: "cap",
         ParallelRecall: "parallel_recall",
         AllCacheHits: "all_cache_hits",
+        CachedShare: "cached_share",
         RouteAll: "route_all",
         RouteShare: "route_share",
     }[type(lever)]
@@ -181,6 +210,8 @@ def lever_json(lever: Lever) -> dict[str, Any]:
         out |= {"stage": "llm_ttft"}
         if isinstance(lever, RouteAll):
             out["route"] = lever.route
+        elif isinstance(lever, CachedShare | AllCacheHits):
+            out["share"] = lever.share
     return out
 
 
@@ -225,6 +256,21 @@ def parse_cap(text: str) -> Cap:
     if not 0.0 < percentile <= 100.0:
         raise LeverError(f"--cap {text!r}: a percentile lies in (0, 100], got {value!r}")
     return Cap(stage, percentile=percentile)
+
+
+def _share(option: str, text: str | float) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise LeverError(f"{option} takes a share in [0, 1], got {text!r}") from None
+
+
+def parse_cached_share(text: str | float) -> CachedShare:
+    return CachedShare(_share("--cached-share", text))
+
+
+def parse_cache_hits(text: str | float) -> AllCacheHits:
+    return AllCacheHits(_share("--cache-hits", text))
 
 
 def parse_route(route: str) -> RouteAll:

@@ -11,8 +11,9 @@ derive them from what its fix changes:
 
 - ``parallel-recall``: the two recall legs run side by side (``--parallel-recall``), and rerank's top-k
   goes from 50 to 20: rerank costs ``30 + 3.38 k`` ms, so ``--scale rerank=0.49``;
-- ``stable-prefix``: prompt-cache misses become hits (``--all-cache-hits``), and a cached prompt assembles
-  in 0.64 of the time (``--scale prompt_assemble=0.64``);
+- ``stable-prefix``: most cacheable prompts now hit the provider's prefix cache (the profile's expected
+  share, ``--cache-hits 0.84``), a hit caches 75 % of its prompt instead of 40 % (``--cached-share 0.75``),
+  and a cached prompt assembles in 0.64 of the time (``--scale prompt_assemble=0.64``);
 - ``routing-speculative``: 58 % of the requests go to a fast route whose first token takes 0.4 of the
   time, a route with no traffic before (``--route-share fast=0.58:0.4``), and speculative decoding at
   ~78 % draft acceptance takes the first token to 0.84 of its time (``--scale llm_ttft=0.84``).
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from streams.core.whatif import RequestColumns, WhatIf, WhatIfRefused, observed_percentiles, predict
-from streams.core.whatif_levers import AllCacheHits, Lever, ParallelRecall, RouteShare, Scale
-from streams.sim.model import RequestProfile, speculative_multiplier
+from streams.core.whatif_levers import AllCacheHits, CachedShare, Lever, ParallelRecall, RouteShare, Scale
+from streams.sim.model import RequestProfile, cached_share, expected_hit_share, speculative_multiplier
 from streams.sim.scenarios import BEFORE, PARALLEL_RECALL, ROUTING_SPECULATIVE, STABLE_PREFIX
 
 #: The demo's phases are a few minutes long, so long prompts are rare: the ``4k-16k`` prompt bucket holds a
@@ -58,6 +59,7 @@ def story_fixes() -> tuple[StoryFix, ...]:
     """The seed story's three fixes, each with the levers its profile change amounts to (module docstring)."""
     rerank = round(_rerank_ms(PARALLEL_RECALL) / _rerank_ms(BEFORE), 2)
     assemble = round(STABLE_PREFIX.assemble_cache_factor, 2)
+    hits = round(expected_hit_share(STABLE_PREFIX), 2)
     routed = ROUTING_SPECULATIVE
     speculative = round(speculative_multiplier(routed.draft_accept_mean), 2)
     return (
@@ -70,8 +72,8 @@ def story_fixes() -> tuple[StoryFix, ...]:
         StoryFix(
             "stable-prefix",
             "parallel-recall",
-            (AllCacheHits(), Scale("prompt_assemble", assemble)),
-            "a stable prompt prefix: misses become prompt-cache hits, which assemble faster",
+            (AllCacheHits(hits), CachedShare(cached_share(STABLE_PREFIX)), Scale("prompt_assemble", assemble)),
+            "a stable prompt prefix: most prompts hit the prefix cache, hits cache more and assemble faster",
         ),
         StoryFix(
             "routing-speculative",

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Literal
 
 RecallMode = Literal["parallel", "serial"]
@@ -114,6 +115,23 @@ def stage_log_correlation(shared_sigma: float, sigma_i: float, sigma_j: float) -
 def speculative_multiplier(accept_rate: float) -> float:
     """LLM first-token time multiplier of speculative decoding: < 1 above the break-even, > 1 below."""
     return max(0.55, 1.0 - 0.9 * (accept_rate - SPECULATIVE_BREAK_EVEN))
+
+
+def cached_share(profile: RequestProfile) -> float:
+    """Share of a hit's prompt the provider's prefix cache holds: 0.75 with a stable prefix, else 0.4."""
+    return 0.75 if profile.stable_prefix else 0.4
+
+
+def expected_hit_share(profile: RequestProfile, points: int = 1_000) -> float:
+    """Share of the cacheable prompts that hit, over the profile's prompt sizes (their lognormal's quantiles;
+    the clamp to [120, 64,000] tokens ignored)."""
+    normal = NormalDist()
+    sizes = [
+        profile.prompt_tokens_median * math.exp(profile.prompt_tokens_sigma * normal.inv_cdf((i + 0.5) / points))
+        for i in range(points)
+    ]
+    cacheable = [int(t) for t in sizes if t >= CACHEABLE_MIN_TOKENS]
+    return sum(prompt_cache_hit_probability(profile, t) for t in cacheable) / len(cacheable) if cacheable else 0.0
 
 
 def prompt_cache_hit_probability(profile: RequestProfile, prompt_tokens: int) -> float:
@@ -220,7 +238,7 @@ class _Request:
         tokens = int(profile.prompt_tokens_median * math.exp(profile.prompt_tokens_sigma * rng.gauss(0.0, 1.0)))
         tokens = min(max(tokens, 120), 64_000)
         cache_hit = rng.random() < prompt_cache_hit_probability(profile, tokens)
-        cached = (int(tokens * (0.75 if profile.stable_prefix else 0.4)) // 128) * 128 if cache_hit else 0
+        cached = (int(tokens * cached_share(profile)) // 128) * 128 if cache_hit else 0
         attrs: dict[str, Any] = {
             "prompt_tokens": tokens,
             "cached_tokens": cached,

@@ -32,6 +32,7 @@ _COLUMNS: Final[tuple[tuple[str, str], ...]] = (
         + ", 0))",
     ),
     ("tokens", "toInt64(ifNull(prompt_tokens, -1))"),
+    ("cached", "toInt64(ifNull(cached_tokens, -1))"),
     ("cache_hit", "toInt8(multiIf(isNull(prompt_cache_hit), -1, prompt_cache_hit, 1, 0))"),
     ("route_code", "toInt32(indexOf({routes:Array(String)}, ifNull(route, '')) - 1)"),
 )
@@ -86,6 +87,7 @@ def read_request_columns(
         prompt_cache_hit=columns["cache_hit"].astype(np.int8, copy=False),
         route=columns["route_code"].astype(np.int32, copy=False),
         route_names=tuple(params["routes"]),
+        cached_tokens=columns["cached"].astype(np.int64, copy=False),
     )
 
 

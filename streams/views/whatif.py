@@ -15,7 +15,7 @@ from rich.text import Text
 
 from schemas.vocabulary import SUB_STAGES
 from streams.core.whatif import LeverReport, WhatIf
-from streams.core.whatif_levers import AllCacheHits, Cap, Cut, ParallelRecall, RouteAll, RouteShare, Scale
+from streams.core.whatif_levers import AllCacheHits, CachedShare, Cap, Cut, ParallelRecall, RouteAll, RouteShare, Scale
 from streams.core.whatif_rank import Ranking
 from streams.views.span import Span
 from streams.views.summary import fmt_ms
@@ -71,9 +71,17 @@ def describe_lever(report: LeverReport) -> str:
     if isinstance(lever, AllCacheHits):
         kept = report.detail.get("not_cacheable", 0)
         below = f"; {kept:,} misses below the cacheable prompt size kept" if kept else ""
+        if "buckets" not in report.detail:  # --cached-share follows: it gives these their llm_ttft
+            return f"{n:,} prompt-cache misses become hits (their llm_ttft from --cached-share){below}"
         return (
             f"{n:,} prompt-cache misses took the llm_ttft of a hit with a prompt of their size "
             f"(donors by prompt size: {_donors(report)}){below}"
+        )
+    if isinstance(lever, CachedShare):
+        d = report.detail
+        return (
+            f"{n:,} prompt-cache hits cache {lever.share:.0%} of their prompt (stored hits: {d['stored_share']:.0%}): "
+            f"llm_ttft along {d['base_ms']:,.0f} ms + {d['ms_per_1k_uncached']:,.1f} ms per 1k uncached tokens"
         )
     if isinstance(lever, RouteShare):
         already = report.detail.get("already", 0)

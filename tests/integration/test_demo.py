@@ -136,7 +136,7 @@ def test_demo_60s_tells_the_story_and_leaves_nothing_running(demo_home: Path) ->
         assert lo <= observed <= hi or abs(error) <= 5.0, fix.group(0)
         assert naive_error == pytest.approx((float(fix.group(7).replace(",", "")) / observed - 1) * 100, abs=0.1)
     assert "--parallel-recall --scale rerank=0.49:" in fixes["parallel-recall"].group(0)
-    assert "--all-cache-hits --scale prompt_assemble=0.64:" in fixes["stable-prefix"].group(0)
+    assert "--cache-hits 0.84 --cached-share 0.75 --scale prompt_assemble=0.64:" in fixes["stable-prefix"].group(0)
     assert "--route-share fast=0.58:0.4 --scale llm_ttft=0.84:" in fixes["routing-speculative"].group(0)
 
     before = re.search(r"^before: TTFT P95 ([\d,]+) ms", text, re.M)

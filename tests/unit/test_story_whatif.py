@@ -9,7 +9,7 @@ from streams.demo.story_whatif import TOLERANCE, FixOutcome, predict_fixes, stor
 def test_the_fixes_are_the_levers_their_profiles_amount_to() -> None:
     assert [(f.phase, f.before, f.command) for f in story_fixes()] == [
         ("parallel-recall", "before", "--parallel-recall --scale rerank=0.49"),
-        ("stable-prefix", "parallel-recall", "--all-cache-hits --scale prompt_assemble=0.64"),
+        ("stable-prefix", "parallel-recall", "--cache-hits 0.84 --cached-share 0.75 --scale prompt_assemble=0.64"),
         ("routing-speculative", "stable-prefix", "--route-share fast=0.58:0.4 --scale llm_ttft=0.84"),
     ]
 
@@ -60,6 +60,6 @@ def test_predict_fixes_says_why_a_fix_has_no_prediction() -> None:
     first, cache, routing = outcomes
     assert first.result is not None and first.observed_p95 is not None and first.error is not None
     assert first.result.predicted["p95"] < first.observed_p95  # serial recall made parallel, rerank x0.49
-    assert cache.result is None and "too few donors" in cache.refused  # no prompt-cache hit to lend its time
+    assert cache.result is None and "prompt and cached token counts" in cache.refused  # nothing to fit
     assert routing.result is None and routing.refused == "no complete requests in phase stable-prefix"
     assert routing.observed_p95 is None

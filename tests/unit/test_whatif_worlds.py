@@ -1,4 +1,4 @@
-"""The roll-up rule of ``ttft whatif`` against the truth of simulated worlds (bench/whatif_rollup.py).
+"""The roll-up rule of ``ttft whatif`` against the truth of simulated worlds (bench.whatif_worlds.py).
 
 Cutting a parallel recall leg shortens retrieval only as far as the critical path moves: predicted through
 the critical path, the TTFT P95 of the world where the leg is twice as fast is exact; rolled up "by the same
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.whatif_rollup import p95, records, same_amount_rule
+from bench.whatif_worlds import p95, records, same_amount_rule
 from streams.core.whatif import RequestColumns, predict
 from streams.core.whatif_levers import Scale
 from streams.sim.model import RequestProfile
