@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 # open a socket or the store (tests/fixtures/network_guard.py), so these markers keep the tier honest.
 FAST_MARKERS := not kafka and not e2e and not alertmanager and not otel and not slow
 
-.PHONY: setup demo-setup demo demo-otel test test-fast lint bench clean kafka-jars alertmanager kcat venv otelcol native
+.PHONY: setup demo-setup demo demo-otel test test-fast test-pythons lint bench clean kafka-jars alertmanager kcat venv otelcol native
 
 setup: venv native kafka-jars alertmanager kcat
 
@@ -87,6 +87,12 @@ test: setup otelcol
 test-fast: venv native
 	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" --durations=10 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
+# The fast tier again on the other supported Pythons (3.11 is the main venv's), each in its own venv
+# (.venv-3.12, .venv-3.13; the first run installs, ~2 min each) with its own build of the join's core.
+PYTHONS ?= 3.12 3.13
+test-pythons:
+	@for v in $(PYTHONS); do deploy/python/fast-tier.sh $$v "$(FAST_MARKERS)" || exit 1; done
+
 lint: venv
 	$(BIN)/ruff check streams schemas tests bench emitter setup.py
 	$(BIN)/ruff format --check streams schemas tests bench emitter setup.py
@@ -96,4 +102,4 @@ bench: setup otelcol
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf .ttft .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .ttft .pytest_cache .mypy_cache .ruff_cache .venv-3.*

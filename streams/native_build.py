@@ -26,9 +26,10 @@ from streams.core.native import MANIFEST, NATIVE_ROOT, NATIVE_SOURCES, REPO, che
 #: The shared library's name (``streams/core/native__mypyc.*.so``), fixed so rebuilds replace it.
 GROUP_NAME = "streams.core.native"
 
+# setuptools first: on Python >= 3.12 (no distutils) its shim provides the distutils mypyc's build imports.
 _SETUP = """
-from mypyc.build import mypycify
 from setuptools import setup
+from mypyc.build import mypycify
 
 setup(
     name="ttft-native-core",

@@ -31,7 +31,9 @@ NATIVE_SOURCES: Final = (
     "streams/core/guard.py",
 )
 REPO: Final = Path(__file__).resolve().parents[2]
-NATIVE_ROOT: Final = REPO / ".cache" / "native"
+#: Where the build lives: ``.cache/native``, or ``TTFT_NATIVE_ROOT`` (the fast tier on another Python keeps
+#: its own build there, ``deploy/python/fast-tier.sh``).
+NATIVE_ROOT: Final = Path(os.environ.get("TTFT_NATIVE_ROOT") or REPO / ".cache" / "native")
 MANIFEST: Final = NATIVE_ROOT / "manifest.json"
 #: ``native``, or ``python (<why>)``: set by :func:`activate`.
 STATUS = "python (not activated)"
