@@ -290,7 +290,8 @@ class _Stages:
         """The misses that become hits: all of them, or random ones until ``share`` of the cacheable hit."""
         if share >= 1.0:
             return misses
-        wanted = round(share * (np.count_nonzero(misses) + np.count_nonzero(hits))) - np.count_nonzero(hits)
+        stored = int(np.count_nonzero(hits))
+        wanted = round(share * (int(np.count_nonzero(misses)) + stored)) - stored
         candidates = np.flatnonzero(misses)
         llm = np.nan_to_num(self.stages["llm_ttft"])
         # In the order of their TTFT and llm_ttft, so the draw does not depend on the order rows were read in.
