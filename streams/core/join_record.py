@@ -223,7 +223,7 @@ def merge_records(stored: Mapping[str, Any], amendment: Mapping[str, Any], windo
 
     Both records name the events they counted (``event_keys``). An amendment whose events are all counted
     already is a replay: only ``duplicate_events`` grows. One whose events are all new is a retry or a stage
-    that came late: a stage the stored record lacks is taken, one it has is summed with a repeat (DESIGN.md: a
+    that came late: a stage the stored record lacks is taken, one it has is summed with a repeat (docs/design.md: a
     retried stage is summed), however late the retry came. Without keys on both sides (rows written before
     the field) a stage already present in ``stored`` is assumed already counted and left as it is. Instants
     keep the earliest; status, ttft, other, missing stages, window and record version are recomputed. When

@@ -91,6 +91,8 @@ def _render(value: Any) -> str:
         return str(value).lower()
     if value is None:
         return "–"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
     if isinstance(value, dict):
         return "{}" if not value else str(value)
     if hasattr(value, "get_secret_value"):
