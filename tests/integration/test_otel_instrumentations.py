@@ -12,7 +12,10 @@ event, the root's start, read here by name, not by the mapping):
 - OpenInference and OpenLLMetry: every request ``complete``; ``llm_ttft_ms`` and ``ttft_ms`` within 1 ms;
 - openai-v2 (no first chunk in its telemetry): every request stored with its retrieval, embedding and
   derived prompt assembly, status ``no_first_chunk``, the LLM call's whole duration in
-  ``llm_unmeasured_ms``, and the scope counted in ``ttft_otlp_no_first_chunk``.
+  ``llm_unmeasured_ms``, and the scope counted in ``ttft_otlp_no_first_chunk``;
+- openai-v2 with ttft-emit's helper (``time_first_chunk(client)``, the one change docs/otlp-mapping.md asks
+  of such a service): every request ``complete``, exact to the ``gen_ai.response.time_to_first_chunk`` the
+  helper set on the library's own LLM span (the client sees that chunk a moment later).
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from tests.support.scenarios import write_config
 pytestmark = [pytest.mark.otel, pytest.mark.kafka, pytest.mark.e2e, pytest.mark.timeout(240)]
 
 RUNNER = REPO / "tests" / "support" / "instrumented_rag.py"
-LIBRARIES = ("openinference", "openllmetry", "openai_v2")
+#: Service -> (library, with ttft-emit's first-chunk helper); its tenant is ``rag-<service>``.
+SERVICES = {
+    "openinference": ("openinference", False),
+    "openllmetry": ("openllmetry", False),
+    "openai_v2": ("openai_v2", False),
+    "openai_v2_helper": ("openai_v2", True),
+}
+HELPER_ATTR = "gen_ai.response.time_to_first_chunk"
 REQUESTS = 40
 #: The stub's first-chunk delay (capture.py FIRST_CHUNK_DELAY_S), in ms.
 FIRST_CHUNK_DELAY_MS = 120.0
@@ -58,14 +68,15 @@ def instrumentation_venv_python() -> Path:
 
 def _run_services(python: Path, handle: OtelCollectorHandle, out: Path) -> dict[str, dict[str, Any]]:
     procs = {}
-    for library in LIBRARIES:
+    for service, (library, helper) in SERVICES.items():
         cmd = [str(python), str(RUNNER), "--library", library, "--endpoint", handle.collector.http_endpoint]
-        cmd += ["--tenant", f"rag-{library}", "--requests", str(REQUESTS), "--out", str(out / f"{library}.json")]
-        procs[library] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for library, proc in procs.items():
+        cmd += ["--tenant", f"rag-{service}", "--requests", str(REQUESTS), "--out", str(out / f"{service}.json")]
+        cmd += ["--first-chunk-helper"] if helper else []
+        procs[service] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for service, proc in procs.items():
         output, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{library}: {output[-3000:]}"
-    return {library: json.loads((out / f"{library}.json").read_text()) for library in LIBRARIES}
+        assert proc.returncode == 0, f"{service}: {output[-3000:]}"
+    return {service: json.loads((out / f"{service}.json").read_text()) for service in SERVICES}
 
 
 def _llm_span(library: str, spans: list[dict[str, Any]]) -> dict[str, Any]:
@@ -78,13 +89,19 @@ def _llm_span(library: str, spans: list[dict[str, Any]]) -> dict[str, Any]:
     return llm
 
 
-def _span_truth(library: str, request: dict[str, Any]) -> dict[str, float]:
+def _span_truth(library: str, request: dict[str, Any], helped: bool = False) -> dict[str, float]:
     """What the service's own spans say: the LLM span's start to its first chunk (to its end when the call
-    did not stream), and the root's start to the first chunk, in ms; the LLM call's whole duration."""
+    did not stream), and the root's start to the first chunk, in ms; the LLM call's whole duration. With the
+    helper, the first chunk is the attribute it set on the library's LLM span (seconds after its start)."""
     spans = request["spans"]
     (root,) = [s for s in spans if not s["parent"]]
     llm = _llm_span(library, spans)
-    if library in FIRST_CHUNK_EVENT and request["streaming"]:
+    if helped:
+        assert llm["attributes"]["gen_ai.request.stream"] is request["streaming"], llm
+        assert (HELPER_ATTR in llm["attributes"]) is request["streaming"], llm
+    if helped and request["streaming"]:
+        first = llm["start_ns"] + round(llm["attributes"][HELPER_ATTR] * 1e9)
+    elif library in FIRST_CHUNK_EVENT and request["streaming"]:
         first = min(t for name, t in llm["events"] if name == FIRST_CHUNK_EVENT[library])
     else:
         first = llm["end_ns"]
@@ -106,10 +123,13 @@ def test_real_instrumentations_through_the_collector_give_exact_ttft_or_say_why_
     started = time.monotonic()
     docs = _run_services(instrumentation_venv_python, otel_collector, tmp_path)
     service_s = time.monotonic() - started
-    for library, doc in docs.items():
+    for service, doc in docs.items():
         assert len(doc["requests"]) == REQUESTS
         named = {k for r in doc["requests"] for s in r["spans"] for k in (*s["attributes"], *s["resource"])}
-        assert not [k for k in named if k.startswith("ttft.")], f"{library} spans carry ttft.* attributes"
+        assert not [k for k in named if k.startswith("ttft.")], f"{service} spans carry ttft.* attributes"
+    streamed = sum(r["streaming"] for r in docs["openai_v2_helper"]["requests"])
+    want_helper = {"calls": REQUESTS, "spans": REQUESTS, "first_chunks": streamed, "unmatched": 0, "errors": 0}
+    assert docs["openai_v2_helper"]["first_chunk_helper"] == want_helper
     want_spans = {(r["trace_id"], s["span_id"]) for d in docs.values() for r in d["requests"] for s in r["spans"]}
     _wait_for_spans(otel_collector, want_spans, timeout_s=60.0)
 
@@ -142,18 +162,18 @@ def test_real_instrumentations_through_the_collector_give_exact_ttft_or_say_why_
     assert dead == []
 
     figures: dict[str, str] = {}
-    for library, doc in docs.items():
-        tenant = f"rag-{library}"
+    for service, doc in docs.items():
+        tenant, (library, helped) = f"rag-{service}", SERVICES[service]
         mine = {rid: row for (t, rid), row in rows.items() if t == tenant}
-        assert set(mine) == {r["trace_id"] for r in doc["requests"]}, f"{library}: requests stored"
+        assert set(mine) == {r["trace_id"] for r in doc["requests"]}, f"{service}: requests stored"
         statuses: Counter[str] = Counter()
         worst = 0.0
         for request in doc["requests"]:
-            row, truth = mine[request["trace_id"]], _span_truth(library, request)
+            row, truth = mine[request["trace_id"]], _span_truth(library, request, helped)
             statuses[row["status"]] += 1
             assert row["retrieval_ms"] is not None and row["prompt_assemble_ms"] is not None, row
             assert row["vector_recall_ms"] is not None, row  # the embeddings call inside the retrieval span
-            if library == "openai_v2":
+            if library == "openai_v2" and not helped:
                 assert row["status"] == "no_first_chunk", row
                 assert row["missing_stages"] == ["llm_ttft", "first_token"]
                 assert row["llm_ttft_ms"] is None and row["ttft_ms"] is None
@@ -162,12 +182,12 @@ def test_real_instrumentations_through_the_collector_give_exact_ttft_or_say_why_
             assert row["status"] == "complete", row
             for column in ("llm_ttft_ms", "ttft_ms"):
                 worst = max(worst, abs(row[column] - truth[column]))
-                assert row[column] == pytest.approx(truth[column], abs=TOLERANCE_MS), (library, column, row)
+                assert row[column] == pytest.approx(truth[column], abs=TOLERANCE_MS), (service, column, row)
             if request["streaming"]:
                 # the span's first chunk is the client's (it sees it a moment later), after the stub's delay
                 assert 0 <= request["first_chunk_ns"] - truth["first_chunk_ns"] <= CLIENT_SLACK_NS
                 assert row["llm_ttft_ms"] >= FIRST_CHUNK_DELAY_MS
-        figures[library] = f"{dict(statuses)}, max |llm_ttft/ttft - spans| {worst:.4f} ms"
+        figures[service] = f"{dict(statuses)}, max |llm_ttft/ttft - spans| {worst:.4f} ms"
     alerted = _check_windows_and_alerts(pipe)
     scope = [k for k, v in unmeasured.items() if k.startswith("ttft_otlp_no_first_chunk_total") and v]
     assert len(scope) == 1 and f'scope="{OPENAI_V2_SCOPE}"' in scope[0], scope
@@ -182,7 +202,7 @@ def test_real_instrumentations_through_the_collector_give_exact_ttft_or_say_why_
 
 def _check_windows_and_alerts(pipe: Pipeline) -> str:
     """Where on-call looks: completeness counts the openai-v2 tenant's requests as no_first_chunk, and
-    TTFTTelemetryDegraded tells that tenant (only) why and what to add."""
+    TTFTTelemetryDegraded tells that tenant (only; not the one with the helper) why and what to add."""
     health = pipe.query(
         "SELECT tenant_id, sum(total) AS total, sum(complete) AS complete, sum(no_first_chunk) AS no_first_chunk, "
         "sum(timed_out) AS timed_out FROM {db}.window_health FINAL GROUP BY tenant_id ORDER BY tenant_id"
@@ -190,6 +210,7 @@ def _check_windows_and_alerts(pipe: Pipeline) -> str:
     counts = {h["tenant_id"]: (h["total"], h["complete"], h["no_first_chunk"], h["timed_out"]) for h in health}
     assert counts == {
         "rag-openai_v2": (REQUESTS, 0, REQUESTS, 0),
+        "rag-openai_v2_helper": (REQUESTS, REQUESTS, 0, 0),
         "rag-openinference": (REQUESTS, REQUESTS, 0, 0),
         "rag-openllmetry": (REQUESTS, REQUESTS, 0, 0),
     }

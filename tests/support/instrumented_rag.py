@@ -8,9 +8,13 @@ attribute anywhere, the tenant as the resource attribute ``tenant.id``. Spans go
 SDK's own ``BatchSpanProcessor`` and OTLP/HTTP exporter, as a deployed service's would; a copy stays in an
 in-memory exporter so the service can write what its own spans say.
 
-``--out`` (JSON): the library's versions, and per request what the client saw (``capture.py``'s truth) and
-the trace's spans as exported (name, ids, start and end ns, attributes, events, scope). Nothing here knows
-the mapping.
+``--first-chunk-helper``: the service also makes the one change ttft-emit documents for an instrumentation
+that records no first chunk (:func:`ttft_emit.otel.time_first_chunk` on its client; the emitter's source is
+put on the path, as ``pip install ttft-emit`` would install it).
+
+``--out`` (JSON): the library's versions, the helper's counters when it ran, and per request what the client
+saw (``capture.py``'s truth) and the trace's spans as exported (name, ids, start and end ns, attributes,
+events, scope). Nothing here knows the mapping.
 
 Usage (the venv's python): ``python tests/support/instrumented_rag.py --library openinference
 --endpoint http://127.0.0.1:4318 --tenant rag-openinference --requests 40 --out truth.json``.
@@ -19,6 +23,7 @@ Usage (the venv's python): ``python tests/support/instrumented_rag.py --library 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -28,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "otel_inst
 
 from capture import LIBRARIES, RagService, instrument, serve, versions
 
+REPO = Path(__file__).resolve().parents[2]
 #: Every ``CASE_CYCLE``-th request, from these offsets: a non-streaming call and a retried retrieval.
 CASE_CYCLE = 8
 NON_STREAM_AT = 3
@@ -64,6 +70,7 @@ def main() -> None:
     parser.add_argument("--tenant", required=True, help="the resource attribute tenant.id")
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--first-chunk-helper", action="store_true", help="time_first_chunk(client) (ttft-emit)")
     args = parser.parse_args()
 
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -77,6 +84,12 @@ def main() -> None:
     provider = instrument(args.library, resource, [SimpleSpanProcessor(kept), batch])
     server, base_url = serve()
     service = RagService(args.library, provider, base_url)
+    helper = None
+    if args.first_chunk_helper:
+        sys.path.insert(0, str(REPO / "emitter" / "src"))
+        from ttft_emit.otel import time_first_chunk
+
+        helper = time_first_chunk(service.client, tracer_provider=provider)
     truth = [service.ask(case_of(i)) for i in range(args.requests)]
     server.shutdown()
     if not provider.force_flush(timeout_millis=30_000):
@@ -89,6 +102,8 @@ def main() -> None:
     for request in truth:
         request["spans"] = by_trace.get(request["trace_id"], [])
     doc = {"library": args.library, "tenant": args.tenant, "versions": versions(args.library), "requests": truth}
+    if helper is not None:
+        doc["first_chunk_helper"] = dataclasses.asdict(helper.stats)
     args.out.write_text(json.dumps(doc))
 
 

@@ -1,0 +1,307 @@
+"""The first chunk on the LLM span, for OpenTelemetry instrumentations that record none.
+
+Some instrumentations of LLM clients end the span of a streaming call when the stream ends and record
+nothing about its first chunk (``opentelemetry-instrumentation-openai-v2`` 2.4b0: no attribute, no event),
+and do not say whether the call streamed. ttft-pipeline's OTLP input then cannot measure the call's time to
+first token: it stores the request as ``no_first_chunk`` (docs/otlp-mapping.md). The smallest change a team
+can make, with no change to the instrumentation:
+
+.. code-block:: python
+
+    from ttft_emit.otel import time_first_chunk
+
+    client = openai.OpenAI()
+    time_first_chunk(client, tracer_provider=provider)  # once, after the instrumentor is set up
+
+Each ``client.chat.completions.create(...)`` call then sets, on the LLM span the instrumentation starts for it,
+
+- ``gen_ai.request.stream`` (bool) when the span starts, from the call's ``stream`` argument: a plain call
+  is mapped as not streaming (its whole duration is the time to first token);
+- ``gen_ai.response.time_to_first_chunk`` (seconds, GenAI semantic conventions ≥ 1.41) when the first chunk
+  of a streaming response reaches the caller: the wall time since the span's start.
+
+How: :meth:`FirstChunkTiming.wrap` wraps a ``create`` method (sync or async; any client whose streaming is
+a ``stream=True`` keyword) so that, for the duration of the call, spans started in the caller's context are
+offered to :meth:`FirstChunkTiming.span_processor` (an SDK ``SpanProcessor``, added to the tracer
+provider), which picks the call's first LLM span (``gen_ai.operation.name`` ``chat`` / ``text_completion``
+/ ``generate_content``, or OpenInference kind ``LLM``). A streaming response is handed back wrapped: it
+iterates (``for`` / ``async for``), closes and proxies attributes as the original does, and times its first
+chunk.
+
+Never raises into the service: a call without a matching span, a span already ended, or an attribute the
+SDK refuses is counted in :attr:`FirstChunkTiming.stats` and the call goes on unchanged. Costs one context
+variable set per call and one attribute per first chunk. Imports ``opentelemetry-sdk`` only when
+:meth:`FirstChunkTiming.span_processor` is called: the rest of ttft-emit never imports OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Final
+
+#: The GenAI semantic conventions' time to first chunk of a streamed response, in seconds.
+FIRST_CHUNK_ATTR: Final = "gen_ai.response.time_to_first_chunk"
+#: Whether the request streamed (GenAI semantic conventions).
+STREAM_ATTR: Final = "gen_ai.request.stream"
+#: ``gen_ai.operation.name`` values of an LLM inference span.
+LLM_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content"})
+
+
+@dataclass(frozen=True)
+class FirstChunkStats:
+    """What the helper did: ``calls`` wrapped, ``spans`` matched to a call, ``first_chunks`` set on a span;
+    ``unmatched`` calls that started no LLM span in the caller's context (nothing set), ``errors`` swallowed
+    (the SDK refused an attribute, a span without a start time)."""
+
+    calls: int
+    spans: int
+    first_chunks: int
+    unmatched: int
+    errors: int
+
+
+class _Call:
+    """One wrapped call: whether it streams, and the LLM span the processor matched to it (if any)."""
+
+    __slots__ = ("span", "stream")
+
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+        self.span: Any = None
+
+
+_CALL: ContextVar[_Call | None] = ContextVar("ttft_emit_otel_call", default=None)
+
+
+def is_llm_span(attributes: Any) -> bool:
+    """Whether a span's start attributes name an LLM inference (GenAI operation or OpenInference kind)."""
+    if attributes is None:
+        return False
+    operation, kind = attributes.get("gen_ai.operation.name"), attributes.get("openinference.span.kind")
+    return operation in LLM_OPERATIONS or kind == "LLM"
+
+
+class FirstChunkTiming:
+    """Sets the first chunk (and whether the call streamed) on the LLM spans of wrapped client calls.
+
+    One instance per process is enough: :meth:`span_processor` goes into the tracer provider once, and
+    :meth:`wrap` (or :meth:`instrument`) wraps each client's ``create``. Thread- and task-safe: a call's
+    state lives in a context variable, so concurrent calls on threads or asyncio tasks never mix.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = {"calls": 0, "spans": 0, "first_chunks": 0, "unmatched": 0, "errors": 0}
+        self._processor: Any = None
+
+    @property
+    def stats(self) -> FirstChunkStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return FirstChunkStats(**self._counts)
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def span_processor(self) -> Any:
+        """The SDK ``SpanProcessor`` that matches a wrapped call's LLM span when it starts and sets
+        ``gen_ai.request.stream`` on it (the same object on every call). Add it to the tracer provider:
+        ``provider.add_span_processor(timing.span_processor())``. Needs ``opentelemetry-sdk``."""
+        if self._processor is None:
+            from opentelemetry.sdk.trace import SpanProcessor
+
+            timing = self
+
+            class _FirstChunkSpanProcessor(SpanProcessor):  # type: ignore[misc]
+                def on_start(self, span: Any, parent_context: Any = None) -> None:
+                    timing._on_span_start(span)
+
+            self._processor = _FirstChunkSpanProcessor()
+        return self._processor
+
+    def _on_span_start(self, span: Any) -> None:
+        call = _CALL.get()
+        if call is None or call.span is not None:
+            return
+        try:
+            if not is_llm_span(getattr(span, "attributes", None)):
+                return
+            call.span = span
+            self._count("spans")
+            span.set_attribute(STREAM_ATTR, call.stream)
+        except Exception:  # never into the instrumentation, and so never into the service
+            self._count("errors")
+
+    def _first_chunk(self, call: _Call) -> None:
+        span = call.span
+        if span is None:
+            self._count("unmatched")
+            return
+        try:
+            now_ns = time.time_ns()  # the SDK stamps a span's start with time.time_ns() too
+            start_ns = getattr(span, "start_time", None)
+            if not isinstance(start_ns, int) or not span.is_recording():
+                self._count("errors")
+                return
+            span.set_attribute(FIRST_CHUNK_ATTR, max(now_ns - start_ns, 0) / 1e9)
+            self._count("first_chunks")
+        except Exception:
+            self._count("errors")
+
+    def _finished(self, call: _Call, result: Any) -> Any:
+        if not call.stream:
+            if call.span is None:
+                self._count("unmatched")
+            return result
+        return TimedStream(result, lambda: self._first_chunk(call))
+
+    def wrap(self, create: Callable[..., Any]) -> Callable[..., Any]:
+        """``create`` (a client's sync or async method taking ``stream=`` as a keyword) wrapped: same
+        arguments, same result, except that a streaming result comes back as a :class:`TimedStream`."""
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            call = _Call(kwargs.get("stream") is True)
+            self._count("calls")
+            token = _CALL.set(call)
+            try:
+                result = create(*args, **kwargs)
+            finally:
+                _CALL.reset(token)
+            if inspect.isawaitable(result):
+                return self._awaited(call, result)
+            return self._finished(call, result)
+
+        timed.__wrapped__ = create  # type: ignore[attr-defined]
+        return timed
+
+    async def _awaited(self, call: _Call, pending: Any) -> Any:
+        # An async client starts its span when the coroutine runs: the call is current while it does.
+        token = _CALL.set(call)
+        try:
+            result = await pending
+        finally:
+            _CALL.reset(token)
+        return self._finished(call, result)
+
+    def instrument(self, client: Any) -> Any:
+        """Wrap ``client.chat.completions.create`` (and ``client.completions.create`` when the client has
+        it) of an OpenAI-style client, on this client object only; returns the client. Idempotent."""
+        for path in (("chat", "completions"), ("completions",)):
+            resource: Any = client
+            for name in path:
+                resource = getattr(resource, name, None)
+            create = getattr(resource, "create", None)
+            if create is None or getattr(create, "_ttft_first_chunk", False):
+                continue
+            timed = self.wrap(create)
+            timed._ttft_first_chunk = True  # type: ignore[attr-defined]
+            resource.create = timed
+        return client
+
+
+class TimedStream:
+    """A streaming response that calls ``on_first`` once, when its first chunk comes out; iterates (sync or
+    async), enters, exits and closes as the wrapped stream does, and proxies every other attribute."""
+
+    def __init__(self, stream: Any, on_first: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_first: Callable[[], None] | None = on_first
+        self._iterator: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def _seen(self) -> None:
+        on_first, self._on_first = self._on_first, None
+        if on_first is not None:
+            on_first()
+
+    def __iter__(self) -> TimedStream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = iter(self._stream)
+        chunk = next(self._iterator)
+        self._seen()
+        return chunk
+
+    def __aiter__(self) -> TimedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = self._stream.__aiter__()
+        chunk = await self._iterator.__anext__()
+        self._seen()
+        return chunk
+
+    def __enter__(self) -> TimedStream:
+        enter = getattr(self._stream, "__enter__", None)
+        if enter is not None:
+            enter()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        exit_ = getattr(self._stream, "__exit__", None)
+        return exit_(*exc) if exit_ is not None else None
+
+    async def __aenter__(self) -> TimedStream:
+        enter = getattr(self._stream, "__aenter__", None)
+        if enter is not None:
+            await enter()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        exit_ = getattr(self._stream, "__aexit__", None)
+        return await exit_(*exc) if exit_ is not None else None
+
+
+#: The process's helper, used by :func:`time_first_chunk`.
+_DEFAULT: FirstChunkTiming | None = None
+_DEFAULT_LOCK = threading.Lock()
+_PROVIDERS: list[Any] = []
+
+
+def time_first_chunk(client: Any, tracer_provider: Any = None) -> FirstChunkTiming:
+    """Set the first chunk on the LLM spans of ``client``'s chat completions: adds the helper's span processor
+    to ``tracer_provider`` (default: the global one; an SDK ``TracerProvider``; once per provider) and wraps
+    the client's ``create`` methods (:meth:`FirstChunkTiming.instrument`). Returns the process's helper (its
+    ``stats``). Raises ``TypeError`` at set-up when the provider cannot take a span processor."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = FirstChunkTiming()
+        timing = _DEFAULT
+        if tracer_provider is None:
+            from opentelemetry import trace
+
+            tracer_provider = trace.get_tracer_provider()
+        add = getattr(tracer_provider, "add_span_processor", None)
+        if add is None:
+            raise TypeError(
+                f"time_first_chunk needs an SDK TracerProvider (add_span_processor); got {type(tracer_provider)!r}"
+            )
+        if not any(p is tracer_provider for p in _PROVIDERS):
+            add(timing.span_processor())
+            _PROVIDERS.append(tracer_provider)
+    timing.instrument(client)
+    return timing
+
+
+__all__ = [
+    "FIRST_CHUNK_ATTR",
+    "LLM_OPERATIONS",
+    "STREAM_ATTR",
+    "FirstChunkStats",
+    "FirstChunkTiming",
+    "TimedStream",
+    "is_llm_span",
+    "time_first_chunk",
+]

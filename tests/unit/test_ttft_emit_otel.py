@@ -1,0 +1,229 @@
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.context import attach, detach
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import set_span_in_context
+from ttft_emit.otel import FIRST_CHUNK_ATTR, STREAM_ATTR, FirstChunkTiming, TimedStream, time_first_chunk
+
+#: The emitter's source: ttft_emit.otel's tests live here, not in emitter/tests, because they need
+#: OpenTelemetry's SDK, which the emitter's own Python 3.9 test run does not install.
+SRC = Path(__file__).resolve().parents[2] / "emitter" / "src"
+FIRST_CHUNK_S = 0.05
+CHUNKS = ("Paris", " is", " nice")
+
+
+def _provider() -> tuple[TracerProvider, InMemorySpanExporter, FirstChunkTiming]:
+    provider = TracerProvider()
+    exported = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    timing = FirstChunkTiming()
+    provider.add_span_processor(timing.span_processor())
+    return provider, exported, timing
+
+
+class FakeCompletions:
+    """What openai-v2 2.4b0 does: start the LLM span (attached as the current span) inside ``create``; a
+    plain call ends it before returning, a stream when it is exhausted; nothing about the first chunk."""
+
+    def __init__(self, provider: TracerProvider, operation: str = "chat") -> None:
+        self.tracer = provider.get_tracer("opentelemetry.util.genai.handler")
+        self.operation = operation
+
+    def create(self, *, model: str, stream: bool = False) -> Any:
+        attrs = {"gen_ai.operation.name": self.operation, "gen_ai.request.model": model}
+        span = self.tracer.start_span(f"{self.operation} {model}", attributes=attrs)
+        token = attach(set_span_in_context(span))
+        if not stream:
+            time.sleep(0.01)
+            span.end()
+            detach(token)
+            return {"choices": ["".join(CHUNKS)]}
+        return self._stream(span, token)
+
+    def _stream(self, span: Any, token: object) -> Iterator[str]:
+        time.sleep(FIRST_CHUNK_S)
+        try:
+            yield from CHUNKS
+        finally:
+            span.end()
+            detach(token)
+
+
+class FakeAsyncCompletions(FakeCompletions):
+    async def create(self, *, model: str, stream: bool = False) -> Any:  # type: ignore[override]
+        await asyncio.sleep(0)
+        span = self.tracer.start_span(f"chat {model}", attributes={"gen_ai.operation.name": "chat"})
+        if not stream:
+            span.end()
+            return {"choices": ["".join(CHUNKS)]}
+        return self._astream(span)
+
+    async def _astream(self, span: Any) -> AsyncIterator[str]:
+        await asyncio.sleep(FIRST_CHUNK_S)
+        for chunk in CHUNKS:
+            yield chunk
+        span.end()
+
+
+class FakeClient:
+    def __init__(self, completions: FakeCompletions) -> None:
+        self.chat = type("Chat", (), {})()
+        self.chat.completions = completions
+
+
+def _llm(exported: InMemorySpanExporter) -> ReadableSpan:
+    (span,) = [s for s in exported.get_finished_spans() if (s.attributes or {}).get("gen_ai.operation.name") == "chat"]
+    return span
+
+
+def test_a_streaming_call_gets_its_first_chunk_and_stream_flag_on_its_llm_span() -> None:
+    provider, exported, timing = _provider()
+    create = timing.wrap(FakeCompletions(provider).create)
+    with provider.get_tracer("app").start_as_current_span("POST /ask"):
+        called = time.time_ns()
+        stream = create(model="m", stream=True)
+        assert isinstance(stream, TimedStream)
+        chunks, seen_ns = [], []
+        for chunk in stream:
+            chunks.append(chunk)
+            seen_ns.append(time.time_ns())
+    assert chunks == list(CHUNKS)
+    span = _llm(exported)
+    attrs = span.attributes or {}
+    assert attrs[STREAM_ATTR] is True
+    first_ns = span.start_time + round(float(attrs[FIRST_CHUNK_ATTR]) * 1e9)  # type: ignore[operator, arg-type]
+    assert span.start_time >= called and first_ns <= seen_ns[0]
+    assert attrs[FIRST_CHUNK_ATTR] >= FIRST_CHUNK_S  # type: ignore[operator]
+    assert first_ns <= span.end_time  # type: ignore[operator]
+    (root,) = [s for s in exported.get_finished_spans() if s.name == "POST /ask"]
+    assert FIRST_CHUNK_ATTR not in (root.attributes or {}) and STREAM_ATTR not in (root.attributes or {})
+    assert timing.stats.calls == 1 and timing.stats.spans == 1 and timing.stats.first_chunks == 1
+    assert timing.stats.unmatched == 0 and timing.stats.errors == 0
+
+
+def test_a_plain_call_is_marked_not_streaming_and_returned_unchanged() -> None:
+    provider, exported, timing = _provider()
+    create = timing.wrap(FakeCompletions(provider).create)
+    assert create(model="m") == {"choices": ["Paris is nice"]}
+    attrs = _llm(exported).attributes or {}
+    assert attrs[STREAM_ATTR] is False and FIRST_CHUNK_ATTR not in attrs
+    assert timing.stats.spans == 1 and timing.stats.first_chunks == 0
+
+
+def test_a_call_that_starts_no_llm_span_is_counted_and_leaves_every_span_alone() -> None:
+    provider, exported, timing = _provider()
+    create = timing.wrap(FakeCompletions(provider, operation="embeddings").create)
+    assert list(create(model="e", stream=True)) == list(CHUNKS)
+    assert create(model="e") == {"choices": ["Paris is nice"]}
+    spans = exported.get_finished_spans()
+    assert len(spans) == 2
+    for span in spans:
+        assert STREAM_ATTR not in (span.attributes or {}) and FIRST_CHUNK_ATTR not in (span.attributes or {})
+    assert timing.stats.unmatched == 2 and timing.stats.spans == 0
+    # Outside a wrapped call the processor matches nothing, even an LLM span.
+    FakeCompletions(provider).create(model="m")
+    assert STREAM_ATTR not in (_llm(exported).attributes or {})
+
+
+def test_an_error_from_the_call_reaches_the_caller_and_the_call_is_over() -> None:
+    provider, exported, timing = _provider()
+
+    def failing(**kwargs: Any) -> Any:
+        raise TimeoutError("model timed out")
+
+    with pytest.raises(TimeoutError):
+        timing.wrap(failing)(model="m", stream=True)
+    FakeCompletions(provider).create(model="m")  # started after the failed call: not its span
+    assert STREAM_ATTR not in (_llm(exported).attributes or {})
+
+
+def test_an_async_client_is_timed_the_same_way() -> None:
+    provider, exported, timing = _provider()
+    create = timing.wrap(FakeAsyncCompletions(provider).create)
+
+    async def ask() -> list[str]:
+        stream = await create(model="m", stream=True)
+        return [chunk async for chunk in stream]
+
+    assert asyncio.run(ask()) == list(CHUNKS)
+    attrs = _llm(exported).attributes or {}
+    assert attrs[STREAM_ATTR] is True and attrs[FIRST_CHUNK_ATTR] >= FIRST_CHUNK_S  # type: ignore[operator]
+    assert asyncio.run(create(model="m")) == {"choices": ["Paris is nice"]}
+    assert timing.stats.spans == 2 and timing.stats.first_chunks == 1
+
+
+def test_concurrent_calls_on_threads_each_time_their_own_span() -> None:
+    provider, exported, timing = _provider()
+    create = timing.wrap(FakeCompletions(provider).create)
+
+    def ask(i: int) -> None:
+        for _ in create(model=f"m{i}", stream=i % 2 == 0):
+            pass
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    spans = [s for s in exported.get_finished_spans() if s.name.startswith("chat ")]
+    assert len(spans) == 8
+    for span in spans:
+        streamed = int(span.name.split(" m")[1]) % 2 == 0
+        attrs = span.attributes or {}
+        assert attrs[STREAM_ATTR] is streamed and (FIRST_CHUNK_ATTR in attrs) is streamed
+    assert timing.stats.spans == 8 and timing.stats.first_chunks == 4
+
+
+def test_time_first_chunk_wraps_the_client_once_and_adds_its_processor_once() -> None:
+    provider = TracerProvider()
+    exported = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    client = FakeClient(FakeCompletions(provider))
+    timing = time_first_chunk(client, tracer_provider=provider)
+    assert time_first_chunk(client, tracer_provider=provider) is timing
+    calls_before = timing.stats.calls
+    with client.chat.completions.create(model="m", stream=True) as stream:
+        assert next(iter(stream)) == "Paris"
+    assert timing.stats.calls == calls_before + 1  # wrapped once, not twice
+    assert FakeCompletions(provider).create is not client.chat.completions.create
+    with pytest.raises(TypeError):
+        time_first_chunk(client, tracer_provider=object())
+
+
+def test_the_stream_wrapper_proxies_the_stream() -> None:
+    class Stream:
+        response = "raw"
+        closed = False
+
+        def __iter__(self) -> Iterator[int]:
+            return iter([1, 2])
+
+        def close(self) -> None:
+            self.closed = True
+
+    inner, seen = Stream(), []
+    stream = TimedStream(inner, lambda: seen.append(1))
+    assert stream.response == "raw" and list(stream) == [1, 2] and seen == [1]
+    stream.close()
+    assert inner.closed
+
+
+def test_importing_the_helper_imports_neither_opentelemetry_nor_the_kafka_client() -> None:
+    code = (
+        "import sys, ttft_emit.otel; "
+        "loaded = [m for m in ('opentelemetry', 'aiokafka', 'orjson') if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(SRC)}, timeout=60)
