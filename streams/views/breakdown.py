@@ -73,10 +73,11 @@ class Breakdown:
 
     @property
     def slo_bad_share(self) -> float | None:
-        """Share of all records (timed-out and orphan ones included) that missed the SLO."""
-        if self.ttft is None or not self.completeness.total:
+        """Share of the records (timed-out and orphan ones included; ``no_first_chunk`` ones, whose TTFT is
+        unknown, left out) that missed the SLO."""
+        if self.ttft is None or not self.completeness.slo_total:
             return None
-        return self.ttft.slo_bad_count / self.completeness.total
+        return self.ttft.slo_bad_count / self.completeness.slo_total
 
     def to_json(self) -> dict[str, Any]:
         """The numbers the view prints, JSON-ready (``ttft breakdown --json`` and ``report.json``)."""
@@ -274,9 +275,10 @@ def render_breakdown(console: Console, bd: Breakdown) -> None:
     c = bd.completeness
     console.print(
         f"completeness: {c.total:,} records, complete {fmt_share(c.share('complete'))}, missing stage "
-        f"{fmt_share(c.share('missing_stage'))}, timed out {fmt_share(c.share('timed_out'))}, orphan "
-        f"{fmt_share(c.share('orphan'))}; late events {c.late_events:,}, late amendments "
-        f"{c.late_amendments:,}, dead letters {c.dead_letters:,}, duplicates {c.duplicate_events:,}"
+        f"{fmt_share(c.share('missing_stage'))}, no first chunk {fmt_share(c.share('no_first_chunk'))}, "
+        f"timed out {fmt_share(c.share('timed_out'))}, orphan {fmt_share(c.share('orphan'))}; late events "
+        f"{c.late_events:,}, late amendments {c.late_amendments:,}, dead letters {c.dead_letters:,}, "
+        f"duplicates {c.duplicate_events:,}"
         + (f", [red]series cap tripped {c.overflow_series}×[/]" if c.overflow_series else ""),
         highlight=False,
     )

@@ -135,6 +135,7 @@ def health_rows(
         "total",
         "complete",
         "missing_stage",
+        "no_first_chunk",
         "timed_out",
         "orphan",
         "late_events",

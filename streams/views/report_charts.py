@@ -36,7 +36,12 @@ COLORS: Final = {
     OTHER: "#8c8c8c",
     TTFT: "#111111",
 }
-STATUS_COLORS: Final = {"missing_stage": "#f2c14e", "timed_out": "#d62728", "orphan": "#9467bd"}
+STATUS_COLORS: Final = {
+    "missing_stage": "#f2c14e",
+    "no_first_chunk": "#8c8c8c",
+    "timed_out": "#d62728",
+    "orphan": "#9467bd",
+}
 SLO_COLOR: Final = "#d62728"
 DPI: Final = 110
 _MS = FuncFormatter(lambda v, _pos: f"{v:,.0f} ms")
@@ -276,7 +281,8 @@ def chart_completeness(
     bucket_ms: int,
     xlim: tuple[float, float] | None = None,
 ) -> None:
-    """Incomplete records per bucket (stacked: missing stage, timed out, orphan), one panel per tenant."""
+    """Incomplete records per bucket (stacked: missing stage, no first chunk, timed out, orphan), one panel per
+    tenant."""
     tenants = [t for t, s in series.items() if s]
     if not tenants:
         _empty(path, "Completeness", "no window_health rows in the span")

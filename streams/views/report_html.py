@@ -86,6 +86,7 @@ def _tenant_section(report: TenantReport) -> str:
         f"<b>{escape(t.tail_dominant_stage or '-')}</b>. Slowest requests: {exemplars or '-'}.</p>"
         f"<p>Completeness: {c.total:,} records, {fmt_share(c.share('complete'))} complete, "
         f"{fmt_share(c.share('missing_stage'))} missing a stage, "
+        f"{fmt_share(c.share('no_first_chunk'))} without a first chunk in their telemetry, "
         f"{fmt_share(c.share('timed_out'))} timed out, "
         f"{fmt_share(c.share('orphan'))} orphans; {c.late_events:,} late events, {c.late_amendments:,} late "
         f"amendments, {c.dead_letters:,} dead letters. Prompt-cache hit rate "

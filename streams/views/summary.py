@@ -25,6 +25,7 @@ HEALTH_COUNTS: Final = (
     "total",
     "complete",
     "missing_stage",
+    "no_first_chunk",
     "timed_out",
     "orphan",
     "late_events",
@@ -202,11 +203,15 @@ def combine_attribution(
 
 @dataclass(frozen=True, slots=True)
 class Completeness:
-    """Record status counts and data-quality counters summed over a span (``window_health``)."""
+    """Record status counts and data-quality counters summed over a span (``window_health``).
+
+    ``no_first_chunk``: requests answered whose telemetry tells no first chunk (an OTLP LLM span without
+    one): their TTFT is unknown, so they are neither SLO-good nor SLO-bad (:attr:`slo_total`)."""
 
     total: int = 0
     complete: int = 0
     missing_stage: int = 0
+    no_first_chunk: int = 0
     timed_out: int = 0
     orphan: int = 0
     late_events: int = 0
@@ -220,9 +225,14 @@ class Completeness:
         """Share of ``status`` among all records (``None`` without records)."""
         return int(getattr(self, status)) / self.total if self.total else None
 
+    @property
+    def slo_total(self) -> int:
+        """The SLO's request total: every record but the ``no_first_chunk`` ones (TTFT unknown)."""
+        return self.total - self.no_first_chunk
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = asdict(self)
-        for status in ("complete", "missing_stage", "timed_out", "orphan"):
+        for status in ("complete", "missing_stage", "no_first_chunk", "timed_out", "orphan"):
             data[f"{status}_share"] = self.share(status)
         return data
 

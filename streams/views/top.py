@@ -87,9 +87,9 @@ class TenantPanel:
 
     @property
     def slo_bad_share(self) -> float | None:
-        if self.ttft is None or not self.completeness.total:
+        if self.ttft is None or not self.completeness.slo_total:
             return None
-        return self.ttft.slo_bad_count / self.completeness.total
+        return self.ttft.slo_bad_count / self.completeness.slo_total
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +300,8 @@ def render_panel(panel: TenantPanel, ascii_only: bool = False) -> RenderableType
         f"cache hit rate {fmt_share(panel.cache_hit_rate)}   draft acceptance P50 {draft or '-'}\n"
         f"completeness {fmt_share(c.share('complete'))} of {c.total:,} (timed out "
         f"{fmt_share(c.share('timed_out'))}, orphan {fmt_share(c.share('orphan'))}, missing stage "
-        f"{fmt_share(c.share('missing_stage'))}, dead letters {c.dead_letters:,})"
+        f"{fmt_share(c.share('missing_stage'))}, no first chunk {fmt_share(c.share('no_first_chunk'))}, dead "
+        f"letters {c.dead_letters:,})"
     )
     alert_lines = [Text(a.describe(), style="bold red" if a.state == "firing" else "yellow") for a in panel.alerts]
     body = Group(head, bars, facts, *(alert_lines or [Text("no active alerts", style="dim")]))
