@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 # open a socket or the store (tests/fixtures/network_guard.py), so these markers keep the tier honest.
 FAST_MARKERS := not kafka and not e2e and not alertmanager and not otel and not slow
 
-.PHONY: setup demo-setup demo demo-otel test test-fast test-pythons lint bench clean kafka-jars alertmanager kcat venv otelcol native
+.PHONY: setup demo-setup demo demo-otel otel-instrumentations test test-fast test-pythons lint bench clean kafka-jars alertmanager kcat venv otelcol native
 
 setup: venv native kafka-jars alertmanager kcat
 
@@ -68,9 +68,13 @@ demo-setup: venv native kafka-jars
 	@TTFT_ALERTMANAGER_OPTIONAL=1 deploy/alertmanager/install.sh
 
 # `make demo DEMO_ARGS=--otel` (or `make demo-otel`): one tenant through the OpenTelemetry Collector, which
-# only then is built first.
-demo: demo-setup $(if $(filter --otel,$(DEMO_ARGS)),otelcol)
+# only then is built first, with the venv of the real instrumentation libraries its service is traced by.
+demo: demo-setup $(if $(filter --otel,$(DEMO_ARGS)),otelcol otel-instrumentations)
 	$(BIN)/ttft demo $(DEMO_ARGS)
+
+# The real OpenTelemetry instrumentations' venv (tests/data/otel_instrumentations/requirements.txt), once.
+otel-instrumentations: venv
+	$(BIN)/python -m streams.otel.instrumentations
 
 demo-otel:
 	@$(MAKE) --no-print-directory demo DEMO_ARGS="--otel $(filter-out --otel,$(DEMO_ARGS))"

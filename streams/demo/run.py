@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -141,6 +142,8 @@ class DemoRun:
         self.workers: dict[str, Worker] = {}
         self.collector: LocalCollector | None = None
         self.generator: ChildProcess | None = None
+        #: ``--otel``: the python of the instrumentation libraries' venv.
+        self.instrumentation_python: Path | None = None
         #: ``--otel``: the join's ttft_otlp_spans_total by outcome, read before it stops.
         self.otlp_spans: dict[str, float] = {}
 
@@ -200,6 +203,7 @@ class DemoRun:
             kafka_bootstrap=self.broker.bootstrap,
             env={"TTFT_OTLP__TOPIC": self.settings.otlp.topic, "TTFT_OTLP__ENCODING": self.settings.otlp.encoding},
         )
+        self._instrumentation_python()
         with self.say.step("starting the OpenTelemetry Collector"):
             try:
                 seconds = self.collector.start(timeout_s=60.0)
@@ -209,6 +213,18 @@ class DemoRun:
             f"otel collector ready at {self.collector.grpc_endpoint} (OTLP gRPC) in {seconds:.1f} s: tenant "
             f"{OTEL_TENANT} comes in as traces, through kafka topic {self.settings.otlp.topic}"
         )
+
+    def _instrumentation_python(self) -> None:
+        """The venv of the real instrumentation libraries (built once, ~1 min; kept under .cache/)."""
+        from streams.otel.instrumentations import instrumentation_python, is_built
+
+        step = "using" if is_built() else "installing (once)"
+        with self.say.step(f"{step} the OpenTelemetry instrumentation libraries' venv"):
+            try:
+                self.instrumentation_python = instrumentation_python()
+            except (subprocess.SubprocessError, OSError) as exc:
+                raise DemoError(f"--otel: could not install the instrumentation libraries: {exc}") from None
+        self.say(f"tenant {OTEL_TENANT}: a RAG service traced by OpenInference's OpenAI instrumentation")
 
     def _on_webhook_alert(self, alert: dict[str, object]) -> None:
         if self.view is not None:
@@ -277,14 +293,16 @@ class DemoRun:
         return results
 
     def _start_generator(self, plan: DemoPlan, now_ms: float, origin: float) -> ChildProcess:
-        """The SDK-instrumented generator of :data:`OTEL_TENANT`'s traces (:mod:`streams.demo.otel_traffic`)."""
-        assert self.collector is not None
+        """The driver of :data:`OTEL_TENANT`'s instrumented service (:mod:`streams.demo.otel_traffic`)."""
+        assert self.collector is not None and self.instrumentation_python is not None
         cmd = [
             sys.executable,
             "-m",
             "streams.demo.otel_traffic",
+            "--python",
+            str(self.instrumentation_python),
             "--endpoint",
-            self.collector.grpc_endpoint,
+            self.collector.http_endpoint,
             "--duration",
             repr(self.options.duration_s),
             "--now-ms",

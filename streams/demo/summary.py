@@ -60,7 +60,7 @@ class TenantRow:
 
 
 EMITTER_WAY: Final = "stage events (emitter)"
-OTEL_WAY: Final = "OpenTelemetry traces (SDK -> Collector -> otlp_spans)"
+OTEL_WAY: Final = "OpenTelemetry traces (OpenInference -> Collector -> otlp_spans)"
 
 
 @dataclass

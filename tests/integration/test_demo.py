@@ -4,8 +4,9 @@ Runs the demo as a subprocess without a terminal (plain progress lines), in its 
 what it promises: the replay ranking llm_ttft then retrieval first, each fix predicted on the phase before
 it beside the P95 observed after it, the before P95 near 3.2 s, the after P95 beside the sum of stage P95s,
 a fired canary alert, a report on disk, and no process left behind.
-``ttft demo --otel --duration 30`` (~100 s): tenant otel-demo's traces through the real Collector are all
-stored and shown beside the emitter's tenants.
+``ttft demo --otel --duration 30`` (~100 s): tenant otel-demo's traces, from a service traced by the real
+OpenInference instrumentation with no ``ttft.*`` attribute, through the real Collector are all stored and
+shown beside the emitter's tenants.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 
 from streams.demo.plan import END_MARGIN_MS, WINDOW_MS, plan_demo
 from streams.kafka.broker import missing_prerequisite
+from streams.otel.instrumentations import instrumentation_python
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = (sys.executable, "-m", "streams.cli.main", "demo")
@@ -183,7 +185,7 @@ def _processes_inside(directory: Path) -> list[str]:
 @pytest.mark.kafka
 @pytest.mark.e2e
 @pytest.mark.otel
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_demo_otel_sends_one_tenant_through_the_collector_and_shows_it(demo_home: Path) -> None:
     """``ttft demo --otel --duration 30``: tenant otel-demo's traces reach the store through the real
     Collector, every one of them, and the summary names the way each tenant came in."""
@@ -192,6 +194,7 @@ def test_demo_otel_sends_one_tenant_through_the_collector_and_shows_it(demo_home
     problem = missing_binary(default_binary())
     if problem:
         pytest.fail(problem)  # `make test` builds it; a skip would hide a broken build
+    instrumentation_python()  # its service's venv, as `make demo-otel` builds it first (once; ~1 min cold)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTFT_")}
     started = time.monotonic()
     out = subprocess.run(
@@ -212,12 +215,15 @@ def test_demo_otel_sends_one_tenant_through_the_collector_and_shows_it(demo_home
     assert "OpenTelemetry tenant" not in "\n".join(re.findall(r"^problem: .*", text, re.M)), text[-4000:]
     assert re.search(r"otel collector ready at 127\.0\.0\.1:\d+ \(OTLP gRPC\)", text), text[:3000]
 
+    log = (demo_home / "logs" / "otel-traffic.log").read_text()
     sent = re.search(
-        r"otel_traffic: ([\d]+) traces, (\d+) spans sent", (demo_home / "logs" / "otel-traffic.log").read_text()
+        r"otel_traffic: (\d+) traces, (\d+) spans sent .* traced by (\S+) ([\w.]+); ttft\.\* attributes on them: (\d+)",
+        log,
     )
-    assert sent, (demo_home / "logs" / "otel-traffic.log").read_text()[-2000:]
+    assert sent, log[-2000:]
     traces, spans = int(sent.group(1)), int(sent.group(2))
     assert traces > 200
+    assert (sent.group(3), sent.group(4), sent.group(5)) == ("openinference-instrumentation-openai", "0.1.66", "0")
 
     line = re.search(
         r"^tenant otel-demo: ([\d,]+) requests stored \(TTFT P95 ([\d,]+) ms\), came in as OpenTelemetry traces",
