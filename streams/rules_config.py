@@ -196,11 +196,25 @@ class UndecidableRule(_Rule):
 
 
 class RulesConfig(BaseModel):
-    """All alert rules. ``runbook_base_url`` prefixes each alert's ``#anchor`` in ``docs/runbook.md``."""
+    """All alert rules, and where their alerts lead (``runbook_base_url``, ``grafana_url``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    runbook_base_url: str = "https://github.com/ttft-pipeline/ttft-pipeline/blob/main/docs/runbook.md"
+    runbook_base_url: str | None = Field(
+        None,
+        description=(
+            "Where this deployment serves docs/runbook.md (https://..., or file:///... for one host); each alert's "
+            "runbook_url is it + #<alertname in lower case>. Unset: the repository path docs/runbook.md#<alert>. "
+            "ttft config check refuses a placeholder (an example host, the old repository URL)."
+        ),
+    )
+    grafana_url: str | None = Field(
+        None,
+        description=(
+            "Grafana's root URL (e.g. http://localhost:3000, Grafana's own default): alerts link to their board "
+            "there (dashboard_url, Alertmanager's generatorURL). Unset: links are paths (/d/<uid>?...)."
+        ),
+    )
     stage_floor_ms: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_STAGE_FLOOR_MS),
         description="Per stage; a tenant's tenants.<id>.stage_floor_ms overrides it.",

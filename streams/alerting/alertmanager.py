@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from streams.rules.links import AlertLinks
 from streams.rules.model import AlertTransition
 from streams.settings import redact_password, redact_url
 
@@ -54,23 +55,31 @@ def alertmanager_alert(
     now: datetime,
     ends_in: timedelta,
     starts_at: datetime | None = None,
+    links: AlertLinks | None = None,
 ) -> dict[str, Any]:
     """The API v2 JSON object of one transition at wall time ``now``.
 
     Firing: ``endsAt = now + ends_in``. Resolved: ``endsAt = now``. Numbers become string annotations
-    (Alertmanager annotations are strings); labels stay free of numbers.
+    (Alertmanager annotations are strings); labels stay free of numbers. ``links`` (the deployment's, see
+    :mod:`streams.rules.links`) set ``runbook_url`` and ``dashboard_url`` for every alert, whoever made it;
+    ``generatorURL`` is the ``dashboard_url``.
     """
     annotations = dict(transition.annotations)
+    if links is not None:
+        annotations |= links.annotations(transition)
     for name, value in sorted(transition.numbers.items()):
         annotations[name] = f"{value:.6g}"
     start = starts_at if starts_at is not None and starts_at <= now else now
     end = now if transition.state == "resolved" else now + ends_in
-    return {
+    alert = {
         "labels": dict(transition.labels),
         "annotations": annotations,
         "startsAt": _rfc3339(start),
         "endsAt": _rfc3339(end),
     }
+    if annotations.get("dashboard_url"):
+        alert["generatorURL"] = annotations["dashboard_url"]
+    return alert
 
 
 class AlertmanagerClient:

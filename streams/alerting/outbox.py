@@ -30,6 +30,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.alerting.alertmanager import AlertSink, alertmanager_alert
 from streams.kafka.topics import kafka_client_kwargs
+from streams.rules.links import AlertLinks
 from streams.rules.model import AlertTransition
 from streams.settings import Settings
 
@@ -175,9 +176,11 @@ async def deliver_due(
     ends_after_intervals: float = 4.0,
     paging_muted: bool = False,
     on_refused: Callable[[AlertTransition, str], None] | None = None,
+    links: AlertLinks | None = None,
 ) -> bool:
     """Post everything due in one batch; ``True`` when nothing is owed any more (delivered, or refused by
-    Alertmanager for what the alert holds: see :func:`_deliver_one_by_one`)."""
+    Alertmanager for what the alert holds: see :func:`_deliver_one_by_one`). ``links``: the deployment's
+    link targets, set on every alert (:func:`streams.alerting.alertmanager.alertmanager_alert`)."""
     deliveries = state.due(now_s, resend_interval_s)
     if not deliveries:
         return True
@@ -186,7 +189,10 @@ async def deliver_due(
         return True
     now = datetime.fromtimestamp(now_s, tz=UTC)
     ends_in = timedelta(seconds=resend_interval_s * ends_after_intervals)
-    body = [alertmanager_alert(d.transition, now=now, ends_in=ends_in, starts_at=d.starts_at) for d in deliveries]
+    body = [
+        alertmanager_alert(d.transition, now=now, ends_in=ends_in, starts_at=d.starts_at, links=links)
+        for d in deliveries
+    ]
     if await client.post(body):
         state.mark_delivered(deliveries, now_s)
         return True
@@ -236,6 +242,8 @@ class DeliveryOptions:
     retry_initial_s: float = 1.0
     retry_max_s: float = 30.0
     paging_muted: bool = False
+    #: The deployment's board and runbook links, set on every alert delivered (None: as the alert has them).
+    links: AlertLinks | None = None
 
 
 async def topic_partitions(settings: Settings, topic: str) -> list[int]:
@@ -336,6 +344,7 @@ async def run_delivery_loop(
                 ends_after_intervals=opts.ends_after_intervals,
                 paging_muted=opts.paging_muted,
                 on_refused=on_refused,
+                links=opts.links,
             )
             if on_pending is not None:
                 on_pending(len(state.owed))

@@ -118,6 +118,7 @@ class AlertingHook:
             window_health=agg.window_health,
             llm_signals=agg.llm_signals,
             arms=arms,
+            tail_attribution=agg.tail_attribution,
         )
         evaluation = self.engine.evaluate_window(ws, snap, muted=self.muted)
         evaluation.transitions = await self._with_replays(evaluation.transitions, arms)

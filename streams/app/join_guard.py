@@ -14,7 +14,7 @@ from collections.abc import Callable
 from streams.alerting.outbox import alert_message
 from streams.app.metrics import WorkerMetrics
 from streams.core.guard import PARTITION, PRODUCER, TENANT, DeadLetterGuard, Source
-from streams.rules.model import SOURCE_QUARANTINED, AlertTransition
+from streams.rules.model import SOURCE_QUARANTINED, AlertTransition, runbook_url
 from streams.settings import Settings
 
 log = logging.getLogger("ttft.join")
@@ -52,14 +52,13 @@ def quarantine_transition(
         summary = f"Quarantine of {what} lifted"
         detail = f"{what} sent no invalid event for {_release_messages(settings)} messages."
     fired = at_ms if state == "firing" else fired_at_ms
-    base = settings.rules.runbook_base_url.rstrip("#")
     return AlertTransition(
         alertname=QUARANTINE_ALERT,
         labels=source_labels(source),
         annotations={
             "summary": summary,
             "description": detail,
-            "runbook_url": f"{base}#{QUARANTINE_ALERT.lower()}",
+            "runbook_url": runbook_url(settings.rules.runbook_base_url, QUARANTINE_ALERT),
         },
         numbers={"partition": float(source.partition)} if source.kind != TENANT else {},
         state="firing" if state == "firing" else "resolved",

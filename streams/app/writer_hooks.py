@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -14,8 +15,27 @@ from streams.app.alerting_hook import AlertingHook
 from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import WindowCloser
 from streams.kafka.topics import kafka_client_kwargs
+from streams.rules.links import AlertLinks, placeholder_problem
 from streams.rules.model import AlertTransition
 from streams.settings import Settings
+
+log = logging.getLogger("ttft.alerting")
+
+
+def alert_links(settings: Settings) -> AlertLinks:
+    """Where this deployment's alerts lead; a runbook or Grafana URL that leads nowhere is logged (the
+    alerts still go out: ``ttft config check`` is where such a value is refused)."""
+    rules = settings.rules
+    for field in ("runbook_base_url", "grafana_url"):
+        problem = placeholder_problem(getattr(rules, field), f"rules.{field}")
+        if problem is not None:
+            log.warning("alert links: %s", problem)
+    if not (rules.runbook_base_url or "").strip():
+        log.warning(
+            "alert links: rules.runbook_base_url is not set: each alert's runbook_url names docs/runbook.md#<alert> "
+            "instead of a link (set TTFT_RULES__RUNBOOK_BASE_URL to where this deployment serves the runbook)"
+        )
+    return AlertLinks(rules.grafana_url, rules.runbook_base_url, settings.windows.window_s * 1000.0)
 
 
 class TopicPublisher:
@@ -76,7 +96,7 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
     if settings.alertmanager_url:
         stop = asyncio.Event()
         client = AlertmanagerClient(settings.alertmanager_url.get_secret_value())
-        options = DeliveryOptions(paging_muted=settings.paging_muted)
+        options = DeliveryOptions(paging_muted=settings.paging_muted, links=alert_links(settings))
 
         def refused(transition: AlertTransition, why: str) -> None:  # on /metrics and /healthz, for on-call
             metrics.alerts_refused.labels(transition.labels.get("alertname", "")).inc()

@@ -1,9 +1,11 @@
 """``ttft config check FILE``: validate a TTFT_CONFIG file the way a process would at start (for CI).
 
 The file alone is validated (no environment overrides, no other TTFT_CONFIG): the full
-:class:`~streams.settings.Settings`, unknown top-level keys, and the ``rules`` section as a
-:class:`~streams.rules_config.RulesConfig`. Each problem is printed as ``field.path: message``; any
-problem exits with status 1.
+:class:`~streams.settings.Settings`, unknown top-level keys, the ``rules`` section as a
+:class:`~streams.rules_config.RulesConfig`, and the values that only a deployment can give: a placeholder
+``rules.runbook_base_url`` or ``rules.grafana_url`` (an example host, the old repository URL) is refused,
+since every alert would lead there. Each problem is printed as ``field.path: message``; any problem exits
+with status 1.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pydantic import ValidationError
 
 from streams.cli.conventions import echo_json, json_option
 from streams.resources import default_config_file
+from streams.rules.links import RUNBOOK_PATH, placeholder_problem
 from streams.rules_config import RulesConfig, rules_config
 from streams.settings import Settings, read_config_file
 
@@ -46,7 +49,17 @@ def validate_config(data: dict[str, Any]) -> tuple[Settings | None, RulesConfig 
         rules = rules_config(settings.rules)
     except ValidationError as exc:
         return settings, None, problems + _paths(exc, ("rules",))
-    return settings, rules, problems
+    return settings, rules, problems + link_problems(rules)
+
+
+def link_problems(rules: RulesConfig) -> list[str]:
+    """Placeholders where alerts link to (:func:`streams.rules.links.placeholder_problem`)."""
+    out = []
+    for field in ("runbook_base_url", "grafana_url"):
+        problem = placeholder_problem(getattr(rules, field), f"rules.{field}")
+        if problem is not None:
+            out.append(f"rules.{field}: {problem}")
+    return out
 
 
 def _spans(settings: Settings, rules: RulesConfig) -> list[str]:
@@ -63,6 +76,10 @@ def _spans(settings: Settings, rules: RulesConfig) -> list[str]:
             f"slo_burn: {pair.long_windows * minutes:g} min & {pair.short_windows * minutes:g} min "
             f"at x{pair.burn_rate:g} ({pair.severity})"
         )
+    lines.append(
+        f"alerts link to: runbook {rules.runbook_base_url or RUNBOOK_PATH + ' (rules.runbook_base_url unset)'}, "
+        f"boards {rules.grafana_url or '/d/<uid> paths (rules.grafana_url unset)'}"
+    )
     return lines
 
 

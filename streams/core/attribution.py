@@ -11,6 +11,9 @@ status ``insufficient_data``):
 - ``biggest_p95_stage`` is the parent with the largest exact P95; ``tail_dominant_stage`` the parent whose
   share grows most from the band to the tail. They may differ: a stage can be big everywhere, or small
   but erratic.
+- ``exemplar_request_ids``: the window's :data:`EXEMPLARS` slowest eligible requests, slowest first, also
+  when the window has too few records to attribute (an alert on a quiet tenant still names slow requests;
+  readers of shares use ``ok`` rows only).
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ def tail_attribution_row(
         "tail_share": {},
         "band_share": {},
         "share_delta": {},
-        "exemplar_request_ids": [],
+        "exemplar_request_ids": [str(r["request_id"]) for r in _slowest(eligible)],
         "computed_version": computed_version,
     }
     if len(eligible) < MIN_RECORDS:
@@ -100,16 +103,18 @@ def tail_attribution_row(
     if not tail_share or not band_share:
         return row  # every TTFT equal (nothing above P95): no tail to attribute
     delta = {stage: tail_share[stage] - band_share[stage] for stage in SHARE_STAGES}
-    slowest = sorted(eligible, key=lambda r: (-float(r["ttft_ms"]), str(r["request_id"])))[:EXEMPLARS]
     row |= {
         "status": OK,
         "tail_dominant_stage": _argmax(delta, PARENT_STAGES),
         "tail_share": tail_share,
         "band_share": band_share,
         "share_delta": delta,
-        "exemplar_request_ids": [str(r["request_id"]) for r in slowest],
     }
     return row
+
+
+def _slowest(records: Sequence[Record]) -> list[Record]:
+    return sorted(records, key=lambda r: (-float(r["ttft_ms"]), str(r["request_id"])))[:EXEMPLARS]
 
 
 def _weighted_shares(rows: Sequence[Mapping[str, Any]], shares: str, weight: str) -> dict[str, float]:

@@ -29,7 +29,17 @@ MARKER: Final = ".ttft-demo"
 APP_ID: Final = "ttft-demo"
 #: Environment the children keep from the caller; every other TTFT_* variable is the demo's own. The store's
 #: HTTP interface settings are kept: another demo or a ClickHouse server may hold port 8123.
-KEPT_ENV: Final = ("TTFT_KAFKA_LIBS", "TTFT_STORE__HTTP_PORT", "TTFT_STORE__HTTP_HOST", "TTFT_STORE__HTTP_PASSWORD")
+#: Where alerts lead is the caller's to say too (docs/runbook.md, "Links").
+KEPT_ENV: Final = (
+    "TTFT_KAFKA_LIBS",
+    "TTFT_STORE__HTTP_PORT",
+    "TTFT_STORE__HTTP_HOST",
+    "TTFT_STORE__HTTP_PASSWORD",
+    "TTFT_RULES__RUNBOOK_BASE_URL",
+    "TTFT_RULES__GRAFANA_URL",
+)
+#: The runbook of a source checkout (a wheel ships no docs/).
+CHECKOUT_RUNBOOK: Final = Path(__file__).resolve().parents[2] / "docs" / "runbook.md"
 IDLE_TICK_MS: Final = 10_000
 
 
@@ -71,6 +81,8 @@ def demo_env(home: Path, bootstrap: str, alertmanager_url: str | None) -> dict[s
     )
     if alertmanager_url:
         env["TTFT_ALERTMANAGER_URL"] = alertmanager_url
+    if "TTFT_RULES__RUNBOOK_BASE_URL" not in env and CHECKOUT_RUNBOOK.is_file():
+        env["TTFT_RULES__RUNBOOK_BASE_URL"] = CHECKOUT_RUNBOOK.as_uri()  # the demo's alerts open this checkout's
     return env
 
 

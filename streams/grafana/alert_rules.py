@@ -9,7 +9,11 @@ spans grow with a tenant's traffic (``max_span_windows``), so a low-traffic tena
 where Grafana's rule stays silent.
 
 Each rule's SQL returns one numeric column plus label columns (Grafana's table-alert contract), uses no
-dashboard variables (alert evaluation has none) and wraps argument-less macros in parentheses.
+dashboard variables (alert evaluation has none) and wraps argument-less macros in parentheses. The label
+columns are named as the pipeline's own alerts label them (``tenant``, ``stage``, ``version``), so
+Alertmanager groups and inhibits both alike; each rule carries the same annotations (``summary``,
+``description``, ``runbook_url``, ``dashboard_url`` on the same board, see :mod:`streams.rules.links`; the
+board link's tenant is hex-encoded by the template's ``printf "%X"``, as ClickHouse's ``hex()`` does).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import yaml
 
 from streams.grafana.model import DATASOURCE_UID, FORMAT_TABLE
 from streams.grafana.sql import literal, number, stage_in, string_array
+from streams.rules.links import BOARD_OF_ALERT, HEX_VARIABLES, LOOKBACK_WINDOWS, runbook_url
 from streams.rules_config import RulesConfig
 from streams.settings import Settings
 from streams.store.sketch_sql import quantile_sql
@@ -63,6 +68,20 @@ def _query(sql: str, seconds: int, interval_ms: int) -> dict[str, Any]:
     }
 
 
+def _dashboard_url(title: str, settings: Settings, labels: tuple[str, ...]) -> str:
+    """The board link of a Grafana-side alert: the pipeline's alert's board (:data:`BOARD_OF_ALERT`), with the
+    variables it has set from the alert's labels by the annotation template (ids hex-encoded)."""
+    board = BOARD_OF_ALERT[title]
+    grafana = (settings.rules.grafana_url or "").strip().rstrip("/")
+    lookback = LOOKBACK_WINDOWS * settings.windows.window_s
+    query = f"orgId=1&from=now-{lookback}s&to=now"
+    for name in board.variables:
+        if name in labels:
+            value = f'{{{{ printf "%X" $labels.{name} }}}}' if name in HEX_VARIABLES else f"{{{{ $labels.{name} }}}}"
+            query += f"&var-{name}={value}"
+    return f"{grafana}/d/{board.uid}?{query}"
+
+
 def _rule(
     uid: str,
     title: str,
@@ -75,6 +94,7 @@ def _rule(
     for_windows: int,
     severity: str,
     summary: str,
+    description: str,
     labels: tuple[str, ...],
 ) -> dict[str, Any]:
     w = settings.windows.window_s
@@ -104,7 +124,12 @@ def _rule(
         "isPaused": True,
         "notification_settings": {"receiver": CONTACT_POINT, "group_by": ["alertname", *labels]},
         "labels": {"alertname": title, "severity": severity, "source": "grafana"},
-        "annotations": {"summary": summary},
+        "annotations": {
+            "summary": summary,
+            "description": description,
+            "runbook_url": runbook_url(settings.rules.runbook_base_url, title),
+            "dashboard_url": _dashboard_url(title, settings, labels),
+        },
     }
 
 
@@ -116,7 +141,7 @@ def _stage_regression(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     floor_values = "[" + ", ".join(number(v) for v in floors.values()) + "]"
     floor = f"transform(CAST(stage AS String), {string_array(floors)}, {floor_values}, 0.)"
     sql = (
-        "SELECT tenant_id, stage, least(p_short / p_base, p_long / p_base) AS p95_ratio\n"
+        "SELECT tenant_id AS tenant, stage, least(p_short / p_base, p_long / p_base) AS p95_ratio\n"
         "FROM (\n"
         f"  SELECT tenant_id, stage, {_p95_if(short)} AS p_short, {_p95_if(long_)} AS p_long,\n"
         f"         {_p95_if(base)} AS p_base,\n"
@@ -139,8 +164,14 @@ def _stage_regression(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         recovery=("lt", reg.recovery_ratio),
         for_windows=reg.for_windows,
         severity="ticket",
-        summary="{{ $labels.stage }} P95 of {{ $labels.tenant_id }} is {{ $values.B.Value }}x its baseline",
-        labels=("tenant_id", "stage"),
+        summary="{{ $labels.stage }} P95 regressed for tenant {{ $labels.tenant }}",
+        description=(
+            "{{ $labels.stage }} P95 of tenant {{ $labels.tenant }} is x{{ $values.B.Value }} its baseline "
+            f"({reg.baseline_windows} windows before the last {reg.exclude_recent_windows}) on both the last "
+            f"{reg.short_windows} and {reg.long_windows} window(s), and above the stage floor (Grafana-side rule: "
+            "shortest spans only)."
+        ),
+        labels=("tenant", "stage"),
     )
 
 
@@ -148,7 +179,7 @@ def _canary_failed(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     canary = rules.canary
     span = _span(settings, canary.for_windows)
     sql = (
-        "SELECT tenant_id, stage, canary_version, countIf(verdict = 'fail') AS failing_verdicts\n"
+        "SELECT tenant_id AS tenant, stage, canary_version AS version, countIf(verdict = 'fail') AS failing_verdicts\n"
         "FROM canary_verdicts FINAL\n"
         f"WHERE $__timeFilter(window_start) AND {span}\n"
         "GROUP BY tenant_id, stage, canary_version"
@@ -163,8 +194,13 @@ def _canary_failed(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         recovery=None,
         for_windows=1,
         severity="page",
-        summary="Canary {{ $labels.canary_version }} fails {{ $labels.stage }} for {{ $labels.tenant_id }}",
-        labels=("tenant_id", "stage", "canary_version"),
+        summary="Canary {{ $labels.version }} fails on {{ $labels.stage }} for tenant {{ $labels.tenant }}",
+        description=(
+            "The pipeline's canary verdict for version {{ $labels.version }} of tenant {{ $labels.tenant }} on "
+            f"{{{{ $labels.stage }}}} was fail in each of the last {canary.for_windows} windows "
+            "(canary_verdicts holds the ratios, tail test and strata)."
+        ),
+        labels=("tenant", "stage", "version"),
     )
 
 
@@ -172,7 +208,7 @@ def _draft_acceptance(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     draft = rules.draft_acceptance
     span = _span(settings, 1)
     sql = (
-        "SELECT tenant_id, version_id,\n"
+        "SELECT tenant_id AS tenant, 'llm_ttft' AS stage, version_id AS version,\n"
         "       arrayElement(arraySort(groupArray(draft_accept_rate)),\n"
         "                    toUInt64(floor(0.5 * (count(draft_accept_rate) - 1))) + 1) AS draft_accept_p50\n"
         "FROM requests FINAL\n"
@@ -189,8 +225,13 @@ def _draft_acceptance(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         recovery=("gt", draft.recovery_threshold),
         for_windows=draft.for_windows,
         severity="ticket",
-        summary="Draft acceptance of {{ $labels.tenant_id }} {{ $labels.version_id }} is {{ $values.B.Value }}",
-        labels=("tenant_id", "version_id"),
+        summary="Draft acceptance of version {{ $labels.version }} is low for tenant {{ $labels.tenant }}",
+        description=(
+            "Median draft acceptance of version {{ $labels.version }} of tenant {{ $labels.tenant }} is "
+            f"{{{{ $values.B.Value }}}}, below {draft.threshold:g} (at least {draft.min_samples} requests): "
+            "speculative decoding costs more first-token time than it saves."
+        ),
+        labels=("tenant", "stage", "version"),
     )
 
 
@@ -198,7 +239,7 @@ def _telemetry(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     tel = rules.telemetry
     span = _span(settings, 1)
     sql = (
-        "SELECT tenant_id, sum(complete) / sum(total) AS complete_ratio\n"
+        "SELECT tenant_id AS tenant, sum(complete) / sum(total) AS complete_ratio\n"
         "FROM window_health FINAL\n"
         f"WHERE $__timeFilter(window_start) AND {span}\n"
         f"GROUP BY tenant_id HAVING sum(total) >= {tel.min_requests}"
@@ -213,9 +254,13 @@ def _telemetry(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         recovery=None,
         for_windows=1,
         severity="ticket",
-        summary="Only {{ $values.B.Value }} of {{ $labels.tenant_id }}'s requests are complete (Completeness per "
-        "tenant shows why; no_first_chunk: the LLM spans tell no first chunk)",
-        labels=("tenant_id",),
+        summary="Telemetry of tenant {{ $labels.tenant }} is incomplete",
+        description=(
+            "Only {{ $values.B.Value }} of tenant {{ $labels.tenant }}'s requests are complete (floor "
+            f"{tel.completeness_floor:.0%}): Completeness per tenant shows why (missing_stage, no_first_chunk, "
+            "timed_out, orphan)."
+        ),
+        labels=("tenant",),
     )
 
 
@@ -224,7 +269,8 @@ def _slo_burn(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
     long_, short = _span(settings, pair.long_windows), _span(settings, pair.short_windows)
     budget = f"(1 - {slo_target(settings)})"
     sql = (
-        f"SELECT tenant_id, least(bad_long / n_long, bad_short / n_short) / {budget} AS burn_rate\n"
+        f"SELECT tenant_id AS tenant, 'ttft' AS stage, least(bad_long / n_long, bad_short / n_short) / {budget} "
+        "AS burn_rate\n"
         "FROM (\n"
         f"  SELECT tenant_id, sumIf(slo_bad_count, {long_}) AS bad_long,\n"
         f"         sumIf(slo_bad_count, {short}) AS bad_short\n"
@@ -250,8 +296,13 @@ def _slo_burn(settings: Settings, rules: RulesConfig) -> dict[str, Any]:
         recovery=None,
         for_windows=1,
         severity=pair.severity,
-        summary="{{ $labels.tenant_id }} burns its TTFT error budget {{ $values.B.Value }}x too fast",
-        labels=("tenant_id",),
+        summary="Tenant {{ $labels.tenant }} burns its TTFT SLO",
+        description=(
+            "Tenant {{ $labels.tenant }} burns its TTFT error budget x{{ $values.B.Value }} over both "
+            f"{pair.long_windows} and {pair.short_windows} windows (threshold {pair.burn_rate:g}; timed-out and "
+            "orphaned requests count as bad)."
+        ),
+        labels=("tenant", "stage"),
     )
 
 

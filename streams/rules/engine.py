@@ -13,11 +13,15 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import orjson
+
 from streams.core.sketch import LatencySketch
 from streams.rules.canary import ArmHistory, StrataHistory, evaluate_canary
 from streams.rules.draft import check_draft
+from streams.rules.exemplars import ExemplarMemory, tail_shares
 from streams.rules.history import WindowHistory, merge_sketches, sketch_of_row
 from streams.rules.lifecycle import AlertBook, AlertKey, Signal
+from streams.rules.links import EXEMPLARS, MOVED_STAGE, AlertLinks
 from streams.rules.model import (
     DECIDED_OUTCOMES,
     AlertTransition,
@@ -26,9 +30,16 @@ from streams.rules.model import (
     WindowEvaluation,
     WindowSnapshot,
 )
-from streams.rules.regression import SUB_STAGES_OF, Baselines, IncidentMemory, StageHistory, check_stage
+from streams.rules.regression import (
+    SUB_STAGES_OF,
+    Baselines,
+    IncidentMemory,
+    StageHistory,
+    check_stage,
+    stage_shift,
+)
 from streams.rules.silence import silence_steps
-from streams.rules.slo import BurnHistory, check_burn
+from streams.rules.slo import BurnHistory, StageMove, check_burn, moved_stage
 from streams.rules.snapshot import WindowFacts, stratum_of, window_facts
 from streams.rules.undecidable import UndecidableTracker
 from streams.rules_config import RulesConfig
@@ -37,6 +48,8 @@ if TYPE_CHECKING:  # settings.py will import streams.rules_config: no runtime im
     from streams.settings import Settings
 
 _NOT_SERIES = frozenset({"Watchdog", "TTFTTenantSilent", "TTFTIngestHalted"})
+#: Alerts about slow requests, which carry examples of them (not silence, completeness or undecidable rules).
+_LATENCY_ALERTS = frozenset({"TTFTStageRegression", "TTFTCanaryFailed", "TTFTDraftAcceptanceLow", "TTFTSLOBurn"})
 _VERDICT_OUTCOME: dict[str, Outcome] = {
     "pass": "ok",
     "fail": "breach",
@@ -66,6 +79,8 @@ class RuleEngine:
         self._burn: BurnHistory = WindowHistory(self.window_ms, max(p.long_windows for p in config.slo_burn.pairs))
         self._series_seen: dict[AlertKey, float] = {}
         self._tenant_seen: dict[str, float] = {}
+        self._exemplars = ExemplarMemory(self.window_ms, config.history_windows())
+        self._links = AlertLinks(config.grafana_url, config.runbook_base_url, self.window_ms)
         self._last_window: float | None = None
         #: (rule, outcome) -> evaluations since start, for metrics.
         self.outcomes: Counter[tuple[str, str]] = Counter()
@@ -104,6 +119,7 @@ class RuleEngine:
             return out
         self._last_window = now
         facts = window_facts(windows)
+        self._exemplars.observe(now, windows.tail_attribution, windows.arms)
         degraded = self._telemetry(now, facts, out)
         self._record(now, windows, facts, degraded)
         self._regression(now, windows, degraded, out)
@@ -121,6 +137,7 @@ class RuleEngine:
                 description="Always firing while rules are evaluated; its absence means alerting is broken.",
             )
         self._sweep_stale(now, out)
+        out.transitions = [self._annotate(t) for t in out.transitions]
         if muted:
             out.transitions = [replace(t, muted=True) for t in out.transitions]
         for e in out.evaluations:
@@ -328,15 +345,39 @@ class RuleEngine:
             self._note(out, key, check.outcome)
             if check.signal == "hold":
                 continue
+            move = self._moved_stage(tenant, now) if check.signal == "breach" else None
             out.transitions += self.alerts.step(
                 key,
                 check.signal,
                 now,
                 severity=check.severity,
-                summary=f"Tenant {tenant} burns its TTFT SLO",
-                description=check.description,
-                numbers=check.numbers or {},
+                summary=f"Tenant {tenant} burns its TTFT SLO" + (f"; {move.stage} moved most" if move else ""),
+                description=check.description + (move.describe() if move else ""),
+                numbers={**(check.numbers or {}), **(move.numbers() if move else {})},
+                annotations={MOVED_STAGE: move.stage} if move else None,
             )
+
+    def _moved_stage(self, tenant: str, now: float) -> StageMove | None:
+        """The parent stage whose P95 rose most over its baseline, else the one tail attribution blames."""
+        rule = self.config.stage_regression
+        shifts = {
+            stage: stage_shift(self._stages, self._baselines, rule, tenant, stage, now, self.window_ms, self._accuracy)
+            for stage in rule.stages
+        }
+        tail, band = tail_shares(self._exemplars.latest(tenant))
+        return moved_stage(shifts, tail, band)
+
+    def _annotate(self, transition: AlertTransition) -> AlertTransition:
+        """Links (board, runbook) and example requests of the tenant's slowest tail (stable arm for a stage
+        regression, the alert's version for a version's alert)."""
+        transition = self._links.annotate(transition)
+        tenant, version = transition.labels.get("tenant", ""), transition.labels.get("version", "")
+        if not tenant or transition.state == "resolved" or transition.alertname not in _LATENCY_ALERTS:
+            return transition
+        ids = self._exemplars.pick(tenant, version, stable_only=transition.alertname == "TTFTStageRegression")
+        if not ids:
+            return transition
+        return replace(transition, annotations={**transition.annotations, EXEMPLARS: orjson.dumps(ids).decode()})
 
     def _silence(self, now: float, facts: WindowFacts, out: WindowEvaluation) -> None:
         rule = self.config.tenant_silence
@@ -385,6 +426,7 @@ class RuleEngine:
             self._last_decided.pop(key, None)
         for history in (self._stages, self._arms, self._strata, self._burn):
             history.prune(now)
+        self._exemplars.prune(now)
         self._baselines.prune(now)
         self._undecidable.prune(now)
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from streams.rules.links import runbook_url
 from streams.rules.model import AlertTransition
 
 Signal = Literal["breach", "hold", "clear"]
@@ -50,13 +51,13 @@ def alert_labels(alertname: str, tenant: str, stage: str, version: str, severity
 class AlertBook:
     """All pending and firing alerts of one engine, and the transitions between their states."""
 
-    def __init__(self, runbook_base_url: str) -> None:
-        self._runbook_base_url = runbook_base_url.rstrip("#")
+    def __init__(self, runbook_base_url: str | None) -> None:
+        self._runbook_base_url = runbook_base_url
         self._alerts: dict[AlertKey, TrackedAlert] = {}
 
     def runbook_url(self, alertname: str) -> str:
-        """Link to the alert's section of docs/runbook.md (GitHub heading anchors are lower case)."""
-        return f"{self._runbook_base_url}#{alertname.lower()}"
+        """Link to the alert's section of docs/runbook.md (:func:`streams.rules.links.runbook_url`)."""
+        return runbook_url(self._runbook_base_url, alertname)
 
     def get(self, key: AlertKey) -> TrackedAlert | None:
         return self._alerts.get(key)
@@ -79,10 +80,13 @@ class AlertBook:
         for_windows: int = 1,
         resolve_windows: int = 1,
         immediate: bool = False,
+        annotations: Mapping[str, str] | None = None,
     ) -> list[AlertTransition]:
-        """Advance one alert by one window; returns the transitions (zero or one) it made."""
+        """Advance one alert by one window; returns the transitions (zero or one) it made. ``annotations``:
+        more than the summary, description and runbook link (e.g. the stage that moved)."""
         alertname, tenant, stage, version = key
-        annotations = {
+        texts = {
+            **(annotations or {}),
             "summary": summary,
             "description": description,
             "runbook_url": self.runbook_url(alertname),
@@ -92,10 +96,10 @@ class AlertBook:
             if signal != "breach":
                 return []
             labels = alert_labels(alertname, tenant, stage, version, severity)
-            tracked = TrackedAlert(alertname, labels, "pending", window_start, None, 0, 0, annotations, {})
+            tracked = TrackedAlert(alertname, labels, "pending", window_start, None, 0, 0, texts, {})
             self._alerts[key] = tracked
         tracked.numbers = {k: float(v) for k, v in numbers.items()}
-        tracked.annotations = annotations
+        tracked.annotations = texts
         if signal == "breach":
             tracked.breaches += 1
             tracked.clears = 0

@@ -38,6 +38,17 @@ SOURCE_QUARANTINED = "TTFTSourceQuarantined"
 IDENTITY_LABELS: tuple[str, ...] = ("alertname", "tenant", "stage", "version", "severity")
 
 
+#: Where ``runbook_url`` points while ``rules.runbook_base_url`` is unset: the runbook's path in the repository.
+RUNBOOK_PATH = "docs/runbook.md"
+
+
+def runbook_url(base_url: str | None, alertname: str) -> str:
+    """Link to the alert's section of the runbook (heading anchors are lower case); with no base URL set,
+    the runbook's path in the repository, which names the section without pretending to be a link."""
+    base = (base_url or "").strip().rstrip("#") or RUNBOOK_PATH
+    return f"{base}#{alertname.lower()}"
+
+
 def fingerprint(labels: Mapping[str, str]) -> str:
     """Stable identity of an alert: sha256 of its sorted labels, 16 hex digits."""
     blob = json.dumps(sorted(labels.items()), ensure_ascii=False, separators=(",", ":"))
@@ -305,6 +316,8 @@ class WindowSnapshot:
     window_health: list[dict[str, Any]] = field(default_factory=list)
     llm_signals: list[dict[str, Any]] = field(default_factory=list)
     arms: Mapping[tuple[str, str], Arm] = field(default_factory=dict)
+    #: ``tail_attribution`` rows (:mod:`streams.core.attribution`): alerts' example requests, SLO burn's stage
+    tail_attribution: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -324,7 +337,7 @@ def ingest_halted_transition(
     fired_at_ms: float | None = None,
     detail: str = "",
     numbers: Mapping[str, float] | None = None,
-    runbook_base_url: str = "",
+    runbook_base_url: str | None = None,
 ) -> AlertTransition:
     """TTFTIngestHalted, raised by the worker when its dead-letter guard halts ingestion (and resolved
     when ingestion resumes). ``at_ms`` is the event time the guard tripped (or cleared) at; pass the
@@ -336,7 +349,7 @@ def ingest_halted_transition(
         annotations={
             "summary": "Ingestion halted by the dead-letter guard" if state == "firing" else "Ingestion resumed",
             "description": detail or "the share of dead-lettered events exceeded caps.halt_dead_letter_share",
-            "runbook_url": f"{runbook_base_url.rstrip('#')}#ttftingesthalted",
+            "runbook_url": runbook_url(runbook_base_url, "TTFTIngestHalted"),
         },
         numbers={k: float(v) for k, v in (numbers or {}).items()},
         state=state,

@@ -269,3 +269,29 @@ def _sub_stage_text(
     if not parts:
         return ""
     return " Sub-stages: " + ", ".join(text for _, text in sorted(parts, key=lambda t: (-t[0], t[1]))) + "."
+
+
+def stage_shift(
+    history: StageHistory,
+    baselines: Baselines,
+    rule: StageRegressionRule,
+    tenant: str,
+    stage: str,
+    now: float,
+    window_ms: float,
+    accuracy: float,
+) -> tuple[float, float] | None:
+    """One tenant x stage's P95 over the regression rule's short span and its baseline P95, judged as that
+    rule judges them (same spans, same sample gates); ``None`` when either span lacks its samples."""
+    key = (tenant, stage)
+    spans = choose_spans(history, key, rule, now, window_ms)
+    if spans.samples < rule.min_recent_samples:
+        return None
+    base = baselines.sketch(key, now, spans.long_len)
+    if base.count < rule.min_baseline_samples:
+        return None
+    short = _span(history, key, now - (spans.short_len - 1) * window_ms, now, accuracy)
+    p_short, p_base = short.quantile(0.95), base.quantile(0.95)
+    if p_short is None or p_base is None:
+        return None
+    return p_short, p_base

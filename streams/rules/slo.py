@@ -11,6 +11,7 @@ judgeable pair the rule reports ``insufficient_history`` and changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from streams.rules.history import WindowHistory
@@ -82,3 +83,66 @@ def check_burn(
         f"and orphaned requests count as bad): " + "; ".join(burning) + "."
     )
     return BurnCheck("breach", "breach", severity, description, numbers)
+
+
+@dataclass(frozen=True, slots=True)
+class StageMove:
+    """The parent stage that moved most while a tenant burns its SLO, and the evidence for it."""
+
+    stage: str
+    #: P95 over the regression rule's short span and its baseline (None: judged by tail attribution only)
+    p95_ms: float | None = None
+    baseline_ms: float | None = None
+    #: the stage's share of TTFT in the slowest 5 % and in typical requests of the latest attributed window
+    tail_share: float | None = None
+    band_share: float | None = None
+
+    def numbers(self) -> dict[str, float]:
+        """``moved_stage_*`` numbers for the alert's annotations."""
+        values = {
+            "moved_stage_p95_ms": self.p95_ms,
+            "moved_stage_baseline_ms": self.baseline_ms,
+            "moved_stage_delta_ms": None
+            if self.p95_ms is None or self.baseline_ms is None
+            else self.p95_ms - self.baseline_ms,
+            "moved_stage_tail_share": self.tail_share,
+            "moved_stage_band_share": self.band_share,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+    def describe(self) -> str:
+        """One sentence for the description."""
+        text = f" The stage that moved most: {self.stage}"
+        if self.p95_ms is not None and self.baseline_ms is not None:
+            text += (
+                f", P95 {self.p95_ms:.0f} ms against its baseline {self.baseline_ms:.0f} ms "
+                f"({self.p95_ms - self.baseline_ms:+.0f} ms)"
+            )
+        if self.tail_share is not None and self.band_share is not None:
+            text += (
+                f"; in the slowest 5 % of the latest attributed window it takes {self.tail_share:.0%} of TTFT "
+                f"({self.band_share:.0%} in typical requests)"
+            )
+        elif self.p95_ms is None:
+            text += " (its share of TTFT grew most from typical to the slowest requests)"
+        return text + "."
+
+
+def moved_stage(
+    shifts: Mapping[str, tuple[float, float] | None],
+    tail_share: Mapping[str, float],
+    band_share: Mapping[str, float],
+) -> StageMove | None:
+    """The stage whose P95 rose most in ms over its baseline (``shifts``: stage -> (P95, baseline P95), in
+    the rule's stage order); without any judgeable shift, the stage whose share of TTFT grows most from
+    typical to the slowest requests (tail attribution); ``None`` when neither tells."""
+    judged = [(stage, shift) for stage, shift in shifts.items() if shift is not None]
+    stages = list(shifts)
+    if judged:
+        stage, (p95, base) = max(judged, key=lambda item: (item[1][0] - item[1][1], -stages.index(item[0])))
+        return StageMove(stage, p95, base, tail_share.get(stage), band_share.get(stage))
+    growth = {s: tail_share[s] - band_share.get(s, 0.0) for s in stages if s in tail_share}
+    if not growth:
+        return None
+    stage = max(growth, key=lambda s: (growth[s], -stages.index(s)))
+    return StageMove(stage, tail_share=tail_share[stage], band_share=band_share.get(stage))

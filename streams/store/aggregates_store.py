@@ -151,7 +151,13 @@ def dead_letter_counts(client: Client, database: str, start_ms: float, end_ms: f
     return {str(r[0]): int(r[1]) for r in result.result_rows}
 
 
-_SNAPSHOT_TABLES: tuple[str, ...] = ("stage_windows", "stage_strata", "window_health", "llm_signals")
+_SNAPSHOT_TABLES: tuple[str, ...] = (
+    "stage_windows",
+    "stage_strata",
+    "window_health",
+    "llm_signals",
+    "tail_attribution",
+)
 
 
 def fetch_window_rows(client: Client, database: str, since_ms: float, until_ms: float) -> dict[int, Any]:
@@ -203,6 +209,7 @@ def fetch_window_rows(client: Client, database: str, since_ms: float, until_ms: 
             window_health=per_table["window_health"].get(ws, []),
             llm_signals=per_table["llm_signals"].get(ws, []),
             arms=arms,
+            tail_attribution=per_table["tail_attribution"].get(ws, []),
         )
     return out
 

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,11 @@ from streams.alerting.outbox import (
 )
 from streams.alerting.supervise import supervise
 from streams.kafka.topics import kafka_client_kwargs
-from streams.rules import AlertTransition
+from streams.rules import AlertTransition, ingest_halted_transition
+from streams.rules.links import AlertLinks
 from streams.settings import Settings
 from tests.fixtures.alertmanager import AlertmanagerServer, require_binary, wait_for
+from tests.unit.test_alert_links import slo_burn_page
 
 pytestmark = [pytest.mark.alertmanager, pytest.mark.timeout(120)]
 
@@ -92,6 +96,37 @@ def test_an_alert_alertmanager_refuses_is_dropped_and_its_batch_pages(alertmanag
     assert len(refused) == 1 and refused[0].startswith("400"), refused
     assert wait_for(lambda: alertmanager.webhook.alerts("firing"), timeout_s=10)
     assert {a["labels"]["tenant"] for a in alertmanager.webhook.alerts("firing")} == {"good"}
+
+
+def test_links_exemplars_and_generator_url_arrive_through_alertmanager(alertmanager: AlertmanagerServer) -> None:
+    """Issue 28: an engine-made SLO page (moved stage, exemplars) and a guard-made halt, delivered with the
+    deployment's links, reach the receiver with their board link as Alertmanager's generatorURL."""
+    page = slo_burn_page(grafana_url="")  # an engine built without the deployment's Grafana URL
+    halted = ingest_halted_transition("firing", page.window_start, detail="d")
+    links = AlertLinks("https://grafana.internal/g", "https://docs.internal/runbook.md", 60_000.0)
+    state = DeliveryState()
+    state.fold(page)
+    state.fold(halted)
+
+    async def go() -> bool:
+        async with AlertmanagerClient(alertmanager.url, attempts=1) as client:
+            return await deliver_due(state, client, time.time(), resend_interval_s=60.0, links=links)
+
+    assert asyncio.run(go()) and state.stats.delivered == 2
+    assert wait_for(lambda: len(alertmanager.webhook.alerts("firing")) == 2, timeout_s=10)
+    received = {a["labels"]["alertname"]: a for a in alertmanager.webhook.alerts("firing")}
+    slo, halt = received["TTFTSLOBurn"], received["TTFTIngestHalted"]
+    for alert in (slo, halt):
+        assert alert["generatorURL"] == alert["annotations"]["dashboard_url"]
+        assert alert["generatorURL"].startswith("https://grafana.internal/g/d/")
+        name = alert["labels"]["alertname"].lower()
+        assert alert["annotations"]["runbook_url"] == f"https://docs.internal/runbook.md#{name}"
+    assert slo["annotations"]["moved_stage"] == "llm_ttft"
+    assert "stage_dashboard_url" in slo["annotations"] and "moved most" in slo["annotations"]["summary"]
+    assert len(json.loads(slo["annotations"]["exemplar_request_ids"])) == 2
+    with urllib.request.urlopen(f"{alertmanager.url}/api/v2/alerts", timeout=5) as response:
+        api = {a["labels"]["alertname"]: a for a in json.load(response)}
+    assert api["TTFTSLOBurn"]["generatorURL"] == slo["generatorURL"]
 
 
 def test_sample_config_passes_amtool_check_config() -> None:

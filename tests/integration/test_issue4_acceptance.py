@@ -13,10 +13,12 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from tests.fixtures.alertmanager import AlertmanagerServer, wait_for
+from tests.support.pipeline import REPO
 from tests.support.scenarios import (
     PipelinePair,
     RegressionTraffic,
@@ -152,6 +154,18 @@ def test_regression_arrives_once_and_resolves_once(
     assert fired_window is not None and resolved_window is not None
     assert WINDOWS_BEFORE <= fired_window < WINDOWS_BEFORE + WINDOWS_INCIDENT
     assert resolved_window >= WINDOWS_BEFORE + WINDOWS_INCIDENT
+    # Issue 28: the page leads somewhere: its board filtered on tenant, stage and time, the runbook the
+    # deployment serves (pipeline_env: this checkout's), and slow requests of the tenant from tail attribution.
+    alert = firing[0]
+    board = urlsplit(alert["generatorURL"])
+    assert alert["generatorURL"] == alert["annotations"]["dashboard_url"] and board.path == "/d/ttft-stages"
+    query = parse_qs(board.query)
+    assert query["var-tenant"] == [TENANT.encode().hex().upper()] and query["var-stage"] == [STAGE]
+    assert int(query["from"][0]) < fired[0]["fired_at"] < int(query["to"][0])
+    assert alert["annotations"]["runbook_url"] == (REPO / "docs" / "runbook.md").as_uri() + "#ttftstageregression"
+    exemplars = json.loads(alert["annotations"]["exemplar_request_ids"])
+    produced_ids = {key.decode() for key, _ in regression.messages()}
+    assert 1 <= len(exemplars) <= 3 and set(exemplars) <= produced_ids, exemplars
 
 
 def test_firing_alert_survives_alertmanager_outage_and_writer_restart(

@@ -159,6 +159,8 @@ def pipeline_env(settings: Any, home: Path, **extra: str) -> dict[str, str]:
         TTFT_WINDOWS__IDLE_CLOSE_S="8",
         # The writer's read-only HTTP interface on a free port, never the shared default 8123.
         TTFT_STORE__HTTP_PORT=str(free_port()),
+        # Alerts link to this checkout's runbook, as a deployment links to where it serves it.
+        TTFT_RULES__RUNBOOK_BASE_URL=(REPO / "docs" / "runbook.md").as_uri(),
         PYTHONPATH=str(REPO),
     )
     env.update(extra)

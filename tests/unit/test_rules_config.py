@@ -43,6 +43,23 @@ def test_repo_default_config_holds_the_code_defaults() -> None:
         pytest.param("windows:\n  grace_s: -5\n", "windows.grace_s: Input should be greater", id="settings-field"),
         pytest.param("tenants:\n  acme:\n    slo_target: 2\n", "tenants.acme.slo_target", id="tenant-override"),
         pytest.param("rulez: {}\n", "rulez: unknown setting", id="unknown-top-level"),
+        pytest.param(
+            "rules:\n  runbook_base_url: https://github.com/ttft-pipeline/ttft-pipeline/blob/main/docs/runbook.md\n",
+            "rules.runbook_base_url: 'https://github.com/ttft-pipeline/ttft-pipeline/blob/main/docs/runbook.md' is "
+            "the old placeholder repository URL, not this deployment's: set rules.runbook_base_url to where",
+            id="old-default-runbook",
+        ),
+        pytest.param(
+            "rules:\n  runbook_base_url: https://runbooks.example.com/ttft.md\n",
+            "rules.runbook_base_url: 'https://runbooks.example.com/ttft.md' is an example host",
+            id="example-runbook-host",
+        ),
+        pytest.param(
+            "rules:\n  grafana_url: http://grafana.example\n",
+            "rules.grafana_url: 'http://grafana.example'",
+            id="grafana",
+        ),
+        pytest.param("rules:\n  runbook_base_url: file:///srv/ttft/docs/runbook.md\n", None, id="file-runbook"),
         pytest.param("- a\n- b\n", "must hold a mapping", id="not-a-mapping"),
     ],
 )
