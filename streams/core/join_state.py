@@ -13,7 +13,9 @@ Dedup follows :meth:`schemas.events.StageEvent.dedup_key`: same stage and same `
 
 Conflicting duplicates (same dedup key, different content: :func:`content_digest`) resolve the same
 whatever the arrival order: the copy with the smaller ``(ts_ms, duration_ms, digest)`` is the event,
-and the other is reported as a :class:`Conflict` for the join to dead-letter.
+and the other is reported as a :class:`Conflict` for the join to dead-letter. The request's
+``fallback_level`` is the highest level of every copy received, the losing copy's included (a maximum
+does not depend on the order).
 
 Everything that picks "one of several events" (identity fields, well-known attrs, float summation order)
 ranks events by ``(ts_ms, key, stage, duration_ms)``, so the arrival order never changes a record.
@@ -411,6 +413,11 @@ class PendingRequest:
             return False
         _, old_ts, old_dur, _, _, _ = EVENT_RECORD.unpack(stored)
         if (old_ts, old_dur, old_digest) <= (rank[0], rank[3], new_digest):
+            # The fallback level is the highest any copy said, the losing one included: a replaced copy's
+            # level is kept too (see _replace), so either arrival order gives the same level.
+            fallback = event.fallback_level
+            if fallback is not None and fallback > self.fallback:
+                self.fallback = fallback
             return Conflict(False, new_offset, rank[0], rank[3])
         self._replace(index, event, record, rank)
         return Conflict(True, old_offset, old_ts, old_dur)
@@ -418,7 +425,8 @@ class PendingRequest:
     def _replace(self, index: int, event: StageEvent, record: bytes, rank: EventRank) -> None:
         """Put the winning copy in place of event ``index`` (its identity and attrs now come from it).
 
-        Not undone: a higher ``fallback_level`` of the losing copy, and an attr only the losing copy
+        Kept: a higher ``fallback_level`` of the losing copy (the level is the highest of every copy, winner
+        or loser, whatever the arrival order: :meth:`_resolve`). Not undone: an attr only the losing copy
         carried when another event carries it too (that one is not kept, so the attr is dropped).
         """
         at = index * EVENT_RECORD.size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import struct
 from typing import Any
 
@@ -226,3 +227,21 @@ def test_content_digests_are_stable_across_the_attrs_representation() -> None:
     ]
     digests = [content_digest(StageEvent.model_validate({**base, **case})) for case in cases]
     assert digests == [-1686665198, -941366755, 218753061, 2132542831, -1928192243, 292192505]
+
+
+@pytest.mark.parametrize("levels", [(5, 0), (0, 5), (2, None), (None, 3), (1, 4)])
+def test_a_conflicting_duplicates_fallback_level_does_not_depend_on_arrival_order(
+    levels: tuple[int | None, int | None],
+) -> None:
+    # Two copies of one llm_ttft (same event id) that differ only in fallback_level: whichever wins, the
+    # request keeps the highest level any copy said, in every arrival order of the request's events.
+    copies = [ev("llm_ttft", 3, 9.0, event_id="x", fallback_level=level) for level in levels]
+    others = [ev("request_start", 0, event_id="s"), ev("first_token", 20, event_id="f")]
+    want = max(level or 0 for level in levels)
+    records = []
+    for order in itertools.permutations([*others, *copies]):
+        p, outcomes = folded_with_digests(list(order))
+        assert sum(isinstance(o, Conflict) for o in outcomes) == 1
+        records.append(build_record(p, CFG, 60_000))
+    assert {r["fallback_level"] for r in records} == {want}
+    assert all(r == records[0] for r in records)
