@@ -205,10 +205,26 @@ class OtlpConfig(_Section):
         "otlp_proto", description="The exporter's encoding: one ExportTraceServiceRequest per message."
     )
     max_traces: int = Field(
-        100_000, gt=0, description="Traces held or remembered; past it the oldest is resolved early (counted)."
+        100_000,
+        gt=0,
+        description="Traces held or remembered; past it the oldest trace of the tenant holding the most is "
+        "resolved early or forgotten (counted).",
+    )
+    max_traces_per_tenant: int = Field(
+        100_000,
+        gt=0,
+        description="Traces held or remembered per tenant; past it the tenant's own oldest is resolved early or "
+        "forgotten (counted). Spans that name no tenant count as one tenant.",
     )
     max_spans_per_trace: int = Field(
         512, gt=0, le=10_000, description="Spans held per trace; more are dead-lettered too_many_events."
+    )
+    max_trace_state_bytes: int = Field(
+        262_144,
+        ge=65_536,
+        le=900_000,
+        description="Bound on one trace's changelog value (below the producer's batch and Kafka's default "
+        "message size); a span past it is dead-lettered too_many_events.",
     )
 
 

@@ -9,22 +9,31 @@ OTLP request meet the join alike). The runner (:mod:`streams.kafka.batches`) mak
 events and dead letters, then the state of every trace touched (compacted
 ``{app_id}-otlp-traces-changelog``, a tombstone once forgotten), then the offsets, with every fetch.
 
+A span or message that the assembler cannot fold is dead-lettered (with its trace and span ids), never a
+failed batch: the process goes on with the batch's other spans (:mod:`streams.core.otlp_traces`).
+
 A crash before the commit replays the fetch: the restored traces recognise spans already forwarded, and an
 event produced twice carries the same ``event_id`` (the span id), which the join counts once.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
-from schemas.dead_letter import DeadLetter
+from aiokafka import ConsumerRecord
+
+from schemas.dead_letter import DeadLetter, make_dead_letter
 from schemas.otlp import decode_otlp_message
 from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics, sync_counter
 from streams.core.otlp_traces import SPAN_OUTCOMES, ForwardedEvent, Output, TraceAssembler
 from streams.kafka.batches import Emit, PartitionView, Records, RunnerConfig, RunnerMetrics, by_key
 from streams.settings import Settings
+
+log = logging.getLogger("ttft.otlp")
 
 #: Messages per fetch: an OTLP message holds many spans, so fewer than the join's events per fetch.
 BATCH_MESSAGES = 500
@@ -80,11 +89,37 @@ class OtlpFold(KeyedStateFold):
                 )
                 if isinstance(decoded, DeadLetter):
                     self._emit(emit, tp.partition, [decoded])
-                else:
-                    self._emit(emit, tp.partition, self.core.add_message(decoded, tp.partition, record.offset, now_ms))
+                    continue
+                try:
+                    outputs = self.core.add_message(decoded, tp.partition, record.offset, now_ms)
+                except Exception as exc:  # the assembler never raises; should it, this message alone is lost
+                    log.exception(
+                        "OTLP message %s:%d:%d failed; dead-lettered", record.topic, tp.partition, record.offset
+                    )
+                    outputs = [self._failed(record, now_ms, exc)]
+                self._emit(emit, tp.partition, outputs)
         for tp in sorted(view.owned):
             if tp in records or view.idle(tp):
-                self._emit(emit, tp.partition, self.core.advance(tp.partition, now_ms))
+                try:
+                    outputs = self.core.advance(tp.partition, now_ms)
+                except Exception:  # the assembler never raises; should it, the partition's traces wait
+                    log.exception("OTLP partition %d: advancing failed", tp.partition)
+                    continue
+                self._emit(emit, tp.partition, outputs)
+
+    def _failed(self, record: ConsumerRecord[Any, Any], now_ms: float, exc: Exception) -> DeadLetter:
+        """A dead letter for a whole message the assembler failed on (``schema``, with the error)."""
+        return make_dead_letter(
+            "schema",
+            f"the OTLP mapping failed on this message: {type(exc).__name__}: {str(exc)[:200]}",
+            b"" if record.value is None else bytes(record.value),
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            kafka_timestamp_ms=record.timestamp,
+            max_original_bytes=self.settings.caps.dead_letter_bytes,
+            received_at_ms=now_ms,
+        )
 
     def completed(self) -> None:
         c, m = self.core.counters, self.metrics

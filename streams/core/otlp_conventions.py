@@ -137,13 +137,13 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
             continue
         value = span.attributes[name]
         if isinstance(value, bool) or not isinstance(value, int | float):
-            problems.append(f"{name} = {value!r} is not a number")
+            problems.append(f"{name} = {value!r:.64} is not a number")
             continue
         if not math.isfinite(value) or value < 0:
             problems.append(f"{name} = {value!r} is not a finite number >= 0")
             continue
         after = value * ns_per_unit
-        if longest is not None and after > longest:
+        if longest is None or after > longest:  # (a span that ends before it starts has no time within it)
             problems.append(f"{name} = {value!r} is after the span's end")
             continue
         return FirstChunk(start + round(after), name, "; ".join(problems))

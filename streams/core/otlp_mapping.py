@@ -41,6 +41,7 @@ CONTEXT_ATTRS: Final[dict[str, tuple[str, ...]]] = {
     "route": ("ttft.route", *MODEL_ATTRS),
     "fallback_level": ("ttft.fallback_level",),
 }
+_TENANT_ATTRS: Final = CONTEXT_ATTRS["tenant_id"]
 #: Context attributes read from every span; the model attributes only from LLM spans (an embeddings span
 #: names its embedding model, which is no route).
 _CONTEXT_NAMES: Final = frozenset(n for names in CONTEXT_ATTRS.values() for n in names) - frozenset(MODEL_ATTRS)
@@ -52,6 +53,11 @@ _TOKEN_STAGES: Final = frozenset({"llm_ttft", "prompt_assemble"})
 _BEFORE_PROMPT: Final = frozenset({"retrieval", "rerank"})
 #: The longest scope name, scope version or ignored-value note an ``llm_unmeasured`` event carries.
 _UNMEASURED_ATTR_CHARS: Final = 128
+#: What a held note keeps of a span's scope and of the first-chunk values it ignored (their reasons quote
+#: the values): enough for the counters and the events, never the span's whole text.
+_NOTE_TEXT_CHARS: Final = 512
+#: The contract's longest tenant id (docs/design.md): a longer one is no tenant a trace can be keyed by.
+MAX_TENANT_CHARS: Final = 64
 
 
 @dataclass(slots=True)
@@ -125,11 +131,23 @@ def note_span(span: OtlpSpan, offset: int) -> SpanNote:
     if stage == "llm_ttft":
         chunk = first_chunk(span)
         note.first_chunk_ns, note.first_chunk_source = chunk.at_ns, chunk.source
-        note.first_chunk_problem = chunk.problem
+        note.first_chunk_problem = chunk.problem[:_NOTE_TEXT_CHARS]
         note.streaming = streaming(a)
-        note.scope_name, note.scope_version = span.scope_name, span.scope_version
+        note.scope_name = span.scope_name[:_NOTE_TEXT_CHARS]
+        note.scope_version = span.scope_version[:_NOTE_TEXT_CHARS]
         context.update(model_of(a))
     return note
+
+
+def own_tenant(context: dict[str, AttrValue]) -> str:
+    """The tenant a span names itself (``ttft.tenant_id``, else ``tenant.id``, on the span or its resource),
+    or ``""`` when it names none that is a tenant id of the contract (a string of 1 to 64 characters).
+    The assembler keeps each tenant's spans of a trace apart by it."""
+    for name in _TENANT_ATTRS:
+        if name in context:
+            value = context[name]
+            return value if isinstance(value, str) and 0 < len(value) <= MAX_TENANT_CHARS else ""
+    return ""
 
 
 def _request_attrs(a: dict[str, AttrValue], stage: str | None) -> dict[str, AttrValue]:
@@ -150,12 +168,25 @@ class TraceContext:
     explicit_first_token: bool
     retrievers: frozenset[str]
     parents: dict[str, str]
+    #: The tenant the trace is kept under (None: a trace of spans that name no tenant).
+    tenant: str | None = None
 
     @property
     def request_id(self) -> str:
         """``ttft.request_id`` if any span has it, else the trace id."""
         value = self.values.get("ttft.request_id")
         return value if isinstance(value, str) and value else self.trace_id
+
+    def tenant_of(self, note: SpanNote) -> AttrValue | None:
+        """The tenant of ``note``'s event: the span's own, else the tenant the trace is kept under (another
+        tenant's span of the same trace id is another trace, so it never lends its tenant)."""
+        if self.tenant is None:
+            return self.lookup(note, "tenant_id")
+        context = note.context
+        for name in _TENANT_ATTRS:
+            if name in context:
+                return context[name]
+        return self.tenant
 
     def lookup(self, note: SpanNote, field_name: str) -> AttrValue | None:
         """A context field for ``note``'s event: per attribute name, the span's own, else the trace's."""
@@ -284,7 +315,7 @@ def _event(
 ) -> dict[str, Any]:
     """A stage-event dict with exactly the fields :func:`streams.emit.event_json` writes; its attrs are
     the span's own (``own``), ``extra`` and the trace id."""
-    tenant = ctx.lookup(note, "tenant_id")
+    tenant = ctx.tenant_of(note)
     if not isinstance(tenant, str) or not tenant:
         raise Unmappable("missing_tenant", "no ttft.tenant_id or tenant.id on the span, its resource or its trace")
     event: dict[str, Any] = {"request_id": ctx.request_id, "tenant_id": tenant, "stage": stage, "ts_ms": ts_ms}

@@ -4,8 +4,14 @@ While a trace is *held* it keeps the notes of its stage spans (and of its root),
 retriever spans needed to place an ``EMBEDDING`` span, and the best value seen of every context
 attribute. Once *resolved* its notes are gone: it keeps the context it was mapped with and the ids of
 the spans already handled, so a late span is mapped alike and a replayed one is not forwarded twice, until
-the partition's watermark passes its forget time. One trace packs to one orjson value (a few hundred bytes
-plus its notes) keyed by trace id in a compacted changelog.
+the watermark passes its forget time. One trace packs to one orjson value (a few hundred bytes plus its
+notes) in a compacted changelog.
+
+A trace is kept per tenant: the spans of one trace id that name tenant A and those that name tenant B are
+two traces, keyed ``A NUL trace id`` and ``B NUL trace id`` (:func:`trace_key`), so one tenant's spans never
+re-key, resolve or suppress another's. Spans that name no tenant are kept under the bare trace id until a
+tenant's span of the trace arrives (:mod:`streams.core.otlp_traces`). Format 1 values (before tenants, keyed
+by trace id) still restore: :meth:`TraceState.unpack` reads their tenant from their context.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ from typing import Any, Final
 import orjson
 
 from schemas.otlp import AttrValue
-from streams.core.otlp_mapping import SpanNote, TraceContext
+from streams.core.otlp_mapping import SpanNote, TraceContext, own_tenant
 
-#: Serialised-form version: bump it when :meth:`TraceState.pack` changes.
-STATE_FORMAT: Final = 1
+#: Serialised-form version: bump it when :meth:`TraceState.pack` changes (2: the tenant, last).
+STATE_FORMAT: Final = 2
+_READABLE_FORMATS: Final = (1, 2)
 #: A context value's rank: (0 for the root span, else 1; start ns; span id); the smallest wins.
 Rank = tuple[int, int, str]
 
@@ -30,6 +37,8 @@ class TraceState:
 
     trace_id: str
     partition: int
+    #: The tenant its spans name ("" for spans that name none).
+    tenant: str = ""
     last_end_ns: int = 0
     #: The earliest span start seen (0: none yet): a trace without its first token waits from here.
     first_start_ns: int = 0
@@ -49,6 +58,13 @@ class TraceState:
     first_token_explicit: bool = False
     #: A request_start event went out (from the root or a ``ttft.stage = request_start`` span).
     started: bool = False
+    #: A bound on the packed size, kept as spans are added (not packed; a restore starts from the value's).
+    size_bytes: int = 0
+
+    @property
+    def key(self) -> str:
+        """Its key in the assembler and the changelog."""
+        return trace_key(self.tenant, self.trace_id)
 
     @property
     def first_token_known(self) -> bool:
@@ -88,6 +104,7 @@ class TraceState:
             or any(n.stage == "first_token" for n in self.notes.values()),
             retrievers=frozenset(self.retrievers),
             parents=self.parents,
+            tenant=self.tenant or None,
         )
 
     def pack(self) -> bytes:
@@ -109,6 +126,7 @@ class TraceState:
                 self.first_token_explicit,
                 self.started,
                 self.first_start_ns,
+                self.tenant,
             ]
         )
 
@@ -117,10 +135,11 @@ class TraceState:
         """Rebuild a trace from :meth:`pack`; raises ``ValueError`` on an unreadable value."""
         try:
             row: list[Any] = orjson.loads(packed)
-            if row[0] != STATE_FORMAT:
+            if row[0] not in _READABLE_FORMATS:
                 raise ValueError(f"unknown trace state format {row[0]!r}")
             notes = [SpanNote.unpack(n) for n in row[6]]
-            return cls(
+            context = {name: ((r[0], r[1], r[2]), value) for name, (r, value) in row[9].items()}
+            state = cls(
                 trace_id=row[1],
                 partition=partition,
                 last_end_ns=row[2],
@@ -130,12 +149,42 @@ class TraceState:
                 notes={n.span_id: n for n in notes},
                 parents=dict(row[7]),
                 retrievers=set(row[8]),
-                context={name: ((r[0], r[1], r[2]), value) for name, (r, value) in row[9].items()},
+                context=context,
                 handled=set(row[10]),
                 watermark_ns=row[11],
                 first_token_explicit=row[12],
                 started=row[13],
                 first_start_ns=row[14],
+                # Format 1 kept every tenant's spans of a trace id together: the trace's best-ranked tenant.
+                tenant=row[15] if row[0] >= 2 else own_tenant({n: v for n, (_, v) in context.items()}),
+                size_bytes=len(packed),
             )
-        except (IndexError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
+        except (IndexError, KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"unreadable trace state: {exc}") from None
+        if not isinstance(state.tenant, str) or not isinstance(state.trace_id, str):
+            raise ValueError("unreadable trace state: tenant and trace id must be strings")
+        return state
+
+    def adopt(self, other: TraceState) -> None:
+        """Take over the held spans of ``other``, a held trace of the same trace id whose spans named no
+        tenant (their context values rank as they did there)."""
+        self.notes.update(other.notes)
+        if other.root is not None and self.root is None:
+            self.root = other.root
+        self.parents.update(other.parents)
+        self.retrievers |= other.retrievers
+        self.handled |= other.handled
+        for name, (rank, value) in other.context.items():
+            held = self.context.get(name)
+            if held is None or rank < held[0]:
+                self.context[name] = (rank, value)
+        self.last_end_ns = max(self.last_end_ns, other.last_end_ns)
+        if other.first_start_ns:
+            self.first_start_ns = min(self.first_start_ns or other.first_start_ns, other.first_start_ns)
+        self.size_bytes += other.size_bytes
+
+
+def trace_key(tenant: str, trace_id: str) -> str:
+    """A trace's key: ``tenant NUL trace id``, or the bare trace id for spans that name no tenant (the key
+    every trace had in format 1)."""
+    return f"{tenant}\x00{trace_id}" if tenant else trace_id

@@ -5,20 +5,37 @@ root spans last. The assembler holds each trace's stage spans and the context an
 (:mod:`streams.core.otlp_state`) until the trace is *resolved*:
 
 - when its root span (no parent) arrives, at the end of the message that carried it; or
-- when the input partition's watermark passes the trace's last span end plus the join's grace, once a
-  span told the first token; a trace whose LLM span has not come yet (it ends, and is exported, only when
-  it stops streaming) waits until the join's request timeout after its first span start, when the join
-  would call it timed out anyway. The watermark is the latest span end seen on the partition, moved on
-  by an idle tick (wall time) when the partition has no backlog, as the join does; no span moves it
-  further than the join's lead past the clock.
+- when its tenant's watermark on the input partition passes the trace's last span end plus the join's
+  grace, once a span told the first token; a trace whose LLM span has not come yet (it ends, and is
+  exported, only when it stops streaming) waits until the join's request timeout after its first span
+  start, when the join would call it timed out anyway. Each tenant's watermark is the latest end of its
+  spans on the partition, moved on by an idle tick (wall time) when the partition has no backlog, as the
+  join's are (:mod:`streams.core.otlp_tenants`); no span moves it further than the join's lead past the
+  clock.
+
+**Tenants.** A trace is kept per tenant (``ttft.tenant_id``, else ``tenant.id``, of the span or its
+resource): another tenant's spans with the same trace id are another trace, with their own clock, caps and
+context, so they cannot re-key, resolve early, suppress or evict a tenant's spans. Spans that name no
+tenant belong to the tenant whose spans share their trace id when exactly one tenant's do (its context,
+e.g. a tenant set on the root span only, then applies); until then they are held apart, under the bare
+trace id, and taken over by the first tenant's trace of that id that arrives while they are held; with
+none (or several), their stage spans are dead-lettered ``missing_tenant`` when they resolve.
+
+**Bad spans.** Every span is checked when it arrives (:mod:`streams.core.otlp_bounds`: times in the
+contract's range and not past the clock's skew limit, kept numbers finite, kept attributes bounded in
+bytes); one that fails is dead-lettered whole with its trace and span ids and nothing of it is kept. Each
+trace's changelog value stays within ``otlp.max_trace_state_bytes``; an exception while folding one span
+dead-letters that span (``schema``) and the others go on.
 
 Resolving maps every held stage span (docs/design.md table, :mod:`streams.core.otlp_mapping`) and validates
 each event as the join will (:func:`schemas.decode.decode_stage_event`). A stage span that cannot map is
 dead-lettered with its trace and span ids; spans that are no stage are only counted. A resolved trace is
-remembered until the watermark passes its last span end plus the join's ``forget_after_ms``: a late span
-is mapped with the remembered context and forwarded (the join handles lateness), a replayed one (same
-span id) is recognised and skipped. Held and remembered traces are capped (``otlp.max_traces``: the
-oldest is resolved early or forgotten) as are spans per trace (``otlp.max_spans_per_trace``), counted.
+remembered until its tenant's watermark passes its last span end plus the join's ``forget_after_ms``: a
+late span is mapped with the remembered context and forwarded (the join handles lateness), a replayed one
+(same span id) is recognised and skipped. Held and remembered traces are capped per tenant
+(``otlp.max_traces_per_tenant``: the tenant's oldest is resolved early or forgotten) and in all
+(``otlp.max_traces``: the oldest of the tenant holding the most), as are spans per trace
+(``otlp.max_spans_per_trace``), counted.
 
 Outputs are independent of how the trace's spans were split over messages and of their order within a
 message, as long as the root comes last (the exporter's end-time order).
@@ -27,8 +44,11 @@ message, as long as the root comes last (the exporter's end-time order).
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Final
 
 import orjson
@@ -36,6 +56,7 @@ import orjson
 from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
 from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
+from streams.core.otlp_bounds import FIXED_TRACE_BYTES, SPAN_LINK_BYTES, note_bytes, note_problem, span_problem
 from streams.core.otlp_mapping import (
     SpanNote,
     TraceContext,
@@ -43,12 +64,16 @@ from streams.core.otlp_mapping import (
     derived_prompt_assemble,
     is_unmeasured,
     note_span,
+    own_tenant,
     stage_events,
     stage_of,
 )
 from streams.core.otlp_mapping import request_start_event as root_event
-from streams.core.otlp_state import TraceState
+from streams.core.otlp_state import TraceState, trace_key
+from streams.core.otlp_tenants import PartitionClocks, TenantClock, TraceCounts
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
+
+log = logging.getLogger("ttft.otlp")
 
 _NS_PER_MS: Final = 1_000_000
 #: Span outcomes counted by :attr:`AssemblerCounters.spans`.
@@ -59,6 +84,10 @@ MAX_SCOPES: Final = 64
 OTHER_SCOPE: Final = ("__other__", "")
 _SCOPE_CHARS: Final = 128
 _OVER_SPAN_CAP: Final = "trace over otlp.max_spans_per_trace"
+_OVER_STATE_BYTES: Final = "trace over otlp.max_trace_state_bytes"
+#: A changelog value past this is never produced (the producer's batch is 1 MiB): the trace is dropped,
+#: counted and logged instead. The byte budget keeps every trace far below it; this is the last guard.
+_MAX_PACKED_BYTES: Final = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +119,6 @@ class AssemblerCounters:
         self.no_first_chunk[scope] += 1
 
 
-@dataclass(slots=True)
-class _Partition:
-    watermark_ns: int = 0
-    idle_base_ns: int = 0
-    last_wall_ms: float | None = None
-    deadlines: list[tuple[int, str]] = field(default_factory=list)
-
-
 class TraceAssembler:
     """Folds decoded spans into traces and emits their stage events (see the module docstring)."""
 
@@ -105,8 +126,13 @@ class TraceAssembler:
         self.otlp, self.join, self.caps, self.topic = otlp, join, caps, topic
         self.counters = AssemblerCounters()
         self._traces: dict[str, TraceState] = {}
-        self._partitions: dict[int, _Partition] = {}
+        self._partitions: dict[int, PartitionClocks] = {}
+        self._counts = TraceCounts()
+        #: Trace id -> the tenants (never "") that have a trace of that id.
+        self._claims: dict[str, list[str]] = {}
         self._dirty: dict[str, int] = {}
+        #: What a trace's notes and span links may take of its changelog value.
+        self._budget = otlp.max_trace_state_bytes - FIXED_TRACE_BYTES
 
     # --- queries ----------------------------------------------------------------------------------
 
@@ -120,14 +146,39 @@ class TraceAssembler:
         """Span notes held in those traces."""
         return sum(len(t.notes) + (t.root is not None) for t in self._traces.values() if not t.resolved)
 
+    def trace(self, tenant: str, trace_id: str) -> TraceState | None:
+        """The trace of ``trace_id`` kept for ``tenant`` ("" : its spans that name no tenant)."""
+        return self._traces.get(trace_key(tenant, trace_id))
+
+    def watermark_ns(self, partition: int, tenant: str) -> int:
+        """The watermark ``tenant``'s traces on ``partition`` resolve by (0 before its first span there)."""
+        part = self._partitions.get(partition)
+        clock = None if part is None else part.tenants.get(tenant)
+        return 0 if part is None or clock is None else part.effective_ns(clock, self.join.max_tenant_lag_ms)
+
     def dirty(self) -> dict[str, tuple[int, bytes | None]]:
-        """Trace id -> (partition, packed state or ``None`` for a forgotten trace) changed since the last
-        call; the caller writes them to the changelog."""
+        """Trace key -> (partition, packed state or ``None`` for a forgotten trace) changed since the last
+        call; the caller writes them to the changelog. A state that cannot pack, or packs past what a
+        producer can send, is dropped (a tombstone), counted and logged: never a failed batch."""
         out: dict[str, tuple[int, bytes | None]] = {}
-        for trace_id, partition in self._dirty.items():
-            state = self._traces.get(trace_id)
-            out[trace_id] = (partition, None if state is None else state.pack())
+        dropped: list[str] = []
+        for key, partition in self._dirty.items():
+            state = self._traces.get(key)
+            packed: bytes | None = None
+            if state is not None:
+                try:
+                    packed = state.pack()
+                    if len(packed) > _MAX_PACKED_BYTES:
+                        raise ValueError(f"{len(packed)} bytes")
+                except Exception:
+                    log.exception("OTLP trace state %r cannot be written; dropped", key[:160])
+                    self.counters.caps["otlp_trace_state_dropped"] += 1
+                    packed = None
+                    dropped.append(key)
+            out[key] = (partition, packed)
         self._dirty.clear()
+        for key in dropped:
+            self._drop(key)
         return out
 
     def has_dirty(self) -> bool:
@@ -139,93 +190,162 @@ class TraceAssembler:
     def add_message(self, spans: list[OtlpSpan], partition: int, offset: int, now_ms: float) -> list[Output]:
         """Fold the spans of one message; traces whose root it carried are resolved after all its spans, and
         the late spans of resolved traces are mapped once the message's parent links are known (an embedding
-        span sent before its retriever in the same message is still ``vector_recall``)."""
-        part = self._partition(partition)
+        span sent before its retriever in the same message is still ``vector_recall``). Never raises: a span
+        that fails is dead-lettered with its ids, and the message's other spans go on."""
         out: list[Output] = []
         roots: list[str] = []
         late: list[tuple[TraceState, SpanNote, bool]] = []
         for span in spans:
-            note = note_span(span, offset)
-            self._raise(part, note.end_ns, now_ms)
-            state = self._traces.get(span.trace_id)
-            if state is None:
-                state = self._new_trace(span.trace_id, partition, out, now_ms)
-            elif state.resolved:
-                late.append((state, note, span.is_root))
-                continue
-            if self._hold(state, note, span.is_root, out, now_ms) and span.is_root:
-                roots.append(span.trace_id)
+            try:
+                self._add_span(span, partition, offset, now_ms, out, roots, late)
+            except Exception as exc:
+                out.append(self._span_failed(span, partition, offset, now_ms, exc))
+        for state, note, is_root in late:  # parent links first, within the trace's caps
+            if note.span_id not in state.handled and self._late_fits(state):
+                state.size_bytes += SPAN_LINK_BYTES
+                state.learn(note, is_root)
         for state, note, is_root in late:
-            state.learn(note, is_root)
-        for state, note, is_root in late:
-            out.extend(self._late(state, note, is_root, now_ms))
-        for trace_id in roots:
-            state = self._traces.get(trace_id)
-            if state is not None and not state.resolved:
-                out.extend(self._resolve(state, now_ms))
+            out.extend(self._guarded(state, note, now_ms, partial(self._late, state, note, is_root, now_ms)))
+        for key in roots:
+            rooted = self._traces.get(key)
+            if rooted is not None and not rooted.resolved:
+                out.extend(self._resolve(rooted, now_ms))
         return out
 
     def advance(self, partition: int, now_ms: float) -> list[Output]:
-        """Apply the idle tick to ``partition`` and resolve (or forget) the traces its watermark passed."""
+        """Apply the idle tick to ``partition`` and resolve (or forget) the traces each tenant's watermark
+        passed; a tenant left without traces there loses its clock."""
         part = self._partitions.get(partition)
         if part is None:
             return []
-        if part.last_wall_ms is None:
-            part.last_wall_ms, part.idle_base_ns = now_ms, part.watermark_ns
-        elif now_ms - part.last_wall_ms >= self.join.idle_tick_ms:
-            ticked = part.idle_base_ns + round((now_ms - part.last_wall_ms) * _NS_PER_MS)
-            part.watermark_ns = max(part.watermark_ns, ticked)
+        part.tick(now_ms, self.join.idle_tick_ms)
         out: list[Output] = []
-        heap = part.deadlines
-        while heap and heap[0][0] <= part.watermark_ns:
-            deadline, trace_id = heapq.heappop(heap)
-            state = self._traces.get(trace_id)
-            if state is None or state.deadline_ns != deadline or state.partition != partition:
-                continue
-            if state.resolved:
-                self._forget(trace_id)
-            else:
-                out.extend(self._resolve(state, now_ms))
+        for tenant, clock in list(part.tenants.items()):
+            watermark = part.effective_ns(clock, self.join.max_tenant_lag_ms)
+            heap = clock.deadlines
+            while heap and heap[0][0] <= watermark:
+                deadline, key = heapq.heappop(heap)
+                state = self._traces.get(key)
+                if state is None or state.deadline_ns != deadline or state.partition != partition:
+                    continue
+                if state.resolved:
+                    self._forget(key)
+                else:
+                    out.extend(self._resolve(state, now_ms))
+            if not heap:
+                del part.tenants[tenant]
         return out
 
-    def _partition(self, partition: int) -> _Partition:
+    def _partition(self, partition: int) -> PartitionClocks:
         part = self._partitions.get(partition)
         if part is None:
-            part = self._partitions[partition] = _Partition()
+            part = self._partitions[partition] = PartitionClocks()
         return part
 
-    def _raise(self, part: _Partition, end_ns: int, now_ms: float) -> None:
-        lead_ns = round((now_ms + self.join.max_watermark_lead_ms) * _NS_PER_MS)
-        part.watermark_ns = max(part.watermark_ns, min(end_ns, lead_ns))
-        part.idle_base_ns, part.last_wall_ms = part.watermark_ns, now_ms
+    def _add_span(
+        self,
+        span: OtlpSpan,
+        partition: int,
+        offset: int,
+        now_ms: float,
+        out: list[Output],
+        roots: list[str],
+        late: list[tuple[TraceState, SpanNote, bool]],
+    ) -> None:
+        problem = span_problem(span, now_ms, self.caps)
+        if problem is None:
+            note = note_span(span, offset)
+            problem = note_problem(note, self.caps)
+        if problem is not None:
+            self.counters.spans["dead_letter"] += 1
+            out.append(self._refused(span, partition, offset, now_ms, *problem))
+            return
+        tenant = own_tenant(note.context)
+        # A span moves its own tenant's clock only (spans without a tenant: theirs, never past the clock).
+        self._partition(partition).raise_to(tenant, note.end_ns, now_ms, self.join.max_watermark_lead_ms)
+        state = self._trace_for(span.trace_id, tenant, partition, out, now_ms)
+        if state.resolved:
+            late.append((state, note, span.is_root))
+        elif self._hold(state, note, span.is_root, out, now_ms) and span.is_root:
+            roots.append(state.key)
 
-    def _new_trace(self, trace_id: str, partition: int, out: list[Output], now_ms: float) -> TraceState:
-        while len(self._traces) >= self.otlp.max_traces:
-            oldest = self._traces[next(iter(self._traces))]
-            if oldest.resolved:
-                self.counters.caps["otlp_remembered_traces"] += 1
-                self._forget(oldest.trace_id)
-            else:
-                self.counters.caps["otlp_held_traces"] += 1
-                out.extend(self._resolve(oldest, now_ms))
-                self._forget(oldest.trace_id)
-        state = self._traces[trace_id] = TraceState(trace_id, partition)
+    def _trace_for(self, trace_id: str, tenant: str, partition: int, out: list[Output], now_ms: float) -> TraceState:
+        """The trace a span of ``tenant`` joins: its tenant's; for a span that names no tenant, the one tenant's
+        that has the trace id, else the trace of such spans (bare trace id)."""
+        if not tenant:
+            claims = self._claims.get(trace_id)
+            if claims is not None and len(claims) == 1:
+                return self._traces[trace_key(claims[0], trace_id)]
+        state = self._traces.get(trace_key(tenant, trace_id))
+        return state if state is not None else self._new_trace(trace_id, tenant, partition, out, now_ms)
+
+    def _new_trace(self, trace_id: str, tenant: str, partition: int, out: list[Output], now_ms: float) -> TraceState:
+        """A new trace, after the caps made room: the tenant's own oldest past its cap, else the oldest of the
+        tenant holding the most. A tenant's first trace of an id takes over the held spans of that id that
+        named no tenant, unless another tenant has a trace of the id."""
+        per_tenant = min(self.otlp.max_traces_per_tenant, self.otlp.max_traces)
+        while self._counts.count(tenant) >= per_tenant:
+            self.counters.caps["otlp_traces_per_tenant"] += 1
+            self._evict(self._counts.oldest(tenant), out, now_ms)
+        while self._counts.total >= self.otlp.max_traces:
+            largest = self._counts.largest()
+            self._evict(self._counts.oldest(largest), out, now_ms)
+        state = TraceState(trace_id, partition, tenant)
+        self._register(state)
+        if tenant and self._claims[trace_id] == [tenant]:
+            waiting = self._traces.get(trace_id)
+            if waiting is not None and not waiting.resolved:
+                state.adopt(waiting)
+                self._forget(trace_id)
+                self._schedule(state)
         return state
 
+    def _register(self, state: TraceState) -> None:
+        key = state.key
+        self._traces[key] = state
+        self._counts.add(state.tenant, key)
+        if state.tenant:
+            claims = self._claims.setdefault(state.trace_id, [])
+            if state.tenant not in claims:
+                claims.append(state.tenant)
+
+    def _evict(self, key: str, out: list[Output], now_ms: float) -> None:
+        """Make room: a held trace is resolved now, without the spans still to come; a remembered one goes."""
+        state = self._traces[key]
+        if state.resolved:
+            self.counters.caps["otlp_remembered_traces"] += 1
+        else:
+            self.counters.caps["otlp_held_traces"] += 1
+            out.extend(self._resolve(state, now_ms))
+        self._forget(key)
+
     def _hold(self, state: TraceState, note: SpanNote, is_root: bool, out: list[Output], now_ms: float) -> bool:
-        """Keep ``note`` in a held trace; False when the per-trace cap refused it."""
+        """Keep ``note`` in a held trace; False when the per-trace caps (spans, bytes) refused it."""
         if note.span_id in state.handled:  # a replayed span that is no stage
             self.counters.spans["replayed"] += 1
             return False
-        known = note.span_id in state.notes or (state.root is not None and state.root.span_id == note.span_id)
-        if not known and state.span_count >= self.otlp.max_spans_per_trace:
-            self.counters.caps["otlp_spans_per_trace"] += 1
+        held = state.notes.get(note.span_id)
+        if held is None and state.root is not None and state.root.span_id == note.span_id:
+            held = state.root
+        copies = (note.stage is not None) + is_root  # a root that is a stage is packed twice
+        cost = note_bytes(note) * copies if copies else 0
+        if held is None:
+            cost += SPAN_LINK_BYTES
+        else:  # a replayed held span: only what its new copy adds
+            cost -= note_bytes(held) * ((held.stage is not None) + (held is state.root))
+        over_spans = held is None and state.span_count >= self.otlp.max_spans_per_trace
+        if over_spans or (cost > 0 and state.size_bytes + cost > self._budget):
+            cap, detail = (
+                ("otlp_spans_per_trace", _OVER_SPAN_CAP) if over_spans else ("otlp_trace_bytes", _OVER_STATE_BYTES)
+            )
+            self.counters.caps[cap] += 1
             if note.stage is not None:
                 self.counters.spans["dead_letter"] += 1
-                out.append(self._dead_letter(state, note, "too_many_events", _OVER_SPAN_CAP, now_ms))
+                out.append(self._dead_letter(state, note, "too_many_events", detail, now_ms))
             else:
                 self.counters.spans["not_stage"] += 1
             return False
+        state.size_bytes += cost
         state.learn(note, is_root)
         if is_root:
             state.root = note
@@ -236,21 +356,22 @@ class TraceAssembler:
             state.handled.add(note.span_id)
         state.last_end_ns = max(state.last_end_ns, note.end_ns)
         state.first_start_ns = min(state.first_start_ns or note.start_ns, note.start_ns)
-        due = self._due(state)
-        # A trace lives on the partition it was first seen on (the Collector partitions by trace id).
-        home = self._partition(state.partition)
-        if due != state.deadline_ns:
-            state.deadline_ns = due
-            heapq.heappush(home.deadlines, (due, state.trace_id))
-        self._touch(state, home)
+        self._schedule(state)
         return True
 
-    def _due(self, state: TraceState) -> int:
-        return resolve_due_ns(state.first_start_ns, state.last_end_ns, state.first_token_known, self.join)
+    def _schedule(self, state: TraceState) -> None:
+        """(Re)place a held trace's deadline on its tenant's clock of its home partition (the partition it
+        was first seen on: the Collector partitions by trace id)."""
+        due = resolve_due_ns(state.first_start_ns, state.last_end_ns, state.first_token_known, self.join)
+        clock = self._partition(state.partition).clock(state.tenant)
+        if due != state.deadline_ns:
+            state.deadline_ns = due
+            heapq.heappush(clock.deadlines, (due, state.key))
+        self._touch(state, clock)
 
-    def _touch(self, state: TraceState, part: _Partition) -> None:
-        state.watermark_ns = part.watermark_ns
-        self._dirty[state.trace_id] = state.partition
+    def _touch(self, state: TraceState, clock: TenantClock) -> None:
+        state.watermark_ns = clock.watermark_ns
+        self._dirty[state.key] = state.partition
 
     # --- resolution -------------------------------------------------------------------------------
 
@@ -260,10 +381,13 @@ class TraceAssembler:
         out: list[Output] = []
         root = state.root
         if root is not None and ctx.request_start_span == root.span_id:
-            out.extend(self._start_events(state, root, ctx, now_ms))
+            out.extend(self._guarded(state, root, now_ms, partial(self._start_events, state, root, ctx, now_ms)))
         for note in sorted(state.notes.values(), key=lambda n: (n.start_ns, n.span_id)):
-            out.extend(self._map(state, note, ctx, now_ms))
-        out.extend(self._derived_prompt(state, ctx, now_ms))
+            out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
+        try:
+            out.extend(self._derived_prompt(state, ctx, now_ms))
+        except Exception:
+            log.exception("OTLP trace %s: deriving prompt_assemble failed; none derived", state.trace_id)
         if state.root is not None:
             if state.root.span_id not in state.handled:
                 self.counters.spans["not_stage"] += 1
@@ -272,24 +396,48 @@ class TraceAssembler:
         state.resolved = True
         state.notes.clear()
         state.root = None
-        part = self._partition(state.partition)
-        state.deadline_ns = max(state.last_end_ns, part.watermark_ns) + self.join.forget_after_ms * _NS_PER_MS
-        heapq.heappush(part.deadlines, (state.deadline_ns, state.trace_id))
-        self._touch(state, part)
+        state.size_bytes = SPAN_LINK_BYTES * (len(state.handled) + len(state.parents))
+        clock = self._partition(state.partition).clock(state.tenant)
+        state.deadline_ns = max(state.last_end_ns, clock.watermark_ns) + self.join.forget_after_ms * _NS_PER_MS
+        heapq.heappush(clock.deadlines, (state.deadline_ns, state.key))
+        self._touch(state, clock)
         return out
+
+    def _guarded(
+        self, state: TraceState, note: SpanNote, now_ms: float, step: Callable[[], list[Output]]
+    ) -> list[Output]:
+        """``step``'s outputs for one span; an exception dead-letters that span (``schema``) instead of failing
+        the batch."""
+        try:
+            return step()
+        except Exception as exc:
+            log.exception("OTLP trace %s span %s: mapping failed; dead-lettered", state.trace_id, note.span_id)
+            state.handled.add(note.span_id)
+            self.counters.spans["dead_letter"] += 1
+            self.counters.caps["otlp_span_errors"] += 1
+            return [self._dead_letter(state, note, "schema", f"the mapping failed: {_exc_text(exc)}", now_ms)]
+
+    def _late_fits(self, state: TraceState) -> bool:
+        """One more late span fits the trace's caps (spans, bytes)."""
+        return state.span_count < self.otlp.max_spans_per_trace and state.size_bytes + SPAN_LINK_BYTES <= self._budget
 
     def _late(self, state: TraceState, note: SpanNote, is_root: bool, now_ms: float) -> list[Output]:
         """A span of a remembered trace: skipped if already handled, else mapped with the kept context."""
         if note.span_id in state.handled:
             self.counters.spans["replayed"] += 1
             return []
-        if state.span_count >= self.otlp.max_spans_per_trace:
-            self.counters.caps["otlp_spans_per_trace"] += 1
+        if not self._late_fits(state):
+            over_spans = state.span_count >= self.otlp.max_spans_per_trace
+            cap, detail = (
+                ("otlp_spans_per_trace", _OVER_SPAN_CAP) if over_spans else ("otlp_trace_bytes", _OVER_STATE_BYTES)
+            )
+            self.counters.caps[cap] += 1
             if note.stage is None:
                 self.counters.spans["not_stage"] += 1
                 return []
             self.counters.spans["dead_letter"] += 1
-            return [self._dead_letter(state, note, "too_many_events", _OVER_SPAN_CAP, now_ms)]
+            return [self._dead_letter(state, note, "too_many_events", detail, now_ms)]
+        state.size_bytes += SPAN_LINK_BYTES
         state.learn(note, is_root)
         ctx = state.trace_context()
         out: list[Output] = []
@@ -301,7 +449,7 @@ class TraceAssembler:
         elif not starts:
             self.counters.spans["not_stage"] += 1
         state.handled.add(note.span_id)
-        self._touch(state, self._partition(state.partition))
+        self._touch(state, self._partition(state.partition).clock(state.tenant))
         return out
 
     def _start_events(self, state: TraceState, note: SpanNote, ctx: TraceContext, now_ms: float) -> list[Output]:
@@ -382,7 +530,7 @@ class TraceAssembler:
         ctx: TraceContext | None = None,
     ) -> DeadLetter:
         """A dead letter for one span; its ``original`` is the span as the mapping read it (JSON)."""
-        tenant = None if ctx is None else ctx.lookup(note, "tenant_id")
+        tenant = None if ctx is None else ctx.tenant_of(note)
         original = orjson.dumps(
             {
                 "trace_id": state.trace_id,
@@ -414,28 +562,99 @@ class TraceAssembler:
             span_id=note.span_id,
         )
 
-    def _forget(self, trace_id: str) -> None:
-        state = self._traces.pop(trace_id, None)
+    def _refused(
+        self, span: OtlpSpan, partition: int, offset: int, now_ms: float, reason: DeadLetterReason, detail: str
+    ) -> DeadLetter:
+        """A dead letter for a span refused on arrival; its ``original`` is the span as decoded (JSON)."""
+        try:
+            original = orjson.dumps(
+                {
+                    "trace_id": span.trace_id,
+                    "span_id": span.span_id,
+                    "parent_span_id": span.parent_span_id,
+                    "name": span.name[:256],
+                    "start_time_unix_nano": span.start_ns,
+                    "end_time_unix_nano": span.end_ns,
+                    "scope": [span.scope_name[:256], span.scope_version[:256]],
+                    "attributes": span.attributes,
+                }
+            )
+        except Exception:
+            original = b""
+        tenant = own_tenant(span.attributes)
+        return make_dead_letter(
+            reason,
+            f"trace {span.trace_id} span {span.span_id}: {detail}",
+            original,
+            topic=self.topic,
+            partition=partition,
+            offset=offset,
+            kafka_timestamp_ms=None,
+            max_original_bytes=self.caps.dead_letter_bytes,
+            received_at_ms=now_ms,
+            tenant_id=tenant or None,
+            trace_id=span.trace_id,
+            span_id=span.span_id,
+        )
+
+    def _span_failed(self, span: OtlpSpan, partition: int, offset: int, now_ms: float, exc: Exception) -> DeadLetter:
+        log.exception("OTLP trace %s span %s: folding failed; dead-lettered", span.trace_id, span.span_id)
+        self.counters.spans["dead_letter"] += 1
+        self.counters.caps["otlp_span_errors"] += 1
+        return self._refused(span, partition, offset, now_ms, "schema", f"the mapping failed: {_exc_text(exc)}")
+
+    def _forget(self, key: str) -> None:
+        state = self._drop(key)
         if state is not None:
-            self._dirty[trace_id] = state.partition
+            self._dirty[key] = state.partition
+
+    def _drop(self, key: str) -> TraceState | None:
+        """Remove a trace from memory (and from its tenant's count and its id's claims)."""
+        state = self._traces.pop(key, None)
+        if state is None:
+            return None
+        self._counts.remove(state.tenant, key)
+        if state.tenant:
+            claims = self._claims.get(state.trace_id)
+            if claims is not None and state.tenant in claims:
+                claims.remove(state.tenant)
+                if not claims:
+                    del self._claims[state.trace_id]
+        return state
 
     # --- ownership --------------------------------------------------------------------------------
 
-    def restore(self, trace_id: str, packed: bytes, partition: int) -> None:
-        """Load one trace from the changelog; its partition's watermark starts from the state's."""
-        state = TraceState.unpack(packed, partition)
-        state.trace_id = trace_id
-        self._traces[trace_id] = state
+    def restore(self, key: str, packed: bytes, partition: int) -> None:
+        """Load one trace from the changelog; its tenant's watermark on the partition starts from the state's.
+        A format 1 value (keyed by trace id alone) is re-keyed by its tenant: written under the new key and
+        its old key deleted at the next checkpoint. Raises ``ValueError`` on an unreadable value."""
+        try:
+            state = TraceState.unpack(packed, partition)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"unreadable trace state: {_exc_text(exc)}") from None
+        new_key = state.key
+        if new_key != key and new_key in self._traces:  # restored under its new key already: that one is newer
+            self._dirty[key] = partition  # the old key's tombstone
+            return
+        self._drop(new_key)  # (a re-keyed format 1 value restored first: this one is newer)
+        self._register(state)
         part = self._partition(partition)
-        part.watermark_ns = max(part.watermark_ns, state.watermark_ns)
-        part.last_wall_ms = None
-        heapq.heappush(part.deadlines, (state.deadline_ns, trace_id))
+        clock = part.clock(state.tenant)
+        clock.watermark_ns = max(clock.watermark_ns, state.watermark_ns)
+        clock.last_wall_ms = None
+        part.lead_ns = max(part.lead_ns, clock.watermark_ns)
+        heapq.heappush(clock.deadlines, (state.deadline_ns, new_key))
+        if new_key != key:
+            self._dirty[new_key] = partition  # the new key first, then the old key's tombstone
+            self._dirty[key] = partition
 
     def revoke(self, partitions: set[int]) -> None:
         """Drop the traces of partitions this worker no longer owns (their state is in the changelog)."""
-        for trace_id in [t for t, s in self._traces.items() if s.partition in partitions]:
-            del self._traces[trace_id]
-            self._dirty.pop(trace_id, None)
+        for key in [k for k, s in self._traces.items() if s.partition in partitions]:
+            self._drop(key)
+        self._dirty = {k: p for k, p in self._dirty.items() if p not in partitions}
         for partition in partitions:
             self._partitions.pop(partition, None)
 
@@ -457,3 +676,7 @@ def _reason(code: str) -> DeadLetterReason:
     if code == "missing_tenant":
         return "missing_tenant"
     raise ValueError(f"unknown unmappable reason {code!r}")
+
+
+def _exc_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
@@ -63,3 +64,32 @@ def test_llm_spans_without_a_first_chunk_are_counted_by_scope() -> None:
     # the test traffic's spans have an unnamed scope
     assert rig.fold.metrics.otlp_no_first_chunk.labels("", "")._value.get() == 1.0
     assert b'ttft_otlp_no_first_chunk_total{scope="",scope_version=""} 1.0' in rig.fold.metrics.render()
+
+
+def test_a_hostile_span_is_dead_lettered_and_the_fetch_committed_with_the_other_spans() -> None:
+    producer = FakeProducer()
+    rig = otlp_rig(producer)
+    spec = otlp_spec()
+    bad = next(s for s in spec.spans if s.name == "rerank")
+    bad.start_us, bad.end_us = (2**64 - 1) // 1000 - 10, (2**64 - 1) // 1000  # times near 2**64
+    asyncio.run(rig.runner.process({TP: otlp_records(spec, 3)}))
+    assert rig.consumer.commits == [{TP: 3}]
+    (dead,) = [orjson.loads(v or b"") for _, _, v in producer.values("u.dead-letter")]
+    assert (dead["reason_code"], dead["span_id"]) == ("schema", bad.span_id.hex())
+    stages = [orjson.loads(v or b"")["stage"] for _, _, v in producer.values("u.stage-events")]
+    assert "rerank" not in stages and {"request_start", "retrieval", "llm_ttft", "first_token"} <= set(stages)
+
+
+def test_a_message_the_assembler_fails_on_is_dead_lettered_not_a_failed_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = FakeProducer()
+    rig = otlp_rig(producer)
+
+    def broken(*args: object) -> list[object]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rig.fold.core, "add_message", broken)
+    asyncio.run(rig.runner.process({TP: otlp_records(otlp_spec(), 2)}))
+    assert rig.consumer.commits == [{TP: 2}]
+    dead = [orjson.loads(v or b"") for _, _, v in producer.values("u.dead-letter")]
+    assert [(d["reason_code"], d["source_offset"]) for d in dead] == [("schema", 0), ("schema", 1)]
+    assert all("RuntimeError: boom" in d["detail"] for d in dead)

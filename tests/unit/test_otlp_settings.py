@@ -28,9 +28,22 @@ def test_environment_selects_the_encoding_and_topic(monkeypatch: pytest.MonkeyPa
         {"topic": ""},
         {"max_traces": 0},
         {"max_spans_per_trace": 0},
+        {"max_traces_per_tenant": 0},
+        {"max_trace_state_bytes": 1_048_576},  # past the producer's batch
+        {"max_trace_state_bytes": 4_096},  # below the fixed part of a trace's value
         {"unknown": 1},
     ],
-    ids=["encoding", "topic-space", "topic-empty", "max-traces", "max-spans", "unknown-key"],
+    ids=[
+        "encoding",
+        "topic-space",
+        "topic-empty",
+        "max-traces",
+        "max-spans",
+        "max-traces-per-tenant",
+        "state-bytes-high",
+        "state-bytes-low",
+        "unknown-key",
+    ],
 )
 def test_invalid_otlp_sections_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
