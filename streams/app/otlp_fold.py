@@ -77,22 +77,22 @@ class OtlpFold(KeyedStateFold):
         s = self.settings
         for tp, items in records.items():
             for record in items:
-                decoded = decode_otlp_message(
-                    record.value,
-                    s.otlp.encoding,
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                    kafka_timestamp_ms=record.timestamp,
-                    caps=s.caps,
-                    received_at_ms=now_ms,
-                )
-                if isinstance(decoded, DeadLetter):
-                    self._emit(emit, tp.partition, [decoded])
-                    continue
                 try:
-                    outputs = self.core.add_message(decoded, tp.partition, record.offset, now_ms)
-                except Exception as exc:  # the assembler never raises; should it, this message alone is lost
+                    decoded = decode_otlp_message(
+                        record.value,
+                        s.otlp.encoding,
+                        topic=record.topic,
+                        partition=record.partition,
+                        offset=record.offset,
+                        kafka_timestamp_ms=record.timestamp,
+                        caps=s.caps,
+                        received_at_ms=now_ms,
+                    )
+                    if isinstance(decoded, DeadLetter):
+                        outputs: list[Output] = [decoded]
+                    else:
+                        outputs = self.core.add_message(decoded, tp.partition, record.offset, now_ms)
+                except Exception as exc:  # neither raises; should one, this message alone is lost
                     log.exception(
                         "OTLP message %s:%d:%d failed; dead-lettered", record.topic, tp.partition, record.offset
                     )
