@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -153,3 +154,26 @@ def test_any_events_give_a_valid_record_independent_of_order(events: list[StageE
     shuffled = list(events)
     random.Random(seed).shuffle(shuffled)
     assert join_all(shuffled) == [record]
+
+
+@pytest.mark.parametrize("high", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_conflicting_copies_of_fallback_level_give_one_record_in_every_arrival_order(high: int) -> None:
+    # Issue 27 item 6: through the join (its conflicting_duplicate dead letter included), two copies of one
+    # event that differ only in fallback_level give the highest level whichever copy arrives first.
+    def event(stage: str, ts: float, dur: float | None, eid: str, level: int | None = None) -> StageEvent:
+        return StageEvent(
+            request_id="r1", tenant_id="acme", stage=stage, ts_ms=T0 + ts, duration_ms=dur, event_id=eid,
+            fallback_level=level,
+        )  # fmt: skip
+
+    base = [event("request_start", 0, None, "s"), event("first_token", 900, None, "f")]
+    copies = [event("llm_ttft", 10, 800.0, "x", high), event("llm_ttft", 10, 800.0, "x", 0)]
+    records = []
+    for order in ([*base, *copies], [*base, *copies[::-1]], [copies[1], *base, copies[0]]):
+        j = RequestJoin(CFG, W)
+        refused = [out for e in order for out in j.add(e, 0, 0.0)]
+        assert len(refused) == 1  # the losing copy, dead-lettered conflicting_duplicate
+        (record,) = j.advance(0, 10**9)
+        records.append(record)
+    assert [r["fallback_level"] for r in records] == [high, high, high]  # (before: 0 when the 0 copy won)
+    assert records[0] == records[1] == records[2]

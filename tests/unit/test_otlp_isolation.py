@@ -281,3 +281,35 @@ def test_a_format_1_state_keyed_by_trace_id_restores_under_its_tenant() -> None:
     assert list(dirty) == [key, spec.trace_id.hex()]  # the new key written, then the old one deleted
     assert dirty[spec.trace_id.hex()] == (partition, None)
     assert _feed(restored, spec, [spec.spans]) == []  # replayed spans are still recognised
+
+
+def test_a_span_without_a_tenant_ending_in_the_future_cannot_resolve_other_tenantless_spans_early() -> None:
+    victim = _spec(i=1, tenant="victim", on_resource=False)  # its children name no tenant
+    children = [s for s in victim.spans if s.parent != b""]
+    root = [s for s in victim.spans if s.parent == b""]
+    now_ms = victim.end_us / 1000 + 1
+    stranger = _spec(i=2, tenant="nobody", seed=9, on_resource=False)
+    lone = next(s for s in stranger.spans if s.name == "rerank")  # names no tenant either
+    lone.end_us = int((now_ms + 240_000) * 1000)
+    asm = _assembler()
+    out = _feed(asm, victim, [children], now_ms)
+    out += asm.add_message(_spans(stranger, [lone]), 0, 1, now_ms)
+    out += asm.advance(0, now_ms)  # the clock of spans without a tenant never runs ahead of the worker's
+    out += asm.add_message(_spans(victim, root), 0, 2, now_ms)
+    assert [e for e in _events(out) if e["tenant_id"] == "victim"] == _expected(victim)
+
+
+def test_spans_without_a_tenant_claimed_by_two_tenants_are_dead_lettered_missing_tenant() -> None:
+    spec = _spec(i=1, tenant="acme", on_resource=False)
+    other = _spec(i=2, tenant="globex", seed=9, on_resource=True)
+    other.trace_id = spec.trace_id
+    asm = _assembler()
+    out = _feed(asm, other, [[next(s for s in other.spans if s.name == "rerank")]])  # globex claims the id
+    out += _feed(asm, spec, [[s for s in spec.spans if s.parent == b""]])  # acme's root claims it too
+    children = [s for s in spec.spans if s.parent != b""]
+    out += _feed(asm, spec, [children])  # two tenants: whose are these?
+    out += asm.advance(0, NOW_MS + JOIN.request_timeout_ms + 10_000)
+    stage_children = {s.span_id.hex() for s in children if s.name in ("retrieve", "embed", "rerank", "assemble", "llm")}
+    dead = {d.span_id for d in _dead(out) if d.reason_code == "missing_tenant"}
+    assert stage_children <= dead
+    assert not [e for e in _events(out) if e["event_id"] in stage_children]
