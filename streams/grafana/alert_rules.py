@@ -123,7 +123,7 @@ def _rule(
         "for": f"{for_windows * w}s",
         "isPaused": True,
         "notification_settings": {"receiver": CONTACT_POINT, "group_by": ["alertname", *labels]},
-        "labels": {"alertname": title, "severity": severity, "source": "grafana"},
+        "labels": {"alertname": title, "severity": severity, "evaluated_by": "grafana"},
         "annotations": {
             "summary": summary,
             "description": description,

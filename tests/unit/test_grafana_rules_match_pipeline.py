@@ -16,7 +16,7 @@ from tests.unit.test_alert_links import PIPELINE_LABELS, REPO, check_board_link
 
 RULES_FILE = REPO / "deploy/grafana/provisioning/alerting/rules.yaml"
 #: The one label a Grafana-side alert has beyond the pipeline's: which path raised it.
-GRAFANA_ONLY = {"source"}
+GRAFANA_ONLY = {"evaluated_by"}
 
 
 def rules(settings: Settings) -> list[dict[str, Any]]:
