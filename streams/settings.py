@@ -70,6 +70,15 @@ class JoinConfig(_Section):
             "event of one tenant drags another."
         ),
     )
+    max_window_wait_ms: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "How far (event time) a tenant may trail its partition's leading tenant and still hold the watermark "
+            "the writer closes windows on; a tenant further behind has its records come as late amendments. "
+            "None: windows.grace_s. max_tenant_lag_ms: every tenant holds the windows (the old behaviour)."
+        ),
+    )
     max_late_reemissions: int = Field(
         10,
         ge=0,
@@ -228,6 +237,56 @@ class OtlpConfig(_Section):
     )
 
 
+class TenancyConfig(_Section):
+    """Registered tenants and the shared pool of all others (docs/operations.md, "Registered tenants").
+
+    Off by default (``registered`` unset): every tenant gets its own budgets, as before. Once set (even to
+    an empty list), the registered tenants are those listed here plus every tenant configured under
+    ``tenants``, plus (in the join) a tenant whose events arrive in ``steady_windows`` consecutive windows.
+    Each registered tenant keeps its own clock, open-request cap and series slots. Every other tenant
+    shares one pool: one clock per partition, ``max_open_requests_pool`` open requests, at most
+    ``max_series_pool`` series per window, no silence alert. The pool never evicts a registered tenant's
+    requests or takes its series slots, and the join's cost per event does not grow with the number of
+    tenants in it.
+    """
+
+    registered: Annotated[tuple[str, ...] | None, NoDecode] = Field(
+        None,
+        description="Tenants with their own budgets (TTFT_TENANCY__REGISTERED=acme,globex); unset: every tenant.",
+    )
+    steady_windows: int = Field(
+        0,
+        ge=0,
+        description="An unregistered tenant with events in this many consecutive windows gets its own budgets in "
+        "the join (0: off). Kept in memory: a restarted join counts again.",
+    )
+    max_promoted: int = Field(100, ge=0, description="Cap on tenants registered by steady_windows per join worker.")
+    max_steady_candidates: int = Field(
+        10_000, gt=0, description="Unregistered tenants tracked per window for steady_windows; more are not counted."
+    )
+    max_open_requests_pool: int = Field(
+        20_000, gt=0, description="Open requests of all unregistered tenants together; past it the pool's oldest go."
+    )
+    max_series_pool: int = Field(
+        50, ge=0, description="Series per window of all unregistered tenants together; the rest fold into __other__."
+    )
+
+    @field_validator("registered", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return tuple(t.strip() for t in v.split(",") if t.strip())
+        return v
+
+    @field_validator("registered")
+    @classmethod
+    def _names(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for tenant in v or ():
+            if len(tenant) > 64 or tenant == "__other__":
+                raise ValueError(f"tenancy.registered: {tenant!r} is not a tenant id")
+        return v
+
+
 class StoreConfig(_Section):
     """The embedded store's read-only ClickHouse HTTP interface (streams/store/http_interface.py).
 
@@ -333,6 +392,9 @@ class Settings(BaseSettings):
     otlp: OtlpConfig = OtlpConfig()
     store: StoreConfig = StoreConfig()
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    tenancy: TenancyConfig = Field(
+        default_factory=TenancyConfig, description="Registered tenants and the shared pool (off by default)."
+    )
     default_slo_ms: float = Field(2_000.0, gt=0)
     default_slo_target: float = Field(0.99, gt=0, lt=1)
     rules: RulesConfig = Field(default_factory=RulesConfig, description="Alert rules (streams.rules_config).")
@@ -420,6 +482,13 @@ class Settings(BaseSettings):
     def slo_target(self, tenant: str) -> float:
         t = self.tenants.get(tenant)
         return t.slo_target if t is not None and t.slo_target is not None else self.default_slo_target
+
+    def registered_tenants(self) -> frozenset[str] | None:
+        """The tenants with their own budgets (``tenancy.registered`` and the configured ``tenants``), or
+        None when registration is off and every tenant has its own."""
+        if self.tenancy.registered is None:
+            return None
+        return frozenset(self.tenancy.registered) | frozenset(self.tenants)
 
     def required_stages(self, route: str | None) -> tuple[str, ...]:
         if route is not None and route in self.join.route_required_stages:

@@ -31,6 +31,7 @@ from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics, sync_counter
 from streams.core.guard import DeadLetterGuard
 from streams.core.join import RequestJoin
+from streams.core.tenancy import TenantBudgets
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.batches import (
     Emit,
@@ -108,7 +109,13 @@ class JoinFold(KeyedStateFold):
         self, settings: Settings, metrics: WorkerMetrics, *, wall_clock: Callable[[], float] = time.time
     ) -> None:
         super().__init__(settings, metrics, changelog_topic(settings), wall_clock)
-        self.core = RequestJoin(settings.join, settings.windows.window_s * 1000)
+        wait = settings.join.max_window_wait_ms
+        self.core = RequestJoin(
+            settings.join,
+            settings.windows.window_s * 1000,
+            TenantBudgets.from_settings(settings),
+            window_lag_ms=settings.windows.grace_s * 1000 if wait is None else wait,
+        )
         self.requests_topic = settings.topic("requests")
         caps = settings.caps
         self.guard = DeadLetterGuard(
@@ -285,7 +292,7 @@ class JoinFold(KeyedStateFold):
         }
         for tp in sorted(view.owned):
             core = self._core_partition(tp)
-            watermark = self.core.watermark(core)
+            watermark = self.core.watermark(core, now_ms if view.idle(tp) else None)
             if not watermark and not view.unread_backlog(tp):
                 continue  # never carried an event: holds nobody back
             value = orjson.dumps({"watermark_ms": watermark, "source_partition": core, "lag": view.lag(tp), **stats})

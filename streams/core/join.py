@@ -7,7 +7,10 @@ partition, moved on by an idle tick when the partition is caught up and the tena
 deterministic). One tenant's clock therefore never times out another tenant's requests: a tenant's watermark
 follows the partition's leading tenant only when it trails it by more than ``max_tenant_lag_ms`` (a quiet
 tenant during a backlog). The partition's watermark the writer sees (:meth:`RequestJoin.watermark`) is the
-lowest of its tenants'. A request is emitted once its tenant's watermark passes its deadline:
+lowest of its tenants' (once caught up, a tenant whose events are older than ``window_lag_ms`` when they
+arrive no longer holds it: its records become late amendments of closed windows). With registration on
+(:mod:`streams.core.tenancy`), "tenant" above means a registered tenant or the pool of all others. A request
+is emitted once its tenant's watermark passes its deadline:
 
 * with ``first_token``: ``max(first_token_at, latest event end) + grace_ms``;
 * without: ``started_at + request_timeout_ms`` (timed_out, or orphan without request_start);
@@ -45,6 +48,7 @@ from streams.core.join_state import (
     fields_digest,
     state_key,
 )
+from streams.core.tenancy import POOL, TenantBudgets
 from streams.settings import CapsConfig, JoinConfig
 
 __all__ = [
@@ -160,6 +164,7 @@ JOIN_CAPS: tuple[str, ...] = (
     "watermark_lead",
     "open_requests_per_tenant",
     "remembered_requests",
+    "open_requests_pool",
 )
 
 
@@ -220,9 +225,21 @@ class _Partition:
 class RequestJoin:
     """Joins the stage events of the partitions one worker owns into request records."""
 
-    def __init__(self, config: JoinConfig, window_ms: int) -> None:
+    def __init__(
+        self,
+        config: JoinConfig,
+        window_ms: int,
+        budgets: TenantBudgets | None = None,
+        window_lag_ms: float | None = None,
+    ) -> None:
+        """``budgets``: which tenants share the pool (default: none, every tenant has its own budgets).
+        ``window_lag_ms``: how far behind the worker's clock a tenant's watermark may be and still hold the
+        watermark the writer closes windows on (see :meth:`watermark`; default ``max_tenant_lag_ms``)."""
         self.config = config
         self.window_ms = window_ms
+        self.budgets = budgets if budgets is not None else TenantBudgets()
+        self._pooled = self.budgets.pooled
+        self._window_lag_ms = float(config.max_tenant_lag_ms if window_lag_ms is None else window_lag_ms)
         self.counters = JoinCounters()
         self._requests: dict[str, PendingRequest] = {}
         self._partitions: dict[int, _Partition] = {}
@@ -253,6 +270,7 @@ class RequestJoin:
         self._max_tenant_lag_ms = config.max_tenant_lag_ms
         self._max_open = config.max_open_requests
         self._max_open_per_tenant = config.max_open_requests_per_tenant
+        self._max_open_pool = self.budgets.max_open_pool
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -266,23 +284,41 @@ class RequestJoin:
         """Requests held in memory: open plus emitted ones kept to absorb late events."""
         return len(self._requests)
 
-    def watermark(self, partition: int) -> float:
-        """How far every tenant of a partition has progressed: the lowest tenant watermark (each at least
-        ``max_tenant_lag_ms`` behind the leading one), or the leading one when no tenant holds state. The
-        writer closes windows on it, so a tenant running ahead never closes another's windows early.
-        0.0 before the partition's first event."""
+    def watermark(self, partition: int, live_now_ms: float | None = None) -> float:
+        """How far the tenants of a partition have progressed, for the writer's windows: the lowest tenant
+        watermark (each at least ``max_tenant_lag_ms`` behind the leading one), or the leading one when no
+        tenant holds state. The writer closes windows on it, so a tenant running ahead never closes
+        another's windows early. 0.0 before the partition's first event.
+
+        ``live_now_ms``: the worker's clock, passed when the partition is caught up (nothing left to read).
+        When its leading tenant is then within ``window_lag_ms`` of that clock, a tenant whose watermark
+        trails ``min(lead, clock)`` by more than ``window_lag_ms`` no longer holds it: its events are old
+        when they arrive (a lagging producer clock or pipeline), and its records reach the writer after
+        its windows closed, as late amendments, while the other tenants' windows close on time. The
+        reference is capped by the clock, so a tenant running ahead cannot make the others look late; in
+        a backlog or a replay of old traffic (no current clock to lag) every tenant holds it, as before."""
         part = self._partitions.get(partition)
         if part is None:
             return 0.0
         if not part.tenants:
             return part.lead
-        return min(self._effective(part, clock) for clock in part.tenants.values())
+        low = min(self._effective(part, clock) for clock in part.tenants.values())
+        if live_now_ms is not None and live_now_ms >= MIN_TS_MS:
+            reference = min(part.lead, live_now_ms)
+            if reference >= live_now_ms - self._window_lag_ms:
+                low = max(low, reference - self._window_lag_ms)
+        return low
 
     def tenant_watermark(self, partition: int, tenant: str) -> float:
-        """The watermark a tenant's requests on ``partition`` are emitted by (0.0 before its first event)."""
+        """The watermark a tenant's requests on ``partition`` are emitted by (0.0 before its first event);
+        an unregistered tenant's is the pool's."""
         part = self._partitions.get(partition)
-        clock = None if part is None else part.tenants.get(tenant)
-        return 0.0 if part is None or clock is None else self._effective(part, clock)
+        if part is None:
+            return 0.0
+        clock = part.tenants.get(tenant)
+        if clock is None and not self.budgets.is_registered(tenant):
+            clock = part.tenants.get(POOL)
+        return 0.0 if clock is None else self._effective(part, clock)
 
     def _effective(self, part: _Partition, clock: _TenantClock) -> float:
         return max(clock.watermark, part.lead - self._max_tenant_lag_ms)
@@ -320,13 +356,19 @@ class RequestJoin:
         part = self._partitions.get(partition)
         if part is None:
             part = self._partitions[partition] = _Partition()
-        clock = part.tenants.get(tenant)
+        if pending is not None:
+            budget = pending.budget
+        elif self._pooled:
+            budget = self.budgets.key(tenant, fields["ts_ms"])
+        else:
+            budget = tenant
+        clock = part.tenants.get(budget)
         if clock is None:
-            clock = part.tenants[tenant] = _TenantClock()
+            clock = part.tenants[budget] = _TenantClock()
         clock.last_wall = now_wall_ms
         clock.idle_base = clock.watermark
         if pending is None:  # another tenant's request with the same id is another request
-            return self._add_new(event, part, clock, partition, offset, now_wall_ms)
+            return self._add_new(event, part, clock, partition, offset, now_wall_ms, budget)
         if offset is not None and pending.offset is not None and offset <= pending.offset:
             self.counters.replayed += 1
             return []
@@ -393,6 +435,7 @@ class RequestJoin:
         partition: int,
         offset: int | None,
         now_wall_ms: float,
+        budget: str,
     ) -> list[JoinOutput]:
         fields = event.__dict__  # the model's values in one read (see join_state.content_digest)
         request_id: str = fields["request_id"]
@@ -409,16 +452,17 @@ class RequestJoin:
             record["amend"] = True
             return [record]
         pending = PendingRequest(request_id, fields["tenant_id"], partition, wm)
+        pending.budget = budget
         pending.fold(event, event_id_key(fields["event_id"]), fields_digest(fields), _offset(offset))
         pending.offset = offset
         self._requests[pending.key] = pending
-        self._count_open(pending.tenant, +1)
+        self._count_open(budget, +1)
         self._dirty[pending.key] = partition
         if end > clock.watermark:
             self._raise(part, clock, end, now_wall_ms)
         self._schedule(clock, pending)
         self._push_age(pending)
-        return self._enforce_open_caps(pending.tenant)
+        return self._enforce_open_caps(budget)
 
     # --- time -----------------------------------------------------------------------------------
 
@@ -445,12 +489,15 @@ class RequestJoin:
         return out
 
     def _drop_ages_when_below_caps(self) -> None:
-        cfg = self.config
-        if not self._ages_on or 2 * self._open > cfg.max_open_requests:
+        if not self._ages_on or 2 * self._open > self._max_open:
             return
-        if all(2 * n <= cfg.max_open_requests_per_tenant for n in self._open_by.values()):
+        # Over budgets, not tenants: with the pool on, the registered tenants and the pool.
+        if all(2 * n <= self._budget_cap(budget) for budget, n in self._open_by.items()):
             self._ages_on = False
             self._ages = {}
+
+    def _budget_cap(self, budget: str) -> int:
+        return self._max_open_pool if budget == POOL else self._max_open_per_tenant
 
     def _forget_excess(self) -> list[dict[str, Any]]:
         """Forget emitted requests early while more than ``max_remembered_requests`` are held (their late
@@ -567,57 +614,66 @@ class RequestJoin:
         pending.deadline = forget_at
         heapq.heappush(clock.deadlines, (forget_at, pending.key))
         heapq.heappush(self._forget_order, (forget_at, pending.key))
-        self._count_open(pending.tenant, -1)
+        self._count_open(pending.budget, -1)
         self.counters.emitted[status] += 1
         self._dirty[pending.key] = pending.partition
 
     # --- eviction -------------------------------------------------------------------------------
 
-    def _count_open(self, tenant: str, delta: int) -> None:
+    def _count_open(self, budget: str, delta: int) -> None:
         self._open += delta
-        n = self._open_by.get(tenant, 0) + delta
+        n = self._open_by.get(budget, 0) + delta
         if n > 0:
-            self._open_by[tenant] = n
+            self._open_by[budget] = n
         else:
-            self._open_by.pop(tenant, None)
-            self._ages.pop(tenant, None)
+            self._open_by.pop(budget, None)
+            self._ages.pop(budget, None)
 
-    def _enforce_open_caps(self, tenant: str) -> list[JoinOutput]:
-        """Evict for the caps: the tenant's own oldest past its per-tenant cap; past the global cap, the
-        oldest request of the tenant holding the most (so one tenant's flood evicts its own requests)."""
+    def _enforce_open_caps(self, budget: str) -> list[JoinOutput]:
+        """Evict for the caps: the budget's own oldest past its cap (a tenant's, or the pool's); past the
+        global cap, the pool's oldest while the pool holds any, else the oldest request of the tenant
+        holding the most (so one tenant's flood evicts its own requests, and the pool never a registered
+        tenant's). With the pool on, ``_open_by`` holds the registered tenants and the pool only."""
         outputs: list[JoinOutput] = []
-        while self._open_by.get(tenant, 0) > self._max_open_per_tenant:
-            self.counters.caps["open_requests_per_tenant"] += 1
-            outputs.append(self._evict_oldest(tenant))
+        if budget == POOL:
+            while self._open_by.get(POOL, 0) > self._max_open_pool:
+                self.counters.caps["open_requests_pool"] += 1
+                outputs.append(self._evict_oldest(POOL))
+        else:
+            while self._open_by.get(budget, 0) > self._max_open_per_tenant:
+                self.counters.caps["open_requests_per_tenant"] += 1
+                outputs.append(self._evict_oldest(budget))
         while self._open > self._max_open:
-            outputs.append(self._evict_oldest(max(self._open_by, key=self._open_by.__getitem__)))
+            victim = POOL if POOL in self._open_by else max(self._open_by, key=self._open_by.__getitem__)
+            outputs.append(self._evict_oldest(victim))
         return outputs
 
     def _push_age(self, pending: PendingRequest) -> None:
         if not self._ages_on:
             return  # built from the open requests when an eviction first needs them
-        heap = self._ages.setdefault(pending.tenant, [])
+        budget = pending.budget
+        heap = self._ages.setdefault(budget, [])
         heapq.heappush(heap, (pending.started_at, pending.key))
-        if len(heap) > 2 * self._open_by.get(pending.tenant, 0) + 64:
-            self._rebuild_ages(pending.tenant)
+        if len(heap) > 2 * self._open_by.get(budget, 0) + 64:
+            self._rebuild_ages(budget)
 
-    def _rebuild_ages(self, tenant: str | None = None) -> None:
-        """Drop stale entries: of one tenant's heap, or (None) rebuild every heap."""
-        if tenant is None:
+    def _rebuild_ages(self, budget: str | None = None) -> None:
+        """Drop stale entries: of one budget's heap, or (None) rebuild every heap."""
+        if budget is None:
             self._ages = {}
         else:
-            self._ages[tenant] = []
+            self._ages[budget] = []
         for p in self._requests.values():
-            if not p.emitted and (tenant is None or p.tenant == tenant):
-                self._ages.setdefault(p.tenant, []).append((p.started_at, p.key))
+            if not p.emitted and (budget is None or p.budget == budget):
+                self._ages.setdefault(p.budget, []).append((p.started_at, p.key))
         for heap in self._ages.values():
             heapq.heapify(heap)
 
-    def _evict_oldest(self, tenant: str) -> dict[str, Any]:
+    def _evict_oldest(self, budget: str) -> dict[str, Any]:
         if not self._ages_on:
             self._ages_on = True
             self._rebuild_ages()
-        heap = self._ages[tenant]
+        heap = self._ages[budget]
         while True:
             started_at, key = heapq.heappop(heap)
             pending = self._requests.get(key)
@@ -626,7 +682,7 @@ class RequestJoin:
         status: RequestStatus = "orphan" if pending.start is None else "timed_out"
         record = build_record(pending, self.config, self.window_ms, status_override=status)
         part = self._partitions[pending.partition]
-        clock = part.clock(pending.tenant)
+        clock = part.clock(pending.budget)
         self._mark_emitted(pending, status, self._effective(part, clock) + self.config.forget_after_ms, clock)
         self.counters.evictions += 1
         return record
@@ -642,6 +698,8 @@ class RequestJoin:
         Raises ValueError on a corrupt value. Restoring otherwise marks nothing dirty.
         """
         pending = PendingRequest.from_bytes(key, packed)
+        if not self.budgets.is_registered(pending.tenant):
+            pending.budget = POOL
         prefix = pending.tenant + "\x00"
         legacy = not key.startswith(prefix)
         pending.key = state_key(pending.tenant, key) if legacy else key
@@ -649,13 +707,13 @@ class RequestJoin:
             pending.partition = partition
         previous = self._requests.get(pending.key)
         if previous is not None and not previous.emitted:
-            self._count_open(previous.tenant, -1)
+            self._count_open(previous.budget, -1)
         self._requests[pending.key] = pending
         if legacy:
             self.legacy_keys.append((key, pending.partition))
             self._dirty[pending.key] = pending.partition
         part = self._partition(pending.partition)
-        clock = part.clock(pending.tenant)
+        clock = part.clock(pending.budget)
         floor = pending.max_end
         if pending.emitted:
             floor = max(floor, pending.deadline - self.config.forget_after_ms)
@@ -664,7 +722,7 @@ class RequestJoin:
             part.lead = max(part.lead, floor)
         heapq.heappush(clock.deadlines, (pending.deadline, pending.key))
         if not pending.emitted:
-            self._count_open(pending.tenant, +1)
+            self._count_open(pending.budget, +1)
             self._push_age(pending)
         else:
             heapq.heappush(self._forget_order, (pending.deadline, pending.key))
@@ -677,7 +735,7 @@ class RequestJoin:
             if pending.partition in gone:
                 del self._requests[key]
                 if not pending.emitted:
-                    self._count_open(pending.tenant, -1)
+                    self._count_open(pending.budget, -1)
         self._dirty = {r: p for r, p in self._dirty.items() if p not in gone}
         for partition in gone:
             self._partitions.pop(partition, None)

@@ -229,6 +229,7 @@ class PendingRequest:
 
     __slots__ = (
         "attrs",
+        "budget",
         "customs",
         "deadline",
         "duplicates",
@@ -254,6 +255,9 @@ class PendingRequest:
 
     def __init__(self, request_id: str, tenant: str, partition: int, first_wm: float) -> None:
         self.tenant: str = sys.intern(tenant)
+        #: The join's budget the request is held under: its tenant, or the pool (streams.core.tenancy); not
+        #: serialised (a restore decides it again).
+        self.budget: str = self.tenant
         #: :func:`state_key` of the request (the join's dict key and the changelog key).
         self.key = state_key(self.tenant, request_id)
         self.partition = partition

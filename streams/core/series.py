@@ -15,7 +15,11 @@ arrival order or process state):
    them next to the new ``__other__`` row and count them twice). A tenant dealt fewer slots than it
    needs keeps its best versions plus ``(tenant, __other__)``; a tenant dealt none folds into
    ``(__other__, __other__)``.
-4. ``overflow_series`` counts the series folded anywhere.
+4. **Registered tenants** (``tenancy.registered`` set): the registered tenants are dealt their slots
+   first, round-robin among themselves; the other tenants then share at most ``max_pool_series`` slots
+   (pinned ones included), so no number of made-up tenant ids takes a registered tenant's slot, and the
+   rules see a bounded number of series.
+5. ``overflow_series`` counts the series folded anywhere.
 """
 
 from __future__ import annotations
@@ -72,6 +76,10 @@ class SeriesAdmission:
     max_series: int
     always_admit: frozenset[str] = frozenset()
     max_versions_per_tenant: int | None = None
+    #: Tenants dealt slots before all others (None: registration off, every tenant alike).
+    registered: frozenset[str] | None = None
+    #: With ``registered``: slots all other tenants share per window.
+    max_pool_series: int = 50
 
     def __post_init__(self) -> None:
         if self.max_series <= 0:
@@ -81,9 +89,12 @@ class SeriesAdmission:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SeriesAdmission:
-        """``windows.max_series`` and ``windows.max_versions_per_tenant``, configured tenants first."""
+        """``windows.max_series`` and ``windows.max_versions_per_tenant``, configured tenants first; with
+        registration on, the registered tenants before a pool of ``tenancy.max_series_pool`` slots."""
         w = settings.windows
-        return cls(w.max_series, frozenset(settings.tenants), w.max_versions_per_tenant)
+        registered = settings.registered_tenants()
+        first = frozenset(settings.tenants) | (registered or frozenset())
+        return cls(w.max_series, first, w.max_versions_per_tenant, registered, settings.tenancy.max_series_pool)
 
     def assign(self, present: Iterable[Series], pinned: Iterable[Series] = ()) -> SeriesAssignment:
         """Admit series of one window; ``pinned`` are the series already stored for it."""
@@ -129,14 +140,27 @@ class SeriesAdmission:
             slots[tenant] = min(held + (1 if 0 < held < need[tenant] else 0), need[tenant])
         budget = self.max_series - sum(slots.values())
         order = sorted(ranked, key=lambda t: tenant_rank(t, self.always_admit))
-        while budget > 0:
-            hungry = [t for t in order if slots[t] < need[t]]
-            if not hungry:
-                break
-            for tenant in hungry[:budget]:
-                slots[tenant] += 1
-            budget -= min(budget, len(hungry))
+        registered = self.registered
+        if registered is None:
+            _round_robin(order, slots, need, budget)
+            return slots
+        pool = [t for t in order if t not in registered]
+        budget = _round_robin([t for t in order if t in registered], slots, need, budget)
+        pool_room = self.max_pool_series - sum(slots[t] for t in pool)
+        _round_robin(pool, slots, need, min(budget, pool_room))
         return slots
+
+
+def _round_robin(order: list[str], slots: dict[str, int], need: Mapping[str, int], budget: int) -> int:
+    """Deal ``budget`` slots one per hungry tenant per round, in ``order``; returns the slots left."""
+    while budget > 0:
+        hungry = [t for t in order if slots[t] < need[t]]
+        if not hungry:
+            break
+        for tenant in hungry[:budget]:
+            slots[tenant] += 1
+        budget -= min(budget, len(hungry))
+    return max(budget, 0)
 
 
 def _cut(tenant: str, series: list[Series], slots: int) -> tuple[set[Series], Series]:

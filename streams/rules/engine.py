@@ -81,6 +81,8 @@ class RuleEngine:
         self._tenant_seen: dict[str, float] = {}
         self._exemplars = ExemplarMemory(self.window_ms, config.history_windows())
         self._links = AlertLinks(config.grafana_url, config.runbook_base_url, self.window_ms)
+        #: The tenants the silence rule watches (None: every tenant; see Settings.registered_tenants).
+        self._registered = settings.registered_tenants()
         self._last_window: float | None = None
         #: (rule, outcome) -> evaluations since start, for metrics.
         self.outcomes: Counter[tuple[str, str]] = Counter()
@@ -383,14 +385,15 @@ class RuleEngine:
         rule = self.config.tenant_silence
         if not rule.enabled:
             return
+        registered = self._registered
         for tenant, t in facts.tenants.items():
-            if t.requests > 0:
+            if t.requests > 0 and (registered is None or tenant in registered):
                 self._tenant_seen[tenant] = now
 
         def note(key: AlertKey, outcome: Outcome) -> None:
             self._note(out, key, outcome)
 
-        out.transitions += silence_steps(rule, self._tenant_seen, self.alerts, now, self.window_ms, note)
+        out.transitions += silence_steps(rule, self._tenant_seen, self.alerts, now, self.window_ms, note, registered)
 
     # --- bookkeeping ----------------------------------------------------------------------------
 

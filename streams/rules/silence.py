@@ -1,6 +1,8 @@
 """TTFTTenantSilent: a tenant seen before that sends no records for ``silent_windows`` windows (a ticket).
 
-After ``forget_windows`` of silence the tenant is forgotten and its alert resolves.
+After ``forget_windows`` of silence the tenant is forgotten and its alert resolves. With registration on
+(``tenancy.registered``), only registered tenants are watched: a made-up tenant id that sent one request is
+no reason for a ticket (an unregistered tenant already watched, e.g. restored, is forgotten).
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ def silence_steps(
     now: float,
     window_ms: float,
     note: Callable[[AlertKey, Outcome], None],
+    registered: frozenset[str] | None = None,
 ) -> list[AlertTransition]:
     """Step every known tenant's silence alert; ``tenant_seen`` (tenant -> last window with records) is
-    updated by the caller and pruned here."""
+    updated by the caller and pruned here (``registered``: the only tenants watched; None: all)."""
     out: list[AlertTransition] = []
     for tenant in sorted(tenant_seen):
         key: AlertKey = ("TTFTTenantSilent", tenant, "", "")
         silent = round((now - tenant_seen[tenant]) / window_ms)
-        if silent >= rule.forget_windows:
+        if silent >= rule.forget_windows or (registered is not None and tenant not in registered):
             del tenant_seen[tenant]
             if alerts.get(key) is not None:
                 out.append(alerts.resolve(key, now, f"tenant {tenant} silent for {silent} windows: forgotten"))
