@@ -184,6 +184,12 @@ class CapsConfig(_Section):
         description="Tenants, and separately producers, the guard may quarantine; past it, it quarantines the "
         "partition with the most dead letters (the guard never halts ingestion).",
     )
+    store_halt_page_s: float = Field(
+        120.0,
+        gt=0,
+        description="The writer pages TTFTIngestHalted once the store has refused every call this long (it keeps "
+        "retrying, committing nothing) and resolves it at the next call the store accepts.",
+    )
     quarantine_release_messages: int = Field(
         0,
         ge=0,

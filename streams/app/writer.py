@@ -38,6 +38,7 @@ from schemas.decode import schema_error_summary
 from schemas.records import RequestRecord
 from streams.app.metrics import WorkerMetrics
 from streams.app.stats import STATS_INTERVAL_S, JoinStats, StatsReporter
+from streams.app.store_outage import HaltPage, StoreOutage
 from streams.core.join import merge_records
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.batches import (
@@ -115,6 +116,9 @@ class StoreWriter:
         self._fault = fault_injector
         #: True while a store call is failing and being retried (cleared by the next success).
         self.store_failing = False
+        #: The store refusing every call for ``caps.store_halt_page_s``: ``halt_page`` pages it (writer_hooks).
+        self.outage = StoreOutage(settings.caps.store_halt_page_s, clock)
+        self.halt_page: HaltPage | None = None
         #: The join workers' gauges, as their heartbeats carry them.
         self.join_stats = JoinStats(self.settings.topic("stage-events"))
         #: ``pipeline_stats`` samples every ``stats_interval_s`` while running (None: none).
@@ -411,11 +415,28 @@ class StoreWriter:
                 self.metrics.insert_failures.inc()
                 self.metrics.health["last_store_error"] = f"{what}: {type(exc).__name__}"
                 log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
+                if self.outage.failed():
+                    detail = (
+                        f"the store has refused every call for {self.outage.seconds:.0f} s ({what}: "
+                        f"{type(exc).__name__}); the writer retries and commits nothing until it accepts them"
+                    )
+                    await self._page("firing", detail)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
             else:
                 self.store_failing = False
+                if self.outage.succeeded():
+                    await self._page("resolved", "")
                 return result
+
+    async def _page(self, state: str, detail: str) -> None:
+        """Page the store outage (best effort: a broker that is down too must not stop the retries)."""
+        if self.halt_page is None:
+            return
+        try:
+            await self.halt_page(state, detail)
+        except Exception:
+            log.exception("could not produce the TTFTIngestHalted %s transition", state)
 
 
 def _keep_most_complete(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

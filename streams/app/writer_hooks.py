@@ -13,6 +13,7 @@ from streams.alerting.outbox import DeliveryOptions, run_delivery_loop
 from streams.alerting.supervise import supervise
 from streams.app.alerting_hook import AlertingHook
 from streams.app.metrics import WorkerMetrics
+from streams.app.store_outage import halt_page
 from streams.app.window_closer import WindowCloser
 from streams.kafka.topics import kafka_client_kwargs
 from streams.rules.links import AlertLinks, placeholder_problem
@@ -86,6 +87,13 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
     )
     await resume(settings, closer, alerting)
     alerting.attach(closer)
+    publish_page = halt_page(settings, publisher.publish)
+
+    async def page(state: str, detail: str) -> None:
+        await publish_page(state, detail)
+        await publisher.flush()
+
+    writer.halt_page = page
     # At stop the queued closes run first: they publish alerts, which the delivery loop then still sends.
     writer.on_stop.append(closer.stop)
 

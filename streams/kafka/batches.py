@@ -46,7 +46,7 @@ log = logging.getLogger("ttft.runner")
 
 #: A batch that failed (its process exits; a restart replays it from the committed offsets).
 EXIT_BATCH_FAILED = 1
-#: The dead-letter guard halted ingestion (TTFTIngestHalted was paged first).
+#: A fold halted ingestion on purpose (:class:`IngestHalted`; its page was produced first).
 EXIT_INGEST_HALTED = 3
 
 #: How long a stop waits for the last completion (records, state, commit) before leaving it uncommitted.

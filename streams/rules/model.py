@@ -339,16 +339,16 @@ def ingest_halted_transition(
     numbers: Mapping[str, float] | None = None,
     runbook_base_url: str | None = None,
 ) -> AlertTransition:
-    """TTFTIngestHalted, raised by the worker when its dead-letter guard halts ingestion (and resolved
-    when ingestion resumes). ``at_ms`` is the event time the guard tripped (or cleared) at; pass the
-    ``fired_at_ms`` of the firing transition when resolving, so both rows share one alert."""
+    """TTFTIngestHalted, raised when ingestion is halted for everyone (the store refusing every call; see
+    :mod:`streams.app.store_outage`) and resolved when it resumes. ``at_ms`` is when it fired (or cleared);
+    pass the ``fired_at_ms`` of the firing transition when resolving, so both rows share one alert."""
     fired_at = at_ms if state == "firing" else fired_at_ms
     return AlertTransition(
         alertname="TTFTIngestHalted",
         labels={"alertname": "TTFTIngestHalted", "severity": "page"},
         annotations={
-            "summary": "Ingestion halted by the dead-letter guard" if state == "firing" else "Ingestion resumed",
-            "description": detail or "the share of dead-lettered events exceeded caps.halt_dead_letter_share",
+            "summary": "Ingestion halted: the store refuses every call" if state == "firing" else "Ingestion resumed",
+            "description": detail or "the store has refused every call for caps.store_halt_page_s",
             "runbook_url": runbook_url(runbook_base_url, "TTFTIngestHalted"),
         },
         numbers={k: float(v) for k, v in (numbers or {}).items()},

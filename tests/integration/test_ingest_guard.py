@@ -130,3 +130,42 @@ def test_one_tenants_bad_deploy_is_quarantined_and_everyone_else_keeps_flowing(
         assert pipe.stop(join) == 0
     finally:
         pipe.stop_all()
+
+
+def test_a_store_refusing_every_insert_pages_ttft_ingest_halted_and_resolves_when_it_accepts_again(
+    kafka_settings: Any, tmp_path: Path
+) -> None:
+    """The one global halt left (issue 27): the writer holds everything uncommitted while the store refuses
+    every call, pages TTFTIngestHalted after caps.store_halt_page_s, and resolves it once inserts pass."""
+    good = build_traffic(50, start_ms=time.time() * 1000 - 60_000, malformed_share=0.0, dup_share=0.0)
+    down = tmp_path / "store-down"
+    env = pipeline_env(kafka_settings, tmp_path, TTFT_CAPS__STORE_HALT_PAGE_S="3", TTFT_FAULT_STORE_FAIL_FILE=str(down))
+    pipe = Pipeline(env, tmp_path)
+    bootstrap, alerts_topic = kafka_settings.kafka_bootstrap, kafka_settings.topic("alerts")
+    app = f"app-{kafka_settings.topic_prefix}"
+    writer_topics = [kafka_settings.topic("requests"), kafka_settings.topic("dead-letter")]
+
+    def pages() -> list[tuple[str, str]]:
+        raw = asyncio.run(read_topic(bootstrap, alerts_topic))
+        transitions = (orjson.loads(v) for _, v in raw)
+        return [(a["alertname"], a["state"]) for a in transitions if a["alertname"] == "TTFTIngestHalted"]
+
+    try:
+        writer = pipe.start("writer", _free_port())
+        join = pipe.start("join", _free_port())
+        pipe.wait_healthy(writer)
+        pipe.wait_healthy(join)
+        down.touch()
+        produce_sync(bootstrap, kafka_settings.topic("stage-events"), good.messages)
+        pipe.wait_for(lambda: ("TTFTIngestHalted", "firing") in pages(), 90, "the halt to be paged")
+        assert group_lag(bootstrap, f"{app}-writer", writer_topics) > 0  # nothing committed meanwhile
+        assert writer.alive() and "TTFTIngestHalted: the store has refused every call" in writer.log()
+        down.unlink()
+        pipe.wait_for(lambda: group_lag(bootstrap, f"{app}-writer", writer_topics) == 0, 120, "the writer to drain")
+        pipe.wait_for(lambda: ("TTFTIngestHalted", "resolved") in pages(), 30, "the halt to resolve")
+        assert pipe.stop(join) == 0 and pipe.stop(writer) == 0
+    finally:
+        pipe.stop_all()
+    assert pages() == [("TTFTIngestHalted", "firing"), ("TTFTIngestHalted", "resolved")]
+    stored = pipe.query("SELECT count() AS n FROM {db}.requests FINAL")
+    assert int(stored[0]["n"]) == len(good.truth)
