@@ -346,6 +346,22 @@ class OtelCollectorConfig(_Section):
         return self
 
 
+class DashboardsConfig(_Section):
+    """What the generated Grafana boards link to (``ttft grafana build`` writes it into dashboards/*.json)."""
+
+    trace_url: str = Field(
+        "http://localhost:16686/trace/{trace_id}",
+        description="URL of one trace, {trace_id} replaced by the request's trace id: Jaeger "
+        "(http://jaeger:16686/trace/{trace_id}) or Tempo through Grafana Explore (docs/grafana.md).",
+    )
+
+    @model_validator(mode="after")
+    def _has_trace_id(self) -> DashboardsConfig:
+        if "{trace_id}" not in self.trace_url:
+            raise ValueError("dashboards.trace_url must contain {trace_id}")
+        return self
+
+
 class Settings(BaseSettings):
     """Everything a ttft process needs. Frozen; validated once at start-up."""
 
@@ -406,6 +422,9 @@ class Settings(BaseSettings):
     rules: RulesConfig = Field(default_factory=RulesConfig, description="Alert rules (streams.rules_config).")
     otel: OtelCollectorConfig = Field(
         default_factory=OtelCollectorConfig, description="The local Collector's ports (ttft otel up)."
+    )
+    dashboards: DashboardsConfig = Field(
+        default_factory=DashboardsConfig, description="What the Grafana boards link to (trace URL)."
     )
     paging_muted: bool = Field(False, description="Replay/backfill: store alerts, never page (counted).")
     replay: bool = Field(

@@ -11,6 +11,7 @@ import click
 from streams.cli.conventions import echo_json, json_option
 from streams.grafana.build import (
     DASHBOARDS_DIR,
+    IMPORT_DIR,
     RULES_FILE,
     config_settings,
     dashboard_models,
@@ -19,8 +20,10 @@ from streams.grafana.build import (
 )
 from streams.grafana.push import (
     CLICKHOUSE_PASSWORD_ENV,
+    CLICKHOUSE_USER_ENV,
     DEFAULT_FOLDER_TITLE,
     DEFAULT_FOLDER_UID,
+    READ_ONLY_USER,
     TIMEOUT_S,
     PushError,
     connect,
@@ -48,6 +51,14 @@ def grafana() -> None:
     help="Directory for the dashboard JSON files.",
 )
 @click.option(
+    "--import-out",
+    "import_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=IMPORT_DIR,
+    show_default=True,
+    help="Directory for the same boards as UI import files (__inputs: Grafana asks for the data source).",
+)
+@click.option(
     "--rules-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=RULES_FILE,
@@ -55,13 +66,14 @@ def grafana() -> None:
     help="Grafana alert rules file (provisioning, paused).",
 )
 @json_option("Print {dashboards, rules_file, changed} as JSON.")
-def build(out_dir: Path, rules_file: Path, as_json: bool) -> None:
-    """Regenerate dashboards/*.json and the Grafana alert rules from TTFT_CONFIG (SLOs, thresholds).
+def build(out_dir: Path, import_dir: Path, rules_file: Path, as_json: bool) -> None:
+    """Regenerate dashboards/*.json, their import files and the Grafana alert rules from TTFT_CONFIG (SLOs,
+    thresholds, the trace URL).
 
     Without TTFT_CONFIG: from deploy/config/ttft.yaml, the config the committed files come from.
     """
     settings = config_settings()
-    changed = write_dashboards(settings, out_dir)
+    changed = write_dashboards(settings, out_dir, import_dir)
     if write_rules(settings, rules_file):
         changed.append(rules_file)
     if as_json:
@@ -105,13 +117,15 @@ def push_cmd(url: str, folder: str, folder_uid: str, clickhouse_url: str | None,
     """Create or update the folder, the ClickHouse data source and the dashboards (idempotent).
 
     Credentials come from the environment only: TTFT_GRAFANA_TOKEN, or TTFT_GRAFANA_USER and
-    TTFT_GRAFANA_PASSWORD. The data source's read-only password: TTFT_GRAFANA_CLICKHOUSE_PASSWORD.
+    TTFT_GRAFANA_PASSWORD. The data source's read-only user and password: TTFT_GRAFANA_CLICKHOUSE_USER
+    (default grafana_ro; `default` for a writer's embedded-store interface) and TTFT_GRAFANA_CLICKHOUSE_PASSWORD.
     """
     settings = config_settings()
     password = os.environ.get(CLICKHOUSE_PASSWORD_ENV) or None
+    user = os.environ.get(CLICKHOUSE_USER_ENV) or READ_ONLY_USER
     try:
         api = connect(url, os.environ, timeout)
-        datasource = datasource_model(_clickhouse_url(clickhouse_url), settings.clickhouse_database, password)
+        datasource = datasource_model(_clickhouse_url(clickhouse_url), settings.clickhouse_database, password, user)
         changes = push(
             api,
             datasource=datasource,

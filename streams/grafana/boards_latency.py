@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from streams.grafana.links import TENANT_KEY, to_canary, to_drilldown
 from streams.grafana.model import (
     FORMAT_TABLE,
     FORMAT_TIME_SERIES,
@@ -131,7 +132,7 @@ def _ttft_range_table(settings: Settings) -> PanelSpec:
     sql = (
         "SELECT s.tenant_id AS tenant_id, s.requests AS requests, s.p50 AS p50, s.p95 AS p95, s.p99 AS p99,\n"
         "       s.slo_ms AS slo_ms, s.slo_bad / h.slo_requests AS slo_bad_share,\n"
-        "       h.complete_share AS complete_share\n"
+        f"       h.complete_share AS complete_share, hex(s.tenant_id) AS {TENANT_KEY}\n"
         "FROM (\n"
         "  SELECT tenant_id, sum(count) AS requests,\n"
         f"       {percentiles(P50_P95_P99)},\n"
@@ -148,11 +149,24 @@ def _ttft_range_table(settings: Settings) -> PanelSpec:
         kind="table",
         sql=sql,
         fmt=FORMAT_TABLE,
-        columns=("tenant_id", "requests", "p50", "p95", "p99", "slo_ms", "slo_bad_share", "complete_share"),
+        columns=(
+            "tenant_id",
+            "requests",
+            "p50",
+            "p95",
+            "p99",
+            "slo_ms",
+            "slo_bad_share",
+            "complete_share",
+            TENANT_KEY,
+        ),
         expect_sql=count_rows("stage_windows", "stage = 'ttft'", "count > 0"),
         description="Percentiles over the whole range (one merged sketch per tenant), SLO-bad share of all "
-        "requests whose TTFT is known or bad (no_first_chunk ones left out) and completeness beside them.",
+        "requests whose TTFT is known or bad (no_first_chunk ones left out) and completeness beside them. "
+        "A tenant links to its stage drill-down and canary board.",
         check=PercentileCheck(P50_P95_P99, group=("tenant_id",), stage="ttft"),
+        links={"tenant_id": (to_drilldown(), to_canary())},
+        hidden=(TENANT_KEY,),
         width=12,
     )
 
@@ -160,7 +174,7 @@ def _ttft_range_table(settings: Settings) -> PanelSpec:
 def _stage_breakdown() -> PanelSpec:
     sql = (
         "SELECT s.tenant_id AS tenant_id, s.stage AS stage, s.requests AS requests, s.p95 AS p95,\n"
-        "       h.complete_share AS complete_share\n"
+        f"       h.complete_share AS complete_share, hex(s.tenant_id) AS {TENANT_KEY}\n"
         "FROM (\n"
         "  SELECT tenant_id, stage, sum(count) AS requests,\n"
         f"       {sketch_quantile(0.95)} AS p95\n"
@@ -176,14 +190,16 @@ def _stage_breakdown() -> PanelSpec:
         kind="table",
         sql=sql,
         fmt=FORMAT_TABLE,
-        columns=("tenant_id", "stage", "requests", "p95", "complete_share"),
+        columns=("tenant_id", "stage", "requests", "p95", "complete_share", TENANT_KEY),
         expect_sql=count_rows("stage_windows", stage_in(BREAKDOWN_STAGES), "count > 0"),
         description="P95 of each parent stage, the unattributed gap (other) and TTFT per tenant. "
-        "Stage P95s do not add up to the TTFT P95: cut the largest stage first.",
+        "Stage P95s do not add up to the TTFT P95: cut the largest stage first. A stage links to the "
+        "drill-down for that tenant and stage.",
+        links={"tenant_id": (to_drilldown(),), "stage": (to_drilldown(stage="${__value.raw}"),)},
+        hidden=(TENANT_KEY,),
         check=PercentileCheck(
             {"p95": 0.95}, group=("tenant_id", "stage"), stage_column="stage", stages=BREAKDOWN_STAGES
         ),
-        field_config={"custom": {"cellOptions": {"type": "auto"}}},
         width=12,
     )
 
@@ -195,7 +211,7 @@ def _cut_first() -> PanelSpec:
         "       max(p.p95) AS biggest_p95_ms, any(t.tail_dominant_stage) AS tail_dominant_stage,\n"
         "       any(t.exemplar_request_ids) AS exemplar_request_ids,\n"
         "       any(t.attributed_windows) AS attributed_windows,\n"
-        "       any(h.complete_share) AS complete_share\n"
+        f"       any(h.complete_share) AS complete_share, hex(tenant_id) AS {TENANT_KEY}\n"
         "FROM (\n"
         f"  SELECT tenant_id, stage, {sketch_quantile(0.95)} AS p95\n"
         "  FROM stage_windows FINAL\n"
@@ -234,6 +250,7 @@ def _cut_first() -> PanelSpec:
             "exemplar_request_ids",
             "attributed_windows",
             "complete_share",
+            TENANT_KEY,
         ),
         expect_sql=count_rows("stage_windows", stage_in(PARENTS), "count > 0"),
         description="Biggest-P95 parent stage (merged sketches over the range) and the tail-dominant stage "
@@ -246,6 +263,12 @@ def _cut_first() -> PanelSpec:
             stages=PARENTS,
             argmax_over=True,
         ),
+        links={
+            "tenant_id": (to_drilldown(),),
+            "biggest_p95_stage": (to_drilldown(stage="${__value.raw}"),),
+            "tail_dominant_stage": (to_drilldown(stage="${__value.raw}"),),
+        },
+        hidden=(TENANT_KEY,),
         width=24,
         height=7,
     )

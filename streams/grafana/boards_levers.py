@@ -11,7 +11,8 @@ from streams.grafana.boards_latency import (
     tenant_variable,
     version_variable,
 )
-from streams.grafana.boards_stages import mix_sql
+from streams.grafana.boards_stages import mix_sql, slowest_requests
+from streams.grafana.links import TENANT_KEY, VERSION_KEY, to_drilldown
 from streams.grafana.model import (
     FORMAT_TABLE,
     FORMAT_TIME_SERIES,
@@ -22,6 +23,7 @@ from streams.grafana.model import (
 )
 from streams.grafana.sql import CANARY_VERSION, STAGE, TENANT, VERSION, count_rows, number, percentiles, where
 from streams.rules_config import RulesConfig
+from streams.settings import Settings
 
 
 def threshold_lines(*steps: tuple[str, float | None]) -> dict[str, Any]:
@@ -138,7 +140,8 @@ def _verdict_history(rules: RulesConfig) -> PanelSpec:
         "       naive_verdict, mix_adjusted, mix_coverage, n_canary, n_stable,\n"
         f"       {number(canary.ratio)} AS ratio_threshold,\n"
         f"       {number(canary.critical_ratio)} AS critical_ratio,\n"
-        f"       {number(canary.alpha)} AS alpha, {canary.min_samples} AS min_samples, explanation\n"
+        f"       {number(canary.alpha)} AS alpha, {canary.min_samples} AS min_samples, explanation,\n"
+        f"       hex(tenant_id) AS {TENANT_KEY}, hex(canary_version) AS {VERSION_KEY}\n"
         "FROM canary_verdicts FINAL\n"
         f"{where(IN_RANGE, TENANT, CANARY_VERSION, STAGE)}\n"
         "ORDER BY window_start DESC, tenant_id, stage, canary_version\nLIMIT 500"
@@ -168,10 +171,17 @@ def _verdict_history(rules: RulesConfig) -> PanelSpec:
             "alpha",
             "min_samples",
             "explanation",
+            TENANT_KEY,
+            VERSION_KEY,
         ),
         expect_sql=count_rows("canary_verdicts"),
         description="Every verdict with the thresholds it was judged against (from the rules config).",
         unit="none",
+        links={
+            "tenant_id": (to_drilldown(version="row", stage="${__data.fields.stage}"),),
+            "stage": (to_drilldown(version="row", stage="${__value.raw}"),),
+        },
+        hidden=(TENANT_KEY, VERSION_KEY),
         width=24,
         height=10,
     )
@@ -216,14 +226,14 @@ def rollout_annotation() -> AnnotationSpec:
     return AnnotationSpec("Rollouts: first seen per version", sql)
 
 
-def canary(rules: RulesConfig) -> DashboardSpec:
+def canary(rules: RulesConfig, settings: Settings) -> DashboardSpec:
     """Dashboard 3: Canary."""
     return DashboardSpec(
         uid="ttft-canary",
         slug="ttft-canary",
         title="TTFT canary",
         description="Canary against stable per stage: raw and mix-adjusted P95, the verdicts with their "
-        "thresholds, and rollout annotations.",
+        "thresholds, rollout annotations, and the slowest requests of the selected versions.",
         variables=(tenant_variable(), version_variable(), stage_variable()),
         panels=(
             _arms_over_time(),
@@ -232,6 +242,7 @@ def canary(rules: RulesConfig) -> DashboardSpec:
             _ratio_vs_thresholds(rules),
             _verdict_history(rules),
             _first_seen(),
+            slowest_requests(settings),
         ),
         annotations=(rollout_annotation(),),
     )

@@ -10,6 +10,7 @@ from streams.grafana.boards_latency import (
     tenant_variable,
     version_variable,
 )
+from streams.grafana.links import TENANT_KEY, VERSION_KEY, key_columns, to_canary, to_request, to_trace
 from streams.grafana.model import (
     FORMAT_TABLE,
     FORMAT_TIME_SERIES,
@@ -19,6 +20,7 @@ from streams.grafana.model import (
 )
 from streams.grafana.panels_whatif import scale_variable, whatif_panel
 from streams.grafana.sql import STAGE, TENANT, VERSION, count_rows, percentiles, stage_order, where
+from streams.settings import Settings
 
 
 def _stage_over_time() -> PanelSpec:
@@ -60,8 +62,10 @@ def _stage_range_table() -> PanelSpec:
         columns=("stage", "requests", "p50", "p95", "p99", "max_ms", "negative_values"),
         expect_sql=count_rows("stage_windows", "count > 0"),
         description="One merged sketch per stage over the whole range. negative_values counts requests "
-        "whose unattributed gap (other) was negative (clock skew between services).",
+        "whose unattributed gap (other) was negative (clock skew between services). A stage links to the "
+        "canary board for it.",
         check=PercentileCheck(P50_P95_P99, group=("stage",), stage_column="stage"),
+        links={"stage": (to_canary(tenant="keep", stage="${__value.raw}"),)},
     )
 
 
@@ -113,10 +117,12 @@ def _rerank_top_k() -> PanelSpec:
     )
 
 
-def _slowest_requests() -> PanelSpec:
+def slowest_requests(settings: Settings) -> PanelSpec:
+    """The 50 slowest requests of the range (selected tenants and versions), each linking to its board and
+    trace."""
     sql = (
         "SELECT request_id, tenant_id, version_id, started_at, ttft_ms, retrieval_ms, prompt_assemble_ms,\n"
-        "       llm_ttft_ms, other_ms, recall_mode, rerank_top_k, route, status, trace_id\n"
+        f"       llm_ttft_ms, other_ms, recall_mode, rerank_top_k, route, status, trace_id, {key_columns()}\n"
         "FROM requests FINAL\n"
         f"{where(IN_RANGE, 'ttft_ms IS NOT NULL', TENANT, VERSION)}\n"
         "ORDER BY ttft_ms DESC, request_id\nLIMIT 50"
@@ -141,15 +147,24 @@ def _slowest_requests() -> PanelSpec:
             "route",
             "status",
             "trace_id",
+            TENANT_KEY,
+            VERSION_KEY,
         ),
         expect_sql=count_rows("requests", "ttft_ms IS NOT NULL"),
-        description="The 50 slowest requests of the range with their stages; `ttft request <id>` shows one.",
+        description="The 50 slowest requests of the range with their stages: a request_id opens the request's "
+        "board (`ttft request <id>` shows the same), a trace_id its trace, a version_id the canary board.",
+        links={
+            "request_id": (to_request(),),
+            "trace_id": (to_trace(settings),),
+            "version_id": (to_canary(version="row"),),
+        },
+        hidden=(TENANT_KEY, VERSION_KEY),
         width=24,
         height=10,
     )
 
 
-def stage_drilldown() -> DashboardSpec:
+def stage_drilldown(settings: Settings) -> DashboardSpec:
     """Dashboard 2: Stage drill-down."""
     return DashboardSpec(
         uid="ttft-stages",
@@ -165,6 +180,6 @@ def stage_drilldown() -> DashboardSpec:
             whatif_panel(),
             recall_mode_panel(),
             _rerank_top_k(),
-            _slowest_requests(),
+            slowest_requests(settings),
         ),
     )

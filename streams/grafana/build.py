@@ -1,6 +1,7 @@
-"""Build the five dashboards (and the optional Grafana alert rules) from the settings.
+"""Build the six dashboards (and the optional Grafana alert rules) from the settings.
 
-The committed ``dashboards/*.json`` are this module's output for the repository's config
+The committed ``dashboards/*.json`` (provisioned) and ``deploy/grafana/import/*.json`` (the same boards for
+a UI import, with ``__inputs``) are this module's output for the repository's config
 (``deploy/config/ttft.yaml`` when present, else the defaults); a test keeps them current. Regenerate with
 ``ttft grafana build`` after changing SLOs or rule thresholds, so dashboards and alerts never fork from
 ``TTFT_CONFIG``.
@@ -16,8 +17,10 @@ from streams.grafana.alert_rules import alert_rules, render_rules
 from streams.grafana.boards_health import pipeline_health
 from streams.grafana.boards_latency import overview
 from streams.grafana.boards_levers import canary, llm_levers
+from streams.grafana.boards_request import request_board
 from streams.grafana.boards_stages import stage_drilldown
-from streams.grafana.model import DashboardSpec, dashboard_json, render
+from streams.grafana.model import DashboardSpec, render
+from streams.grafana.render import dashboard_json, import_json
 from streams.resources import checkout_dir, default_config_file
 from streams.rules_config import RulesConfig
 from streams.settings import Settings, load_settings
@@ -25,6 +28,8 @@ from streams.settings import Settings, load_settings
 #: Where ``ttft grafana build`` writes by default: the repository's folders in a checkout, else the current
 #: directory's ``dashboards/`` and ``rules.yaml`` (never inside an installed package).
 DASHBOARDS_DIR: Final = checkout_dir("dashboards") or Path("dashboards")
+#: The boards for a UI import (``__inputs``): not under dashboards/, which the file provider loads.
+IMPORT_DIR: Final = checkout_dir("deploy/grafana/import") or Path("import")
 RULES_FILE: Final = (checkout_dir("deploy/grafana/provisioning/alerting") or Path(".")) / "rules.yaml"
 #: The config the committed files come from: deploy/config/ttft.yaml (an installed wheel ships a copy).
 REPO_CONFIG: Final = default_config_file()
@@ -36,14 +41,28 @@ def rules_config(settings: Settings) -> RulesConfig:
 
 
 def dashboard_specs(settings: Settings) -> tuple[DashboardSpec, ...]:
-    """The five dashboards, in their documented order."""
+    """The six dashboards, in their documented order (overview -> drill-down -> canary -> request first:
+    the order of their header links)."""
     rules = rules_config(settings)
-    return (overview(settings), stage_drilldown(), canary(rules), llm_levers(rules), pipeline_health())
+    return (
+        overview(settings),
+        stage_drilldown(settings),
+        canary(rules, settings),
+        request_board(settings),
+        llm_levers(rules),
+        pipeline_health(),
+    )
 
 
 def dashboard_models(settings: Settings) -> dict[str, dict[str, Any]]:
-    """``{file name: dashboard JSON model}`` for every dashboard."""
-    return {f"{spec.slug}.json": dashboard_json(spec) for spec in dashboard_specs(settings)}
+    """``{file name: dashboard JSON model}`` for every dashboard, each linking to the others."""
+    specs = dashboard_specs(settings)
+    return {f"{spec.slug}.json": dashboard_json(spec, specs) for spec in specs}
+
+
+def import_models(settings: Settings) -> dict[str, dict[str, Any]]:
+    """``{file name: model}`` of the import files: the same boards with the data source as an input."""
+    return {name: import_json(model) for name, model in dashboard_models(settings).items()}
 
 
 def repo_settings() -> Settings:
@@ -59,16 +78,23 @@ def config_settings() -> Settings:
     return load_settings() if os.environ.get("TTFT_CONFIG") else repo_settings()
 
 
-def write_dashboards(settings: Settings, directory: Path = DASHBOARDS_DIR) -> list[Path]:
-    """Write every dashboard JSON into ``directory``; returns the files whose content changed."""
-    directory.mkdir(parents=True, exist_ok=True)
+def write_dashboards(
+    settings: Settings, directory: Path = DASHBOARDS_DIR, import_directory: Path | None = IMPORT_DIR
+) -> list[Path]:
+    """Write every dashboard JSON into ``directory`` (and its import file into ``import_directory``);
+    returns the files whose content changed."""
+    outputs = [(directory, dashboard_models(settings))]
+    if import_directory is not None:
+        outputs.append((import_directory, import_models(settings)))
     changed: list[Path] = []
-    for name, model in dashboard_models(settings).items():
-        path = directory / name
-        text = render(model)
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-            changed.append(path)
+    for folder, models in outputs:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, model in models.items():
+            path = folder / name
+            text = render(model)
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                path.write_text(text, encoding="utf-8")
+                changed.append(path)
     return changed
 
 

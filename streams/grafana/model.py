@@ -1,28 +1,111 @@
-"""Dashboard JSON for the ``grafana-clickhouse-datasource`` plugin, from small typed panel specs.
+"""The dashboards as small typed specs; :mod:`streams.grafana.render` turns them into Grafana's JSON model
+with grafana-foundation-sdk.
 
 A :class:`PanelSpec` is one panel: its SQL (with the plugin's macros and template variables), the
 query format, and what the tests need to judge it: the columns it returns, a count query saying when it
 must return rows, and, for percentile panels, how numpy recomputes each percentile from ``requests``.
+Table columns get their unit from :func:`column_unit` (one per column, as a field override), links on
+their cells from ``links``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 DATASOURCE_TYPE: Final = "grafana-clickhouse-datasource"
 DATASOURCE_UID: Final = "ttft-clickhouse"
 DATASOURCE: Final = {"type": DATASOURCE_TYPE, "uid": DATASOURCE_UID}
+#: The plugin version the panel SQL and macros.py are written against; deploy/compose.yaml installs it.
 PLUGIN_VERSION: Final = "4.20.0"
+PLUGIN_NAME: Final = "ClickHouse"
+#: ``__inputs`` name of the data source in the import files (a UI import asks for it).
+DATASOURCE_INPUT: Final = "DS_TTFT_CLICKHOUSE"
 FORMAT_TIME_SERIES: Final = 0
 FORMAT_TABLE: Final = 1
 #: Panels bucket by at least one event-time window; Grafana's interval is computed over this many points.
 MIN_INTERVAL: Final = "1m"
 MAX_DATA_POINTS: Final = 500
-SCHEMA_VERSION: Final = 39
-GRID_WIDTH: Final = 24
+#: The time units Grafana formats as durations: a count or a share must never carry one.
+TIME_UNITS: Final = frozenset(
+    {"ns", "µs", "ms", "s", "m", "h", "d", "dtdurationms", "dtdurations", "dthms", "dtdhms", "timeticks", "clockms"}
+)
+#: Units of table columns: counts are exact numbers with separators, shares are percentages of 1.
+COUNT_UNIT: Final = "locale"
+SHARE_UNIT: Final = "percentunit"
+#: Table columns by what they hold (the name decides; :func:`column_unit`).
+COUNT_COLUMNS: Final = frozenset(
+    {
+        "requests",
+        "attributed_windows",
+        "negative_values",
+        "n_canary",
+        "n_stable",
+        "min_samples",
+        "span_windows",
+        "samples",
+        "repeats",
+        "rerank_top_k",
+    }
+)
+SHARE_COLUMNS: Final = frozenset({"slo_bad_share", "complete_share", "mix_coverage", "share_of_ttft"})
+#: Plain numbers without a unit: ratios of two P95s and probabilities.
+PLAIN_COLUMNS: Final = frozenset({"ratio", "naive_ratio", "ratio_threshold", "critical_ratio", "alpha", "tail_p"})
+#: Columns that hold text, times, flags or arrays: no unit applies.
+TEXT_COLUMNS: Final = frozenset(
+    {
+        "tenant_id",
+        "version_id",
+        "stage",
+        "request_id",
+        "trace_id",
+        "started_at",
+        "first_token_at",
+        "recall_mode",
+        "route",
+        "status",
+        "biggest_p95_stage",
+        "tail_dominant_stage",
+        "exemplar_request_ids",
+        "window_start",
+        "canary_version",
+        "verdict",
+        "reason",
+        "naive_verdict",
+        "mix_adjusted",
+        "explanation",
+        "first_seen",
+        "last_seen",
+        "rule",
+        "outcome",
+        "last_window",
+        "last_decided",
+        "attribute",
+        "value",
+        "tenant_key",
+        "version_key",
+        "canary_key",
+    }
+)
+
+
+def column_unit(column: str) -> str | None:
+    """The unit of a table column: ``ms`` for durations (``p50``.., ``*_ms``), :data:`COUNT_UNIT` for counts,
+    :data:`SHARE_UNIT` for shares, ``none`` for plain numbers, None for text and times. An unknown column is
+    an error: a new column must be placed in one of the sets above."""
+    if column in TEXT_COLUMNS:
+        return None
+    if column in COUNT_COLUMNS:
+        return COUNT_UNIT
+    if column in SHARE_COLUMNS:
+        return SHARE_UNIT
+    if column in PLAIN_COLUMNS:
+        return "none"
+    if column.endswith("_ms") or (len(column) == 3 and column[0] == "p" and column[1:].isdigit()):
+        return "ms"
+    raise ValueError(f"table column {column!r} has no unit: add it to streams/grafana/model.py's column sets")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +140,20 @@ class WhatIfCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class DataLink:
+    """A link on the cells of one table column (a Grafana data link). ``url`` may hold ``${__value.raw}``,
+    ``${__data.fields.<column>}`` (a column of the same row, hidden ones included), ``${__url_time_range}`` and
+    dashboard variables (``${tenant:queryparam}``)."""
+
+    title: str
+    url: str
+    target_blank: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class PanelSpec:
-    """One panel. ``expect_sql`` counts the source rows that oblige the panel to return rows."""
+    """One panel. ``expect_sql`` counts the source rows that oblige the panel to return rows. ``links`` maps
+    a column to the links on its cells; ``hidden`` columns are returned (links read them) but not shown."""
 
     title: str
     kind: str
@@ -75,13 +170,15 @@ class PanelSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     field_config: Mapping[str, Any] = field(default_factory=dict)
     overrides: tuple[Mapping[str, Any], ...] = ()
+    links: Mapping[str, tuple[DataLink, ...]] = field(default_factory=dict)
+    hidden: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class VariableSpec:
     """A multi-value query variable with *All* (the plugin runs ``sql`` through the same query path), or with
     ``kind="custom"`` a single-value variable whose options are ``sql``'s comma-separated values (no query),
-    ``default`` selected."""
+    ``default`` selected, or with ``kind="textbox"`` a free text (``default`` until typed or linked)."""
 
     name: str
     label: str
@@ -112,139 +209,9 @@ class DashboardSpec:
     annotations: tuple[AnnotationSpec, ...] = ()
 
 
-def _target(sql: str, fmt: int, ref_id: str = "A") -> dict[str, Any]:
-    return {
-        "refId": ref_id,
-        "datasource": dict(DATASOURCE),
-        "editorType": "sql",
-        "format": fmt,
-        "queryType": "timeseries" if fmt == FORMAT_TIME_SERIES else "table",
-        "pluginVersion": PLUGIN_VERSION,
-        "rawSql": sql,
-    }
-
-
-def _legend() -> dict[str, Any]:
-    # Only order statistics in legends: a mean or sum of percentiles is not a percentile.
-    return {
-        "showLegend": True,
-        "displayMode": "table",
-        "placement": "bottom",
-        "calcs": ["lastNotNull", "max"],
-    }
-
-
-def _panel_json(spec: PanelSpec, panel_id: int, grid: dict[str, int]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    custom: dict[str, Any] = {}
-    if spec.kind == "timeseries":
-        options = {"legend": _legend(), "tooltip": {"mode": "multi", "sort": "desc"}}
-        custom = {"drawStyle": "line", "lineWidth": 1, "spanNulls": False, "showPoints": "never"}
-    elif spec.kind == "table":
-        options = {"showHeader": True, "cellHeight": "sm", "footer": {"show": False}}
-    options.update(spec.options)
-    defaults: dict[str, Any] = {"unit": spec.unit, "custom": custom}
-    defaults.update(spec.field_config)
-    return {
-        "id": panel_id,
-        "type": spec.kind,
-        "title": spec.title,
-        "description": spec.description,
-        "datasource": dict(DATASOURCE),
-        "gridPos": grid,
-        "interval": MIN_INTERVAL,
-        "maxDataPoints": MAX_DATA_POINTS,
-        "targets": [_target(spec.sql, spec.fmt)],
-        "fieldConfig": {"defaults": defaults, "overrides": [dict(o) for o in spec.overrides]},
-        "options": options,
-    }
-
-
-def _variable_json(spec: VariableSpec) -> dict[str, Any]:
-    if spec.kind == "custom":
-        values = spec.sql.split(",")
-        return {
-            "name": spec.name,
-            "label": spec.label,
-            "type": "custom",
-            "query": spec.sql,
-            "multi": False,
-            "includeAll": False,
-            "current": {"selected": True, "text": spec.default, "value": spec.default},
-            "options": [{"selected": v == spec.default, "text": v, "value": v} for v in values],
-            "hide": 0,
-        }
-    return {
-        "name": spec.name,
-        "label": spec.label,
-        "type": "query",
-        "datasource": dict(DATASOURCE),
-        "query": spec.sql,
-        "definition": spec.sql,
-        "refresh": 2,
-        "multi": True,
-        "includeAll": True,
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "options": [],
-        "sort": 1,
-        "hide": 0,
-    }
-
-
-def _annotation_json(spec: AnnotationSpec) -> dict[str, Any]:
-    return {
-        "name": spec.name,
-        "datasource": dict(DATASOURCE),
-        "enable": True,
-        "hide": False,
-        "iconColor": spec.color,
-        "target": _target(spec.sql, FORMAT_TABLE, "Anno"),
-    }
-
-
-def _layout(panels: Sequence[PanelSpec]) -> list[dict[str, int]]:
-    grids: list[dict[str, int]] = []
-    x = y = row_height = 0
-    for spec in panels:
-        if x + spec.width > GRID_WIDTH:
-            x, y, row_height = 0, y + row_height, 0
-        grids.append({"x": x, "y": y, "w": spec.width, "h": spec.height})
-        x += spec.width
-        row_height = max(row_height, spec.height)
-    return grids
-
-
-def dashboard_json(spec: DashboardSpec) -> dict[str, Any]:
-    """The dashboard model Grafana provisions from ``dashboards/<slug>.json`` (``id`` null, stable uid)."""
-    builtin = {
-        "builtIn": 1,
-        "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-        "enable": True,
-        "hide": True,
-        "iconColor": "rgba(0, 211, 255, 1)",
-        "name": "Annotations & Alerts",
-        "type": "dashboard",
-    }
-    return {
-        "id": None,
-        "uid": spec.uid,
-        "title": spec.title,
-        "description": spec.description,
-        "tags": ["ttft"],
-        "timezone": "utc",
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "refresh": "1m",
-        "time": {"from": "now-6h", "to": "now"},
-        "templating": {"list": [_variable_json(v) for v in spec.variables]},
-        "annotations": {"list": [builtin, *(_annotation_json(a) for a in spec.annotations)]},
-        "panels": [
-            _panel_json(p, i + 1, grid)
-            for i, (p, grid) in enumerate(zip(spec.panels, _layout(spec.panels), strict=True))
-        ],
-    }
+def board_url(uid: str, slug: str) -> str:
+    """The path of a dashboard in Grafana (``/d/<uid>/<slug>``)."""
+    return f"/d/{uid}/{slug}"
 
 
 def render(model: Mapping[str, Any]) -> str:

@@ -50,7 +50,7 @@ def scale_variable() -> VariableSpec:
     )
 
 
-def _serial() -> str:
+def serial_recall() -> str:
     """:func:`streams.core.whatif.serial_recall` in SQL (0/1)."""
     known = ", ".join(f"'{mode}'" for mode in RECALL_CODES)
     fits = f"v + b + ifNull(k, 0) <= r + {SERIAL_SLACK_MS!r}"
@@ -99,7 +99,7 @@ def whatif_panel() -> PanelSpec:
         "  FROM (\n"
         f"    SELECT window_start, {columns},\n"
         "           toFloat64OrNull('${scale:percentencode}') AS f,\n"
-        f"           {_serial()} AS serial\n"
+        f"           {serial_recall()} AS serial\n"
         "    FROM requests FINAL\n"
         f"    {where('$__timeFilter(window_start)', REPLAYABLE, TENANT, VERSION)}\n"
         "  )\n"

@@ -27,6 +27,9 @@ TOKEN_ENV: Final = "TTFT_GRAFANA_TOKEN"
 USER_ENV: Final = "TTFT_GRAFANA_USER"
 PASSWORD_ENV: Final = "TTFT_GRAFANA_PASSWORD"
 CLICKHOUSE_PASSWORD_ENV: Final = "TTFT_GRAFANA_CLICKHOUSE_PASSWORD"
+#: The data source's ClickHouse user: ``grafana_ro`` of deploy/clickhouse/users.xml on a server; ``default``
+#: for the writer's embedded-store interface (read-only whatever the user does).
+CLICKHOUSE_USER_ENV: Final = "TTFT_GRAFANA_CLICKHOUSE_USER"
 READ_ONLY_USER: Final = "grafana_ro"
 DEFAULT_FOLDER_UID: Final = "ttft"
 DEFAULT_FOLDER_TITLE: Final = "TTFT"
@@ -81,7 +84,9 @@ def connect(url: str, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> G
     return api
 
 
-def datasource_model(clickhouse_url: str, database: str, password: str | None) -> dict[str, Any]:
+def datasource_model(
+    clickhouse_url: str, database: str, password: str | None, user: str = READ_ONLY_USER
+) -> dict[str, Any]:
     """The data source as the API takes it: the same fields as the provisioning file."""
     try:
         parts = urlsplit(clickhouse_url)
@@ -104,7 +109,7 @@ def datasource_model(clickhouse_url: str, database: str, password: str | None) -
             "port": parts.port or default_port,
             "protocol": "native" if parts.scheme == "native" else "http",
             "secure": parts.scheme == "https",
-            "username": READ_ONLY_USER,
+            "username": user,
             "defaultDatabase": database,
             "dialTimeout": "10",
             "queryTimeout": "60",

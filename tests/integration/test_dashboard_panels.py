@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
+from streams.grafana.build import repo_settings
 from streams.grafana.model import FORMAT_TIME_SERIES, slugify
+from tests.support.board_links import check_report_links
 from tests.support.pipeline import REPO
 
 # The first test's setup may include the session's pipeline run (minutes on a loaded machine): the
@@ -144,8 +146,15 @@ def test_grafana_alert_rule_query(report: dict[str, Any], rule_uid: str) -> None
         assert len(set(keys)) == len(keys)
 
 
+def test_every_link_with_the_stores_real_ids(report: dict[str, Any]) -> None:
+    # Each data link rendered from rows the panels returned (tenant, version, request and trace ids of the
+    # pipeline's traffic, a non-ASCII tenant among them) opens an existing board with its variables.
+    assert check_report_links(report, REPO / "dashboards", repo_settings(), slugify) >= 30
+
+
 def test_report_covers_every_panel(report: dict[str, Any]) -> None:
     for run in RUNS:
         assert set(report["runs"][run]) == set(_panel_ids())
     assert report["selected"]["tenant"], "the selected run picked a tenant"
+    assert report["runs"]["24h-selected"]["ttft-request/request"]["rows"] == 1, "the chosen request is shown"
     assert Path(REPO / "dashboards").is_dir()

@@ -208,3 +208,24 @@ def test_the_old_singlequote_filter_did_leak(ch_session_client: Client, stores: 
     finally:
         ch_session_client.database = previous
     assert VICTIM in leaked and len(leaked) == 1 + len(HOSTILE_TENANTS)
+
+
+def test_a_hostile_request_id_selects_nobody(ch_session_client: Client, stores: dict[str, str]) -> None:
+    """The request board's text box reaches SQL only percent-encoded: a crafted ``var-request_id=`` shows no
+    request and no error, in every panel of that board."""
+    (model,) = [m for m in _models() if m["uid"] == "ttft-request"]
+    previous = ch_session_client.database
+    ch_session_client.database = stores["all"]
+    try:
+        (real,) = ch_session_client.query("SELECT min(request_id) FROM requests FINAL").result_rows[0]
+        for hostile in (*HOSTILE_TENANTS, real):
+            variables = {"tenant": Variable("tenant", ()), "request_id": Variable("request_id", (hostile,), (hostile,))}
+            for suffix, raw_sql, panel in queries(model):
+                if "$request_id" not in raw_sql and "${request_id" not in raw_sql:
+                    continue
+                interval = panel_interval_ms(CTX_FROM_MS, CTX_TO_MS, 500, (panel or {}).get("interval"))
+                sql = expand_query(raw_sql, QueryContext(CTX_FROM_MS, CTX_TO_MS, interval), variables)
+                rows = ch_session_client.query(sql).result_rows
+                assert bool(rows) == (hostile == real), (suffix, hostile)
+    finally:
+        ch_session_client.database = previous

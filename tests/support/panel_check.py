@@ -276,10 +276,15 @@ def selection(client: Any) -> dict[str, Variable]:
         ).result_rows
     ]
     hexed = tuple(hex_value(v) for v in versions)
+    # A request of that tenant, not its slowest (the request board's default): the one with the smallest id.
+    (request,) = client.query(
+        "SELECT min(request_id) FROM requests FINAL WHERE tenant_id = {t:String}", parameters={"t": tenant}
+    ).result_rows[0]
     return {
         "tenant": Variable("tenant", tuple(hex_value(t) for t in tenants), (hex_value(tenant),)),
         "version": Variable("version", hexed, hexed),
         "stage": Variable("stage", ("llm_ttft", "ttft"), ("llm_ttft", "ttft")),
+        "request_id": Variable("request_id", (request,), (request,)),
     }
 
 
@@ -288,6 +293,9 @@ def _default(variable: dict[str, Any]) -> Variable:
     if variable.get("type") == "custom":
         options = tuple(str(o["value"]) for o in variable["options"])
         return Variable(variable["name"], options, (str(variable["current"]["value"]),))
+    if variable.get("type") == "textbox":  # its default text (the request board: empty, the slowest request)
+        value = str(variable["current"]["value"])
+        return Variable(variable["name"], (value,), (value,))
     return Variable(variable["name"], ())
 
 

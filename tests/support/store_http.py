@@ -110,6 +110,9 @@ def _default(variable: dict[str, Any]) -> Variable:
     if variable.get("type") == "custom":
         options = tuple(str(o["value"]) for o in variable["options"])
         return Variable(variable["name"], options, (str(variable["current"]["value"]),))
+    if variable.get("type") == "textbox":  # its default text (the request board: empty, the slowest request)
+        value = str(variable["current"]["value"])
+        return Variable(variable["name"], (value,), (value,))
     return Variable(variable["name"], ())
 
 

@@ -134,11 +134,23 @@ def test_config_default_prints_the_shipped_config() -> None:
 
 def test_grafana_build_json(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        main, ["grafana", "build", "--json", "--out", str(tmp_path), "--rules-file", str(tmp_path / "rules.yaml")]
+        main,
+        [
+            "grafana",
+            "build",
+            "--json",
+            "--out",
+            str(tmp_path),
+            "--import-out",
+            str(tmp_path / "import"),
+            "--rules-file",
+            str(tmp_path / "rules.yaml"),
+        ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert len(report["dashboards"]) == 5 and len(report["changed"]) == 6  # five dashboards and the rules
+    # six dashboards, their six import files and the rules
+    assert len(report["dashboards"]) == 6 and len(report["changed"]) == 13
 
 
 def test_simulate_json_to_a_file(tmp_path: Path) -> None:
