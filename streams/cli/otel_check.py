@@ -161,6 +161,6 @@ def report_lines(source: str, spans: int, reports: list[ScopeReport], findings: 
         if not r.missing:
             lines.append("  missing          nothing")
         for what, n in r.missing.most_common():
-            lines.append(f"  missing          {what} ({n} traces)")
+            lines.append(f"  missing          {what} ({n} traces, e.g. {r.examples[what][0]})")
             lines.append(f"    fix: {fix_for(what)}")
     return lines

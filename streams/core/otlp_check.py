@@ -33,6 +33,8 @@ _WINDOW_MS: Final = 60_000
 _NS_PER_MS: Final = 1_000_000
 #: The group of traces without an LLM span (no instrumentation scope to blame).
 NO_LLM_SCOPE: Final = ("(no LLM span)", "")
+#: Trace ids kept per missing item.
+EXAMPLES: Final = 3
 _ATTR_SOURCES: Final = frozenset(name for name, _ in FIRST_CHUNK_ATTRS)
 #: What is missing -> the one-line fix a team applies (docs/otlp-mapping.md has the recipes).
 FIXES: Final[dict[str, str]] = {
@@ -77,6 +79,8 @@ class ScopeReport:
     stages: dict[str, Counter[str]] = field(default_factory=dict)
     tenant: Counter[str] = field(default_factory=Counter)
     missing: Counter[str] = field(default_factory=Counter)
+    #: Up to :data:`EXAMPLES` trace ids per missing item (for ``ttft request <trace id>``).
+    examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def complete(self) -> int:
@@ -89,6 +93,10 @@ class ScopeReport:
             self.stages.setdefault(stage, Counter())[source] += 1
         self.tenant[finding.tenant or "(none)"] += 1
         self.missing.update(dict.fromkeys(finding.missing, 1))
+        for what in finding.missing:
+            ids = self.examples.setdefault(what, [])
+            if len(ids) < EXAMPLES:
+                ids.append(finding.trace_id)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form: counts per status, stage source, tenant source and missing item (with its fix)."""
@@ -100,7 +108,10 @@ class ScopeReport:
             "statuses": dict(sorted(self.statuses.items())),
             "stages": {stage: dict(c.most_common()) for stage, c in self.stages.items()},
             "tenant": dict(self.tenant.most_common()),
-            "missing": [{"what": what, "traces": n, "fix": fix_for(what)} for what, n in self.missing.most_common()],
+            "missing": [
+                {"what": what, "traces": n, "fix": fix_for(what), "examples": self.examples[what]}
+                for what, n in self.missing.most_common()
+            ],
         }
 
 

@@ -36,7 +36,9 @@ pytestmark = [pytest.mark.otel, pytest.mark.kafka, pytest.mark.e2e, pytest.mark.
 
 N_TRACES = 2_000
 #: Fields that say how a row was ingested, not what the request was.
-INGESTION_FIELDS = frozenset({"inserted_at", "record_version", "duplicate_events", "late_events", "event_count"})
+INGESTION_FIELDS = frozenset(
+    {"inserted_at", "record_version", "duplicate_events", "late_events", "event_count", "event_keys"}
+)
 DEAD_REASONS = ("missing_tenant",)
 #: Epoch-ms floats near 1.8e12 are spaced 2.4e-4 ms apart, so a difference of two (ttft_ms) is exact to that.
 TIME_TOLERANCE_MS = 1e-3

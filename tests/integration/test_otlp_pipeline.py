@@ -37,7 +37,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 N_TRACES = 300
 TENANTS = ("acme", "globex")
 #: Fields that say how a row was ingested, not what the request was.
-INGESTION_FIELDS = frozenset({"inserted_at", "record_version", "duplicate_events", "late_events", "event_count"})
+INGESTION_FIELDS = frozenset(
+    {"inserted_at", "record_version", "duplicate_events", "late_events", "event_count", "event_keys"}
+)
 SPAN_OUTCOMES = ("stage", "not_stage", "dead_letter")
 DEAD_REASONS = ("missing_tenant", "otlp_decode")
 #: Epoch-ms floats near 1.8e12 are spaced 2.4e-4 ms apart, so a difference of two (ttft_ms) is exact to that.

@@ -154,7 +154,9 @@ def test_what_is_missing_is_named_with_its_fix() -> None:
     ]
     reports, (finding,) = check_traces(no_tenant)
     assert finding.status == "not stored" and finding.missing == ["tenant"] and finding.tenant == ""
-    assert reports[0].to_json()["missing"] == [{"what": "tenant", "traces": 1, "fix": FIXES["tenant"]}]
+    assert reports[0].to_json()["missing"] == [
+        {"what": "tenant", "traces": 1, "fix": FIXES["tenant"], "examples": [finding.trace_id]}
+    ]
 
     no_retrieval = [_span(ROOT, "", 0, 900, **TENANT), _span("03" * 8, ROOT, 60, 800, **CHAT, **TENANT)]
     _, (finding,) = check_traces(no_retrieval)
