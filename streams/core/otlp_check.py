@@ -39,7 +39,8 @@ _ATTR_SOURCES: Final = frozenset(name for name, _ in FIRST_CHUNK_ATTRS)
 #: What is missing -> the one-line fix a team applies (docs/otlp-mapping.md has the recipes).
 FIXES: Final[dict[str, str]] = {
     "first chunk": "the LLM span tells no first chunk: set gen_ai.response.time_to_first_chunk (seconds) on it "
-    "when the first chunk arrives (docs/otlp-mapping.md, 'No first chunk')",
+    "when the first chunk arrives; for the openai client, ttft_emit.otel.time_first_chunk(client) does "
+    "(docs/otlp-mapping.md, 'The helper')",
     "tenant": "set tenant.id on the resource in the Collector (a resource or transform processor: "
     "docs/otlp-mapping.md, 'The tenant with the Collector alone')",
     "request_start": "the trace has no root span (still running, or not exported): check again once the requests ended",
@@ -50,7 +51,7 @@ FIXES: Final[dict[str, str]] = {
     "llm_ttft": "no LLM span: instrument the model client (OpenInference, OpenLLMetry or the GenAI "
     "conventions), or set ttft.stage = llm_ttft on the call's span",
     "stream flag": "the LLM span does not say whether the call streamed: set gen_ai.request.stream (a call "
-    "that did not stream then counts its whole duration, exactly)",
+    "that did not stream then counts its whole duration, exactly; the same helper sets it)",
     "first_token": "the LLM span's first chunk gives it (see 'first chunk'), or a span with ttft.stage = first_token",
 }
 
