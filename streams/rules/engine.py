@@ -372,14 +372,13 @@ class RuleEngine:
     def _annotate(self, transition: AlertTransition) -> AlertTransition:
         """Links (board, runbook) and example requests of the tenant's slowest tail (stable arm for a stage
         regression, the alert's version for a version's alert)."""
-        transition = self._links.annotate(transition)
         tenant, version = transition.labels.get("tenant", ""), transition.labels.get("version", "")
-        if not tenant or transition.state == "resolved" or transition.alertname not in _LATENCY_ALERTS:
-            return transition
-        ids = self._exemplars.pick(tenant, version, stable_only=transition.alertname == "TTFTStageRegression")
-        if not ids:
-            return transition
-        return replace(transition, annotations={**transition.annotations, EXEMPLARS: orjson.dumps(ids).decode()})
+        if tenant and transition.state != "resolved" and transition.alertname in _LATENCY_ALERTS:
+            ids = self._exemplars.pick(tenant, version, stable_only=transition.alertname == "TTFTStageRegression")
+            if ids:
+                examples = {**transition.annotations, EXEMPLARS: orjson.dumps(ids).decode()}
+                transition = replace(transition, annotations=examples)
+        return self._links.annotate(transition)
 
     def _silence(self, now: float, facts: WindowFacts, out: WindowEvaluation) -> None:
         rule = self.config.tenant_silence

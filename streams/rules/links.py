@@ -15,6 +15,7 @@ reaches a panel's SQL; ``stage`` takes the stage name.
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final
@@ -45,7 +46,9 @@ STAGES: Final = Board("ttft-stages", ("tenant", "version", "stage"))
 CANARY: Final = Board("ttft-canary", ("tenant", "version", "stage"))
 LEVERS: Final = Board("ttft-llm-levers", ("tenant", "version"))
 HEALTH: Final = Board("ttft-pipeline-health", ("tenant",))
-BOARDS: Final = (OVERVIEW, STAGES, CANARY, LEVERS, HEALTH)
+#: One request's stages (``request_id`` is a text box: the id itself, URL-encoded by the link).
+REQUEST: Final = Board("ttft-request", ("tenant", "request_id"))
+BOARDS: Final = (OVERVIEW, STAGES, CANARY, LEVERS, HEALTH, REQUEST)
 
 #: The board each alert opens on; an alert not named here (a new one) opens the health board.
 BOARD_OF_ALERT: Final[Mapping[str, Board]] = {
@@ -106,7 +109,8 @@ class AlertLinks:
         return start - self.lookback_windows * self.window_ms, end
 
     def annotations(self, transition: AlertTransition) -> dict[str, str]:
-        """``runbook_url``, ``dashboard_url`` and, when the alert names a moved stage, ``stage_dashboard_url``."""
+        """``runbook_url``, ``dashboard_url``; ``stage_dashboard_url`` when the alert names a moved stage;
+        ``exemplar_url`` (the request board on its slowest example request) when it has examples."""
         labels = transition.labels
         values = {name: labels.get(name, "") for name in ("tenant", "version", "stage")}
         board = BOARD_OF_ALERT.get(transition.alertname, HEALTH)
@@ -118,11 +122,24 @@ class AlertLinks:
         moved = transition.annotations.get(MOVED_STAGE)
         if moved:
             out["stage_dashboard_url"] = board_url(self.grafana_url, STAGES, {**values, "stage": moved}, start, end)
+        exemplars = _exemplars(transition.annotations.get(EXEMPLARS, ""))
+        if exemplars:
+            request = {"tenant": values["tenant"], "request_id": exemplars[0]}
+            out["exemplar_url"] = board_url(self.grafana_url, REQUEST, request, start, end)
         return out
 
     def annotate(self, transition: AlertTransition) -> AlertTransition:
         """A copy of ``transition`` whose annotations carry its links (replacing older ones)."""
         return replace(transition, annotations={**transition.annotations, **self.annotations(transition)})
+
+
+def _exemplars(text: str) -> list[str]:
+    """The ids of an ``exemplar_request_ids`` annotation (a JSON list; anything else: none)."""
+    try:
+        ids = json.loads(text) if text else []
+    except ValueError:
+        return []
+    return [str(i) for i in ids] if isinstance(ids, list) else []
 
 
 # --- deployment checks (``ttft config check``) ----------------------------------------------------------

@@ -124,6 +124,7 @@ def test_links_exemplars_and_generator_url_arrive_through_alertmanager(alertmana
     assert slo["annotations"]["moved_stage"] == "llm_ttft"
     assert "stage_dashboard_url" in slo["annotations"] and "moved most" in slo["annotations"]["summary"]
     assert len(json.loads(slo["annotations"]["exemplar_request_ids"])) == 2
+    assert slo["annotations"]["exemplar_url"].startswith("https://grafana.internal/g/d/ttft-request?")
     with urllib.request.urlopen(f"{alertmanager.url}/api/v2/alerts", timeout=5) as response:
         api = {a["labels"]["alertname"]: a for a in json.load(response)}
     assert api["TTFTSLOBurn"]["generatorURL"] == slo["generatorURL"]

@@ -12,7 +12,7 @@ from streams.alerting.alertmanager import alertmanager_alert
 from streams.rules import ALERT_NAMES, AlertTransition, RulesConfig, ingest_halted_transition
 from streams.rules.exemplars import ExemplarMemory
 from streams.rules.lifecycle import alert_labels
-from streams.rules.links import BOARD_OF_ALERT, EXEMPLARS, HEX_VARIABLES, AlertLinks, placeholder_problem
+from streams.rules.links import BOARD_OF_ALERT, BOARDS, EXEMPLARS, HEX_VARIABLES, AlertLinks, placeholder_problem
 from streams.rules_config import BurnWindowPair, SLOBurnRule
 from tests.unit.rules_synth import W_MS, Scenario, Traffic, make_engine
 
@@ -114,6 +114,9 @@ def test_every_alert_links_to_an_existing_board_filtered_on_its_ids(alertname: s
 
 def test_every_alert_name_has_a_board_and_the_runbook_has_the_prometheus_rule() -> None:
     assert set(BOARD_OF_ALERT) == set(ALERT_NAMES)
+    known = boards()
+    for board in BOARDS:
+        assert board.uid in known and set(board.variables) <= known[board.uid], board
     runbook = (REPO / "docs" / "runbook.md").read_text(encoding="utf-8")
     assert "## TTFTAlertsRefused" in runbook
 
@@ -195,6 +198,9 @@ def test_slo_burn_page_names_the_stage_that_moved_and_carries_links_and_exemplar
     stage_link = first.annotations["stage_dashboard_url"]
     check_board_link(stage_link, "https://grafana.internal", {**first.labels, "stage": "llm_ttft"}, ws)
     assert first.annotations["runbook_url"] == "file:///r.md#ttftsloburn"
+    slowest = {**first.labels, "request_id": f"req-{ws // W_MS:.0f}-a"}
+    query = check_board_link(first.annotations["exemplar_url"], "https://grafana.internal", slowest, ws)
+    assert urlsplit(first.annotations["exemplar_url"]).path == "/d/ttft-request" and "var-request_id" in query
     assert set(first.labels) == {"alertname", "severity", *PIPELINE_LABELS["TTFTSLOBurn"]}
 
 
