@@ -20,6 +20,7 @@ import base64
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import re
 import shutil
@@ -34,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streams.kafka.topics import wait_for_broker
+
+log = logging.getLogger(__name__)
+_BIND_ATTEMPTS = 3
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 LIBS_ENV = "TTFT_KAFKA_LIBS"
@@ -168,6 +172,9 @@ class LocalBroker:
         self.extra_config = dict(extra_config or {})
         self.jvm_options = tuple(jvm_options)
         state = self._read_state()
+        # Ports this object picked itself for a new data dir: another process may bind one between the pick
+        # and the JVM's bind, so start() picks them again when the JVM reports "Address already in use".
+        self._picked_ports = not state and not port and not (sasl_users and sasl_port)
         self.port: int = port or int(state.get("port", 0)) or free_port(host)
         self.controller_port: int = controller_port or int(state.get("controller_port", 0))
         self.sasl_port: int | None = None
@@ -237,18 +244,30 @@ class LocalBroker:
         problem = missing_prerequisite(self.libs)
         if problem:
             raise BrokerError(problem)
-        self._choose_ports()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._write_config()
-        self._format_storage()
         t0 = time.monotonic()
-        self._launch()
-        try:
-            self._wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return time.monotonic() - t0
+        for attempt in range(_BIND_ATTEMPTS):
+            self._choose_ports()
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._write_config()
+            self._format_storage()
+            self._launch()
+            try:
+                self._wait_ready(timeout_s)
+                return time.monotonic() - t0
+            except BrokerError:
+                self.stop()
+                if not (self._picked_ports and attempt + 1 < _BIND_ATTEMPTS and self._lost_a_port()):
+                    raise
+                log.warning(
+                    "kafka: a port picked for %s was taken before the broker bound it; picking again", self.data_dir
+                )
+                self.port = free_port(self.host)
+                if self.sasl_port:
+                    self.sasl_port = free_port(self.host)
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """SIGTERM the recorded broker, SIGKILL it after ``timeout_s``. True if a process was stopped."""
@@ -430,6 +449,10 @@ class LocalBroker:
             if _probe(self.bootstrap, min(remaining, 5.0)):
                 return
             time.sleep(0.2)
+
+    def _lost_a_port(self) -> bool:
+        """The last start-up failed because a listener's port was bound by someone else."""
+        return "java.net.BindException: Address already in use" in self._log_tail()
 
     def _wait_exit(self, pid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -218,3 +219,34 @@ def test_restart_on_same_data_keeps_messages(kafka_broker: KafkaBrokerHandle, ka
     kafka_broker.start()
     assert (kafka_broker.bootstrap, kafka_broker.data_dir) == (port, data)
     assert asyncio.run(_consume(kafka_settings, topic, 1)) == [(b"req-1", b"before restart")]
+
+
+class _PortThief(LocalBroker):
+    """Binds the broker's picked port between the pick and the JVM's start, once: another process did this."""
+
+    stolen: list[int]
+
+    def _launch(self) -> None:
+        if not self.stolen:
+            thief = socket.socket()
+            thief.bind((self.host, self.port))
+            thief.listen()
+            self.stolen.append(self.port)
+            self._thief = thief
+        super()._launch()
+
+
+@kafka
+@pytest.mark.timeout(240)
+def test_a_picked_port_taken_before_the_bind_is_picked_again(tmp_path: Path) -> None:
+    if reason := missing_prerequisite():
+        pytest.skip(reason)
+    broker = _PortThief(tmp_path / "thief", heap_mb=256, jvm_options=["-XX:TieredStopAtLevel=1"])
+    broker.stolen = []
+    try:
+        broker.start()
+        assert broker.stolen and broker.port != broker.stolen[0]
+        assert asyncio.run(wait_for_broker(broker.bootstrap, timeout_s=10))
+    finally:
+        broker.stop(timeout_s=10)
+        broker._thief.close()

@@ -57,6 +57,16 @@ def _until_ok(env: dict[str, str], *args: str, within_s: float = 60.0) -> subpro
         time.sleep(1.0)
 
 
+def _run_file_names(home: Path, url: str) -> bool:
+    for path in (home / "run").glob("writer-*.json"):
+        try:
+            if json.loads(path.read_text()).get("store_http") == url:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def test_read_commands_and_clients_work_while_the_pipeline_ingests(kafka_settings: Any, tmp_path: Path) -> None:
     port = free_port()
     env = pipeline_env(kafka_settings, tmp_path, TTFT_STORE__HTTP_PORT=str(port))
@@ -72,8 +82,9 @@ def test_read_commands_and_clients_work_while_the_pipeline_ingests(kafka_setting
         pipe.wait_healthy(join)
         url = f"http://127.0.0.1:{port}"
         pipe.wait_for(lambda: url in writer.log(), 30, "the writer to log its interface's URL")
-        (run_file,) = (tmp_path / "run").glob("writer-*.json")
-        assert json.loads(run_file.read_text())["store_http"] == url
+        # The run file is rewritten with the URL once the writer's start-up is over (its hooks installed),
+        # a moment after the log line: readers find the interface through it.
+        pipe.wait_for(lambda: _run_file_names(tmp_path, url), 30, "the writer's run file to name its URL")
 
         def produce() -> None:
             messages, topic = traffic.messages, kafka_settings.topic("stage-events")
