@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 
 
 def alert_message(transition: AlertTransition) -> tuple[bytes, bytes]:
-    """The ``ttft.alerts`` record of a transition: (key = fingerprint, JSON value)."""
-    return transition.fingerprint.encode("utf-8"), orjson.dumps(transition.to_message())
+    """The ``ttft.alerts`` record of a transition: (key = fingerprint, with a claim's holder; JSON value)."""
+    return transition.topic_key.encode("utf-8"), orjson.dumps(transition.to_message())
 
 
 @dataclass(slots=True)
@@ -87,6 +87,9 @@ class DeliveryState:
     firing: dict[str, _Firing] = field(default_factory=dict)
     pending: dict[str, AlertTransition] = field(default_factory=dict)
     stats: DeliveryStats = field(default_factory=DeliveryStats)
+    #: Shared alerts (:attr:`AlertTransition.claim`): fingerprint -> holder -> its firing claim. The alert
+    #: pages with its first claim and resolves with its last: one page per source, whoever holds it.
+    claims: dict[str, dict[str, AlertTransition]] = field(default_factory=dict)
 
     def fold(self, transition: AlertTransition, *, replayed: bool = False) -> None:
         """Fold one transition; ``replayed`` ones (below the committed offset) were delivered already."""
@@ -100,6 +103,8 @@ class DeliveryState:
             self.pending[fp] = transition
             return
         self.pending.pop(fp, None)
+        if transition.claim is not None and not self._fold_claim(fp, transition):
+            return
         if transition.state == "firing":
             previous = self.firing.get(fp)
             self.firing[fp] = _Firing(transition, previous.first_sent if previous else None)
@@ -111,6 +116,21 @@ class DeliveryState:
             self.owed[fp] = transition
         else:
             self.owed.pop(fp, None)  # a pending alert that cleared was never paged
+
+    def _fold_claim(self, fp: str, transition: AlertTransition) -> bool:
+        """Record one holder's claim; True when the alert itself changes (its first firing claim, or its last
+        claim resolved), False when another holder already pages it or still holds it."""
+        holders = self.claims.setdefault(fp, {})
+        holder = (transition.claim or {}).get("holder", "")
+        if transition.state == "firing":
+            first = not holders and fp not in self.firing
+            holders[holder] = transition
+            return first
+        holders.pop(holder, None)
+        if holders:
+            return False
+        del self.claims[fp]
+        return True
 
     def fold_message(self, value: bytes | None, *, replayed: bool = False) -> None:
         """Fold a raw topic value; a malformed one is counted and skipped (it can never be delivered)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -43,6 +43,7 @@ from streams.kafka.batches import (
     by_key,
 )
 from streams.settings import Settings
+from streams.views.rule_status import read_topic_values
 
 JOIN_STATE_TABLE = "join-state"
 HEARTBEAT_INTERVAL_MS = 500.0
@@ -131,6 +132,8 @@ class JoinFold(KeyedStateFold):
         self._bound = settings.bound_topics()
         self._bound_tenants = frozenset(self._bound.values())
         self.alerts_topic = settings.topic("alerts")
+        #: Reads ``ttft.alerts`` whole when partitions are assigned (the quarantines they held).
+        self.read_alerts: Callable[[], Awaitable[list[bytes | None]]] = self._read_alerts
         self._producer_header = caps.producer_header
         self._last_heartbeat_ms = 0.0
         self._emitted_by_status: dict[str, Any] = {}  # status -> its records_emitted child
@@ -141,6 +144,8 @@ class JoinFold(KeyedStateFold):
     # --- BatchFold --------------------------------------------------------------------------------
 
     async def fold(self, records: Records, now_ms: float, view: PartitionView, emit: Emit) -> None:
+        if len(self.quarantines.owned) != len(view.owned):  # the holders of a tenant quarantined now
+            self.quarantines.owned = {tp.partition for tp in view.owned}
         folded: set[int] = set()
         for tp, items in records.items():
             core = self._core_partition(tp)
@@ -182,6 +187,19 @@ class JoinFold(KeyedStateFold):
         self._legacy_tombstones += [(key, p) for key, p in self.core.legacy_keys if p in owned]
         self.core.legacy_keys = [(key, p) for key, p in self.core.legacy_keys if p not in owned]
         self.metrics.open_requests.set(self.core.open_requests)
+        # The quarantines these partitions held before (a restart, a rebalance) hold again, without a page.
+        if partitions:
+            claims = await self.read_alerts()
+            self.quarantines.owned |= {tp.partition for tp in partitions}
+            self.quarantines.restore({tp.partition for tp in partitions}, claims)
+
+    def revoke(self, partitions: set[TopicPartition]) -> None:
+        super().revoke(partitions)
+        self.quarantines.revoke({tp.partition for tp in partitions})
+
+    async def _read_alerts(self) -> list[bytes | None]:
+        """``ttft.alerts`` from its beginning to its end (compacted: the latest transition of each claim)."""
+        return await read_topic_values(self.settings, self.alerts_topic)
 
     def completed(self) -> None:
         c, m = self.core.counters, self.metrics

@@ -119,6 +119,33 @@ class DeadLetterGuard:
             return True
         return bool(self._q_producers) and (partition, producer or "") in self._q_producers
 
+    def hold(self, source: Source) -> None:
+        """Quarantine ``source`` without judging it (a quarantine restored after a restart or a rebalance: its
+        page is already out, so it is not listed in ``newly_quarantined``). Its release clock starts now."""
+        if source in self.quarantined:
+            return
+        if source.kind == TENANT:
+            self._q_tenants[source.name] = self._seen
+        elif source.kind == PRODUCER:
+            self._q_producers[(source.partition, source.name)] = self._seen
+        else:
+            self._q_partitions[source.partition] = self._seen
+        self.quarantined[source] = None
+        self._drop_quarantined()
+
+    def drop(self, source: Source) -> None:
+        """Forget the quarantine of ``source`` without releasing it (its partitions moved to another worker,
+        which holds it now): not listed in ``released``."""
+        if source not in self.quarantined:
+            return
+        del self.quarantined[source]
+        if source.kind == TENANT:
+            self._q_tenants.pop(source.name, None)
+        elif source.kind == PRODUCER:
+            self._q_producers.pop((source.partition, source.name), None)
+        else:
+            self._q_partitions.pop(source.partition, None)
+
     @property
     def tripped(self) -> bool:
         """Always False: the guard quarantines, it never halts (kept for callers of the earlier guard)."""

@@ -78,10 +78,22 @@ class AlertTransition:
     fired_at: float | None = None
     resolved_at: float | None = None
     muted: bool = False
+    #: A *claim* on a shared alert: one of several holders of the same alert (the join workers' partitions
+    #: that hold a quarantine), ``{"holder": ..., ...}``. The alert fires with its first holder's claim and
+    #: resolves with its last one's (:class:`streams.alerting.outbox.DeliveryState`); each claim is its own
+    #: key on ``ttft.alerts`` (:attr:`topic_key`), so compaction keeps every holder's latest claim.
+    claim: dict[str, str] | None = None
 
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.labels)
+
+    @property
+    def topic_key(self) -> str:
+        """The ``ttft.alerts`` key: the fingerprint, with the holder of a claim."""
+        if self.claim is None:
+            return self.fingerprint
+        return f"{self.fingerprint}|{self.claim.get('holder', '')}"
 
     @property
     def event_at(self) -> float:
@@ -106,6 +118,7 @@ class AlertTransition:
             "fired_at": self.fired_at,
             "resolved_at": self.resolved_at,
             "muted": self.muted,
+            **({"claim": dict(self.claim)} if self.claim is not None else {}),
         }
 
     @classmethod
@@ -125,6 +138,7 @@ class AlertTransition:
             fired_at=None if data.get("fired_at") is None else float(data["fired_at"]),
             resolved_at=None if data.get("resolved_at") is None else float(data["resolved_at"]),
             muted=bool(data.get("muted", False)),
+            claim=_claim(data.get("claim")),
         )
 
     def to_row(self) -> dict[str, Any]:
@@ -147,6 +161,14 @@ class AlertTransition:
             "resolved_at": ms_to_datetime(self.resolved_at),
             "muted": self.muted,
         }
+
+
+def _claim(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"an alert's claim is an object, not {type(value).__name__}")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 ALERT_COLUMNS: tuple[str, ...] = tuple(AlertTransition("x", {}, {}, {}, "pending", 0.0, 0.0).to_row().keys())

@@ -4,6 +4,7 @@ or the producer of bytes without one) and pages once; ingestion never halts for 
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -94,6 +95,67 @@ def test_unparseable_flood_on_one_partition_is_quarantined_and_every_tenant_keep
     assert {r["request_id"]: r["status"] for r in stored} == {rid: t["status"] for rid, t in good.truth.items()}
     (letters,) = pipe.query("SELECT count() AS n FROM {db}.dead_letters FINAL WHERE source_partition = 3")
     assert int(letters["n"]) == 2_000  # nothing lost
+
+
+def test_a_quarantine_survives_a_join_killed_and_restarted_and_its_page_fires_once_and_resolves_once(
+    kafka_settings: Any, tmp_path: Path
+) -> None:
+    """Issue 27 item 4's loose end: a quarantine lived in the join's memory, so after a kill -9 its page kept
+    firing with nothing behind it, and the next flood paged again. Now the restarted join holds it again
+    from its claim on ttft.alerts: /healthz and `ttft rules status` show it, the flood goes on without a
+    second page, and once the producer is fixed the page resolves, once."""
+    good = build_traffic(300, start_ms=time.time() * 1000 - 60_000, malformed_share=0.0, dup_share=0.0)
+    env = pipeline_env(
+        kafka_settings,
+        tmp_path,
+        TTFT_CAPS__HALT_WINDOW_MESSAGES="500",
+        TTFT_CAPS__HALT_DEAD_LETTER_SHARE="0.5",
+        TTFT_CAPS__QUARANTINE_RELEASE_MESSAGES="1000",
+    )
+    pipe = Pipeline(env, tmp_path)
+    topic, bootstrap = kafka_settings.topic("stage-events"), kafka_settings.kafka_bootstrap
+    group = f"app-{kafka_settings.topic_prefix}-join"
+    source = "partition 3 (no producer header)"
+
+    def transitions() -> list[tuple[str, str]]:
+        raw = asyncio.run(read_topic(bootstrap, kafka_settings.topic("alerts")))
+        return [(p["state"], p["labels"]["source"]) for p in (orjson.loads(v) for _, v in raw)]
+
+    def health(join: Any) -> list[Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{join.port}/healthz", timeout=5) as resp:
+            return [q["source"] for q in orjson.loads(resp.read())["quarantined_sources"]]
+
+    def drained() -> None:
+        pipe.wait_for(lambda: group_lag(bootstrap, group, [topic]) == 0, 120, "the join to drain")
+
+    try:
+        join = pipe.start("join", _free_port())
+        pipe.wait_healthy(join)
+        asyncio.run(_produce_to_partition(bootstrap, topic, 3, [b"{not json at all"] * 600))
+        drained()
+        assert transitions() == [("firing", source)] and health(join) == [source]
+        join.proc.send_signal(signal.SIGKILL)
+        join.proc.wait(10)
+
+        again = pipe.start("join", _free_port())
+        pipe.wait_healthy(again)
+        assert health(again) == [source], again.log()[-3000:]  # held again, from its claim
+        asyncio.run(_produce_to_partition(bootstrap, topic, 3, [b"\x00\xffgarbage"] * 600))  # still broken
+        drained()
+        assert transitions() == [("firing", source)]  # no second page
+        assert again.metric("ttft_caps_tripped_total") == 0  # held, not judged again
+        status = subprocess.run(
+            [sys.executable, "-m", "streams.cli.main", "rules", "status"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert f"QUARANTINED {source} since" in status.stdout, status.stdout + status.stderr
+        produce_sync(bootstrap, topic, good.messages)  # fixed: clean messages release it
+        drained()
+        pipe.wait_for(lambda: health(again) == [], 60, "the quarantine to be released")
+        assert transitions() == [("firing", source), ("resolved", source)]
+        assert pipe.stop(again) == 0
+    finally:
+        pipe.stop_all()
 
 
 def test_one_tenants_bad_deploy_is_quarantined_and_everyone_else_keeps_flowing(

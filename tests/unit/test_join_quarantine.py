@@ -4,6 +4,7 @@ from typing import Any
 import orjson
 from aiokafka import ConsumerRecord, TopicPartition
 
+from streams.alerting.outbox import DeliveryState
 from streams.app.join_guard import QUARANTINE_ALERT
 from streams.views.quarantines import fold_quarantines, quarantine_lines
 from tests.support.fake_kafka import FakeProducer
@@ -62,7 +63,108 @@ def test_a_producer_that_names_itself_is_quarantined_alone() -> None:
     flood = [garbage(100 + i, producer=b"batch-importer") for i in range(300)]
     asyncio.run(rig.runner.process({rig.tp: flood}))
     [page] = alerts(producer)
-    assert page["labels"]["source"] == "partition 3 producer 'batch-importer'"
+    assert page["labels"]["source"] == "producer 'batch-importer'"  # one page on whichever partitions
+    assert page["claim"] == {"holder": "3", "kind": "producer", "name": "batch-importer", "partition": "3"}
+
+
+# --- one page per source, whoever holds it, across restarts (issue 27 item 4's loose ends) -------------
+
+
+def worker(producer: FakeProducer, partitions: tuple[int, ...], **caps: Any) -> Any:
+    rig = join_rig(producer, caps={"halt_window_messages": 100, "quarantine_release_messages": 300, **caps})
+    rig.runner.owned = {TopicPartition(TOPIC, p) for p in partitions}
+    return rig
+
+
+def flood(rig: Any, partition: int, first: int, n: int = 300, name: bytes | None = b"svc") -> None:
+    tp = TopicPartition(TOPIC, partition)
+    asyncio.run(rig.runner.process({tp: [garbage(first + i, partition, name) for i in range(n)]}))
+
+
+def clean(rig: Any, partition: int, first: int, requests: int = 60) -> None:
+    tp = TopicPartition(TOPIC, partition)
+    fetch = [complete_request(first + 10 * i)[TopicPartition(TOPIC, 3)] for i in range(requests)]
+    records = [
+        ConsumerRecord(TOPIC, partition, r.offset, r.timestamp, 0, r.key, r.value, None, 0, 0, [])  # type: ignore[call-arg]
+        for request in fetch
+        for r in request
+    ]
+    asyncio.run(rig.runner.process({tp: records}))
+
+
+def pages(*producers: FakeProducer) -> list[tuple[str, str]]:
+    """What Alertmanager is told, folding every worker's claims as the delivery loop does."""
+    state = DeliveryState()
+    told: list[tuple[str, str]] = []
+    for producer in producers:
+        for _, _, value in producer.values("u.alerts"):
+            state.fold_message(value)
+            told += [(d.transition.state, d.transition.labels["source"]) for d in state.due(0.0, 60.0) if not d.resend]
+            state.mark_delivered(state.due(0.0, 60.0), 0.0)
+    return told
+
+
+def test_two_workers_quarantining_the_same_producer_page_once_and_resolve_once() -> None:
+    """Item 2: workers A (partitions 0, 1) and B (2, 3) each quarantine producer 'svc' on their partition:
+    one alert (identity = the source, not the worker), firing once; A's release alone resolves nothing."""
+    shared = FakeProducer()
+    a, b = worker(shared, (0, 1)), worker(shared, (2, 3))
+    flood(a, 1, 100)
+    flood(b, 3, 100)
+    fired = alerts(shared)
+    assert [(m["state"], m["claim"]["holder"]) for m in fired] == [("firing", "1"), ("firing", "3")]
+    assert len({m["fingerprint"] for m in fired}) == 1
+    assert pages(shared) == [("firing", "producer 'svc'")]
+    [held] = fold_quarantines(v for _, _, v in shared.values("u.alerts"))
+    assert (held.source, held.holders) == ("producer 'svc'", ("1", "3"))
+    assert "(held on partitions 1, 3)" in quarantine_lines([held])[0]
+    clean(a, 1, 1_000)  # fixed where A reads it: A's claim resolves, B still holds the page
+    assert [m["state"] for m in alerts(shared)] == ["firing", "firing", "resolved"]
+    assert pages(shared) == [("firing", "producer 'svc'")]
+    assert [q.holders for q in fold_quarantines(v for _, _, v in shared.values("u.alerts"))] == [("3",)]
+    clean(b, 3, 1_000)
+    assert pages(shared) == [("firing", "producer 'svc'"), ("resolved", "producer 'svc'")]
+    assert fold_quarantines(v for _, _, v in shared.values("u.alerts")) == []
+
+
+def test_a_restarted_worker_holds_its_quarantines_again_without_a_second_page() -> None:
+    """Item 1: the quarantine outlives the join's memory. A restarted worker reads the firing claims of its
+    partitions from ttft.alerts, holds them again (health, metrics), pages nothing while the flood goes on,
+    and resolves the page once the source is fixed."""
+    before = FakeProducer()
+    first = worker(before, (2, 3))
+    flood(first, 3, 100, name=None)
+    assert pages(before) == [("firing", "partition 3 (no producer header)")]
+
+    after = FakeProducer()
+    second = worker(after, (2, 3))  # kill -9, restart: nothing in memory
+    held = second.fold.quarantines.restore({2, 3}, [v for _, _, v in before.values("u.alerts")])
+    assert [s.describe() for s in held] == ["partition 3 (no producer header)"]
+    health = second.fold.metrics.health["quarantined_sources"]
+    assert [(q["source"], q["partitions"]) for q in health] == [("partition 3 (no producer header)", [3])]
+    assert second.fold.metrics.quarantined_sources.labels("producer")._value.get() == 1
+    flood(second, 3, 400, n=500, name=None)  # still broken: dead-lettered, no second page
+    assert alerts(after) == []
+    assert len(after.values("u.dead-letter")) == 500
+    clean(second, 3, 1_000)
+    assert pages(before, after) == [
+        ("firing", "partition 3 (no producer header)"),
+        ("resolved", "partition 3 (no producer header)"),
+    ]
+
+
+def test_a_revoked_partition_leaves_its_claim_to_the_next_owner() -> None:
+    """A rebalance moves partition 3: the old owner forgets its quarantine without resolving it, the new
+    owner holds it again, and a tenant quarantined on two workers' partitions pages once."""
+    shared = FakeProducer()
+    old = worker(shared, (2, 3))
+    flood(old, 3, 100, name=None)
+    old.fold.revoke({TopicPartition(TOPIC, 3)})
+    assert old.fold.guard.quarantined == {} and old.fold.metrics.health["quarantined_sources"] == []
+    new = worker(shared, (3,))
+    assert new.fold.quarantines.restore({3}, [v for _, _, v in shared.values("u.alerts")])
+    assert new.fold.guard.is_quarantined(None, 3, None)
+    assert [m["state"] for m in alerts(shared)] == ["firing"]  # nothing resolved, nothing paged again
 
 
 # --- bound producers (issue 27 item 7) ---------------------------------------------------------------
