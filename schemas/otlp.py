@@ -28,6 +28,11 @@ from schemas.dead_letter import DeadLetter, make_dead_letter
 from streams.settings import CapsConfig
 
 OtlpEncoding = Literal["otlp_proto", "otlp_json"]
+#: Where a span's tenant may come from (the setting ``otlp.tenant_source``): ``attributes``, any tenant
+#: attribute on the span or its resource (the span's own first); ``resource``, the resource's ``tenant.id``
+#: alone, which the Collector's authenticated-tenant recipe (deploy/otel/auth.yaml) writes from the
+#: client's credential: tenant claims on the span, and ``ttft.tenant_id`` anywhere, are dropped.
+TenantSource = Literal["attributes", "resource"]
 AttrValue = str | bool | int | float
 Attributes = dict[str, AttrValue]
 
@@ -41,6 +46,8 @@ _JSON_ERRORS: Final = (
     ValueError,
     AttributeError,
 )
+#: The attributes that name a tenant (streams/core/otlp_mapping.py, ``CONTEXT_ATTRS["tenant_id"]``).
+_TENANT_CLAIMS: Final = ("ttft.tenant_id", "tenant.id")
 _HEX_ID_KEYS: Final = frozenset({"traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id"})
 
 
@@ -89,11 +96,12 @@ def decode_otlp_message(
     kafka_timestamp_ms: int | None,
     caps: CapsConfig,
     received_at_ms: float,
+    tenant_source: TenantSource = "attributes",
 ) -> list[OtlpSpan] | DeadLetter:
     """The spans of one ``otlp_spans`` message, or a dead letter (``otlp_decode``) saying why not."""
     raw = b"" if raw_value is None else bytes(raw_value)
     try:
-        return parse_spans(raw, encoding)
+        return parse_spans(raw, encoding, tenant_source)
     except OtlpDecodeError as exc:
         return make_dead_letter(
             "otlp_decode",
@@ -108,8 +116,9 @@ def decode_otlp_message(
         )
 
 
-def parse_spans(raw: bytes, encoding: OtlpEncoding) -> list[OtlpSpan]:
-    """Parse ``raw`` into spans; raises :class:`OtlpDecodeError`."""
+def parse_spans(raw: bytes, encoding: OtlpEncoding, tenant_source: TenantSource = "attributes") -> list[OtlpSpan]:
+    """Parse ``raw`` into spans (their tenant attributes as ``tenant_source`` says); raises
+    :class:`OtlpDecodeError`."""
     request = ExportTraceServiceRequest()
     if encoding == "otlp_proto":
         try:
@@ -129,13 +138,16 @@ def parse_spans(raw: bytes, encoding: OtlpEncoding) -> list[OtlpSpan]:
             AttributeError,
         ) as exc:
             raise OtlpDecodeError(f"not OTLP/JSON: {str(exc)[:200]}") from None
-    return _flatten(request)
+    return _flatten(request, tenant_source == "resource")
 
 
-def _flatten(request: ExportTraceServiceRequest) -> list[OtlpSpan]:
+def _flatten(request: ExportTraceServiceRequest, tenant_from_resource: bool = False) -> list[OtlpSpan]:
     spans: list[OtlpSpan] = []
     for resource_spans in request.resource_spans:
         resource = _attributes(resource_spans.resource.attributes)
+        resource_tenant = resource.get("tenant.id")
+        if tenant_from_resource:
+            resource.pop("ttft.tenant_id", None)
         for scope_spans in resource_spans.scope_spans:
             scope_name, scope_version = scope_spans.scope.name, scope_spans.scope.version
             for span in scope_spans.spans:
@@ -144,6 +156,12 @@ def _flatten(request: ExportTraceServiceRequest) -> list[OtlpSpan]:
                 span_id = _hex_id(span.span_id, _SPAN_ID_BYTES, f"{where}: span_id")
                 parent = _hex_id(span.parent_span_id, _SPAN_ID_BYTES, f"{where}: parent_span_id", optional=True)
                 events = tuple(OtlpSpanEvent(e.name, e.time_unix_nano, _attributes(e.attributes)) for e in span.events)
+                attributes = {**resource, **_attributes(span.attributes)}
+                if tenant_from_resource:
+                    for name in _TENANT_CLAIMS:
+                        attributes.pop(name, None)
+                    if resource_tenant is not None:
+                        attributes["tenant.id"] = resource_tenant
                 spans.append(
                     OtlpSpan(
                         trace_id=trace_id,
@@ -152,7 +170,7 @@ def _flatten(request: ExportTraceServiceRequest) -> list[OtlpSpan]:
                         name=span.name,
                         start_ns=span.start_time_unix_nano,
                         end_ns=span.end_time_unix_nano,
-                        attributes={**resource, **_attributes(span.attributes)},
+                        attributes=attributes,
                         events=events,
                         scope_name=scope_name,
                         scope_version=scope_version,

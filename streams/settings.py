@@ -241,6 +241,13 @@ class OtlpConfig(_Section):
         description="Bound on one trace's changelog value (below the producer's batch and Kafka's default "
         "message size); a span past it is dead-lettered too_many_events.",
     )
+    tenant_source: Literal["attributes", "resource"] = Field(
+        "attributes",
+        description="Where a span's tenant comes from: 'attributes', any tenant.id or ttft.tenant_id on the span "
+        "or its resource (the span's own first); 'resource', the resource's tenant.id alone, which the "
+        "authenticated-tenant Collector recipe (deploy/otel/auth.yaml) writes from the client's bearer token: "
+        'tenant claims on spans are ignored (docs/otlp-mapping.md, "Authenticated tenants").',
+    )
 
 
 class TenancyConfig(_Section):
@@ -337,13 +344,28 @@ class OtelCollectorConfig(_Section):
     http_port: int = Field(4318, gt=0, le=65535, description="OTLP/HTTP receiver (POST /v1/traces).")
     prometheus_port: int = Field(8889, gt=0, le=65535, description="/metrics of the spanmetrics histograms.")
     telemetry_port: int = Field(8888, gt=0, le=65535, description="/metrics of the Collector's own telemetry.")
+    auth_keys: str | None = Field(
+        None,
+        description="The JWKS file of the tenants' bearer tokens (`ttft otel keys`): set, `ttft otel up` runs the "
+        "Collector with deploy/otel/auth.yaml, so every OTLP client needs its tenant's token and the tenant is "
+        'the token\'s (docs/otlp-mapping.md, "Authenticated tenants").',
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> OtelCollectorConfig:
-        ports = (self.grpc_port, self.http_port, self.prometheus_port, self.telemetry_port)
-        if len(set(ports)) != len(ports):
+        ports = self.ports()
+        if len(set(ports.values())) != len(ports):
             raise ValueError("otel: the four Collector ports must differ")
         return self
+
+    def ports(self) -> dict[str, int]:
+        """The four ports by setting name."""
+        return {
+            "grpc_port": self.grpc_port,
+            "http_port": self.http_port,
+            "prometheus_port": self.prometheus_port,
+            "telemetry_port": self.telemetry_port,
+        }
 
 
 class DashboardsConfig(_Section):

@@ -87,6 +87,7 @@ class OtlpFold(KeyedStateFold):
                         kafka_timestamp_ms=record.timestamp,
                         caps=s.caps,
                         received_at_ms=now_ms,
+                        tenant_source=s.otlp.tenant_source,
                     )
                     if isinstance(decoded, DeadLetter):
                         outputs: list[Output] = [decoded]

@@ -42,6 +42,8 @@ WITHOUT_JSON: Final[dict[str, str]] = {
     "kafka down": "an action; `ttft kafka status --json` reports the broker",
     "otel up": "an action; `ttft otel status --json` reports the Collector",
     "otel down": "an action; `ttft otel status --json` reports the Collector",
+    "otel keys": "an action; it prints the two paths it wrote",
+    "otel token": "prints the token alone, for a shell variable or a secret store",
     "grafana push": "an action against a Grafana; its changes are listed one per line",
     "config default": "prints a file (the default config, YAML), not a report",
 }

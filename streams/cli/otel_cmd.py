@@ -19,20 +19,35 @@ from streams.cli.conventions import echo_json, json_option
 from streams.cli.otel_check import SpanSourceError, read_span_file, read_topic, report_lines
 from streams.core.otlp_check import check_traces
 from streams.kafka.topics import wait_for_broker
-from streams.otel.collector import CollectorError, LocalCollector, missing_binary, otlp_env
+from streams.otel.collector import AUTH_OVERLAY, CollectorError, LocalCollector, missing_binary, otlp_env
+from streams.otel.tokens import KEY_FILE, TokenError, TokenKeys, make_keys, mint
 from streams.settings import Settings, load_settings
 
 
 def _collector(settings: Settings) -> LocalCollector:
     """The Collector of these settings: its ports, the broker, and the worker's span topic and encoding (a
-    ``TTFT_CONFIG`` YAML ``otlp:`` section reaches the Collector too, not only the environment)."""
+    ``TTFT_CONFIG`` YAML ``otlp:`` section reaches the Collector too, not only the environment); with
+    ``otel.auth_keys``, the authenticated-tenant overlay (deploy/otel/auth.yaml) reading that JWKS file."""
+    env = otlp_env(settings.otlp)
+    overlays: tuple[Path, ...] = ()
+    if settings.otel.auth_keys:
+        env["TTFT_OTEL__AUTH_KEYS"] = str(Path(settings.otel.auth_keys).resolve())
+        overlays = (AUTH_OVERLAY,)
     return LocalCollector(
         Path(settings.home) / "otel",
         ports=settings.otel,
         kafka_bootstrap=settings.kafka_bootstrap,
         detach=True,
-        env=otlp_env(settings.otlp),
+        env=env,
+        overlays=overlays,
     )
+
+
+def _auth_dir(settings: Settings) -> Path:
+    """Where the tenant-token key lives: beside ``otel.auth_keys``, else ``$TTFT_HOME/otel-auth``."""
+    if settings.otel.auth_keys:
+        return Path(settings.otel.auth_keys).resolve().parent
+    return Path(settings.home) / "otel-auth"
 
 
 @click.group()
@@ -71,6 +86,47 @@ def up(timeout_s: float) -> None:
     )
     click.echo(f"  spanmetrics  {collector.metrics_url}")
     click.echo(f"  telemetry    {collector.telemetry_url}")
+    if settings.otel.auth_keys:
+        click.echo(f"  auth         each client's tenant bearer token (keys {settings.otel.auth_keys})")
+        if settings.otlp.tenant_source != "resource":
+            click.echo(
+                "  warning      otlp.tenant_source is not 'resource': the worker still reads tenant claims on spans"
+            )
+
+
+@otel.command()
+@click.option(
+    "--dir", "directory", type=click.Path(file_okay=False, path_type=Path), help="Default: $TTFT_HOME/otel-auth."
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing key (every token signed with it stops working).")
+def keys(directory: Path | None, overwrite: bool) -> None:
+    """Make the Ed25519 key that signs the tenants' bearer tokens, and its JWKS file for the Collector."""
+    directory = directory or _auth_dir(load_settings())
+    try:
+        made = make_keys(directory, overwrite=overwrite)
+    except TokenError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"private key  {made.key} (keep it secret: it mints any tenant's token)")
+    click.echo(f"public keys  {made.jwks}")
+    click.echo(
+        f"next: TTFT_OTEL__AUTH_KEYS={made.jwks} TTFT_OTLP__TENANT_SOURCE=resource, then `ttft otel token <tenant>`"
+    )
+
+
+@otel.command()
+@click.argument("tenant")
+@click.option(
+    "--key", type=click.Path(dir_okay=False, path_type=Path), help=f"Default: {KEY_FILE} of `ttft otel keys`."
+)
+@click.option("--days", default=365.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+def token(tenant: str, key: Path | None, days: float) -> None:
+    """Print TENANT's bearer token (clients send `Authorization: Bearer <token>`; OTel SDKs:
+    OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer <token>")."""
+    key = key or TokenKeys.in_dir(_auth_dir(load_settings())).key
+    try:
+        click.echo(mint(key, tenant, days=days))
+    except TokenError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @otel.command()

@@ -33,6 +33,9 @@ BINARY_ENV = "TTFT_OTELCOL_BIN"
 DEFAULT_CONFIG = _REPO_ROOT / "deploy" / "otel" / "collector.yaml"
 #: The overlay that sets the tenant with the Collector alone (docs/otlp-mapping.md).
 TENANT_OVERLAY = _REPO_ROOT / "deploy" / "otel" / "tenant.yaml"
+#: The overlay that takes the tenant from each client's bearer token (docs/otlp-mapping.md, "Authenticated
+#: tenants"); it reads the JWKS file from ``TTFT_OTEL__AUTH_KEYS``.
+AUTH_OVERLAY = _REPO_ROOT / "deploy" / "otel" / "auth.yaml"
 HOST = "127.0.0.1"
 
 
@@ -191,7 +194,7 @@ class LocalCollector:
         problem = missing_binary(self.binary)
         if problem:
             raise CollectorError(problem)
-        for name, port in self.ports.model_dump().items():
+        for name, port in self.ports.ports().items():
             if not port_is_free(HOST, port):
                 raise CollectorError(f"otel {name} {HOST}:{port} is in use by another process")
         self.data_dir.mkdir(parents=True, exist_ok=True)

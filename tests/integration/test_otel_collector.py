@@ -194,7 +194,7 @@ def test_cli_up_status_down(kafka_settings: Settings, tmp_path: Path) -> None:
         **os.environ,
         "TTFT_HOME": str(tmp_path),
         "TTFT_KAFKA_BOOTSTRAP": kafka_settings.kafka_bootstrap,
-        **{f"TTFT_OTEL__{name.upper()}": str(port) for name, port in ports.model_dump().items()},
+        **{f"TTFT_OTEL__{name.upper()}": str(port) for name, port in ports.ports().items()},
     }
 
     def ttft(*args: str) -> subprocess.CompletedProcess[str]:

@@ -46,7 +46,9 @@ def test_collector_config_defaults_are_the_settings_defaults() -> None:
     defaults = dict(re.findall(r"\$\{env:(TTFT_[A-Z_]+):-([^}]*)\}", text))
     settings = Settings()
     ours = {name: value for name, value in defaults.items() if name.startswith("TTFT_OTEL__")}
-    assert ours == {f"TTFT_OTEL__{k.upper()}": str(v) for k, v in settings.otel.model_dump().items()}
+    # The ports; otel.auth_keys is read by the auth overlay alone (deploy/otel/auth.yaml).
+    assert ours == {f"TTFT_OTEL__{k.upper()}": str(v) for k, v in settings.otel.ports().items()}
+    assert set(settings.otel.model_dump()) == {*settings.otel.ports(), "auth_keys"}
     assert defaults["TTFT_KAFKA_BOOTSTRAP"] == settings.kafka_bootstrap
     collector = LocalCollector(Path("x"), ports=settings.otel, kafka_bootstrap=settings.kafka_bootstrap)
     assert set(ours) <= set(collector.environment())
