@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -12,6 +13,7 @@ from streams.alerting.alertmanager import AlertmanagerClient
 from streams.alerting.outbox import DeliveryOptions, run_delivery_loop
 from streams.alerting.supervise import supervise
 from streams.app.alerting_hook import AlertingHook
+from streams.app.gate_board import GateBoard
 from streams.app.metrics import WorkerMetrics
 from streams.app.store_outage import halt_page
 from streams.app.window_closer import WindowCloser
@@ -77,6 +79,25 @@ async def resume(settings: Settings, closer: WindowCloser, alerting: AlertingHoo
     await alerting.rebuild(closer)
 
 
+async def _show_gates(writer: Any, settings: Settings, metrics: WorkerMetrics, publisher: TopicPublisher) -> None:
+    """Publish and store the gates that keep rules silent, and keep the quarantines on the board
+    (:mod:`streams.app.gate_board`); a replay's writer leaves them to the live one."""
+    if settings.replay:
+        return
+    board = GateBoard(settings, writer.store_call, publisher.publish, metrics.worker_id)
+    await board.start()
+    await publisher.flush()
+    stop = asyncio.Event()
+    task = asyncio.create_task(board.run(stop))
+
+    async def stop_board() -> None:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, timeout=10)
+
+    writer.on_stop.append(stop_board)
+
+
 async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics) -> WindowCloser:
     """Attach the window closer, the rule engine and (with an Alertmanager URL) the delivery loop."""
     publisher = TopicPublisher(settings)
@@ -94,6 +115,7 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
         await publisher.flush()
 
     writer.halt_page = page
+    await _show_gates(writer, settings, metrics, publisher)
     # At stop the queued closes run first: they publish alerts, which the delivery loop then still sends.
     writer.on_stop.append(closer.stop)
 

@@ -11,7 +11,7 @@ from typing import Final
 
 from streams.grafana.boards_latency import IN_RANGE, tenant_variable
 from streams.grafana.model import FORMAT_TIME_SERIES, DashboardSpec, PanelSpec
-from streams.grafana.panels_rules import rule_outcomes, undecided_series
+from streams.grafana.panels_rules import rule_gates, rule_outcomes, undecided_series
 from streams.grafana.sql import TENANT, count_rows, literal, selected, where
 
 #: ``pipeline_stats.metric`` names shown here (streams/store/stats_store.py).
@@ -163,7 +163,8 @@ def pipeline_health() -> DashboardSpec:
         title="TTFT pipeline health",
         description="Is the measurement itself healthy: dead letters, late data, LLM calls without a first "
         "chunk, open requests and evictions, series caps, consumer lag, ClickHouse insert latency, and whether "
-        "the alert rules had enough traffic to decide.",
+        "the alert rules had enough traffic to decide, and what keeps a rule silent (paused, muted, unwatched "
+        "tenants, quarantined sources).",
         variables=(tenant_variable(),),
         panels=(
             _dead_letters(),
@@ -193,6 +194,7 @@ def pipeline_health() -> DashboardSpec:
                 "ms",
                 combine="max",
             ),
+            rule_gates(),
             rule_outcomes(),
             undecided_series(),
         ),

@@ -87,6 +87,10 @@ TEXT_COLUMNS: Final = frozenset(
         "tenant_key",
         "version_key",
         "canary_key",
+        "gate",
+        "scope",
+        "detail",
+        "since",
     }
 )
 

@@ -1,7 +1,9 @@
-"""Panels over ``rule_evaluations``: whether the alert rules could decide, per outcome and per series.
+"""Panels over ``rule_evaluations`` and ``rule_gates``: whether the alert rules could decide, per outcome
+and per series, and what keeps a rule silent.
 
-A rule that lacks samples even over its largest span reports ``insufficient_traffic``; these panels make
-that silence visible (on-call must be able to tell "fine" from "never looked").
+A rule that lacks samples even over its largest span reports ``insufficient_traffic``; a rule can also be
+switched off, paging muted, the silence rule limited to registered tenants, a source quarantined. These
+panels make that silence visible (on-call must be able to tell "fine" from "never looked").
 """
 
 from __future__ import annotations
@@ -83,4 +85,24 @@ def undecided_series() -> PanelSpec:
         "after_windows gets a TTFTRuleUndecidable ticket.",
         unit="short",
         width=24,
+    )
+
+
+def rule_gates() -> PanelSpec:
+    """The gates in force now (the latest row of each, active): not time-ranged, a gate is current state."""
+    return PanelSpec(
+        title="What keeps rules silent",
+        kind="table",
+        sql="SELECT gate, rule, scope, detail, since\nFROM rule_gates FINAL\nWHERE active\nORDER BY gate, rule, scope",
+        fmt=FORMAT_TABLE,
+        columns=("gate", "rule", "scope", "detail", "since"),
+        expect_sql="SELECT count() FROM rule_gates FINAL WHERE active",
+        description="Gates in force that keep a rule from paging, whatever the time range: paging_muted (alerts "
+        "stored, never paged), rule_paused (rules.<rule>.enabled false), registered_only (tenancy.registered: "
+        "TTFTTenantSilent watches only the registered tenants in scope; the shared pool's tenants are not "
+        "watched), quarantined (a source the join's dead-letter guard holds; its invalid events are not "
+        "judged). Written by the writer at start and as quarantines change; ttft rules status shows the same.",
+        unit="short",
+        width=24,
+        height=6,
     )

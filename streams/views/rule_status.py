@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streams.alerting.outbox import topic_partitions
 from streams.kafka.topics import kafka_client_kwargs
+from streams.rules.gates import Gate, gates_from_message, is_gates_message
 from streams.rules.model import DECIDED_OUTCOMES, RuleEvaluation
 from streams.settings import Settings
 
@@ -29,11 +30,15 @@ SPAN_RULES: frozenset[str] = frozenset({"TTFTStageRegression", "TTFTCanaryFailed
 
 
 def fold_statuses(messages: Iterable[bytes | None]) -> dict[str, RuleEvaluation]:
-    """The newest evaluation per series; malformed messages are skipped (and logged)."""
+    """The newest evaluation per series; malformed messages are skipped (and logged), the writer's gates
+    (:func:`fold_gates`) quietly."""
     latest: dict[str, RuleEvaluation] = {}
     for value in messages:
         try:
-            evaluation = RuleEvaluation.from_message(orjson.loads(value or b""))
+            message = orjson.loads(value or b"")
+            if is_gates_message(message):
+                continue
+            evaluation = RuleEvaluation.from_message(message)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("skipping malformed rule evaluation: %s", exc)
             continue
@@ -41,6 +46,21 @@ def fold_statuses(messages: Iterable[bytes | None]) -> dict[str, RuleEvaluation]
         if current is None or evaluation.window_start >= current.window_start:
             latest[evaluation.key] = evaluation
     return latest
+
+
+def fold_gates(messages: Iterable[bytes | None]) -> list[Gate] | None:
+    """The gates the latest writer published on ``ttft.rule-evaluations`` (None: no writer published any)."""
+    found: list[Gate] | None = None
+    for value in messages:
+        if not value or b'"kind"' not in value:
+            continue
+        try:
+            message = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            continue
+        if is_gates_message(message):
+            found = gates_from_message(message)
+    return found
 
 
 async def read_statuses(settings: Settings, *, timeout_s: float = 30.0) -> dict[str, RuleEvaluation]:

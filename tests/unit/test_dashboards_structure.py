@@ -69,6 +69,7 @@ REPLACING_TABLES = (
     "canary_verdicts",
     "alerts",
     "rule_evaluations",
+    "rule_gates",
 )
 ARGLESS = ("fromTime", "toTime", "fromTime_ms", "toTime_ms", "interval_s", "table", "column")
 ALLOWED_CALCS = {"lastNotNull", "last", "max", "min", "first", "firstNotNull", "count", "range"}
