@@ -75,6 +75,9 @@ class OtlpSpan:
     #: The instrumentation scope that made the span (e.g. ``openinference.instrumentation.openai``).
     scope_name: str = ""
     scope_version: str = ""
+    #: With ``tenant_source: resource``: the span, or its resource as ``ttft.tenant_id``, named a tenant other
+    #: than its resource's ``tenant.id`` (the authenticated one), and that claim was dropped.
+    ignored_tenant_claim: bool = False
 
     @property
     def is_root(self) -> bool:
@@ -146,8 +149,7 @@ def _flatten(request: ExportTraceServiceRequest, tenant_from_resource: bool = Fa
     for resource_spans in request.resource_spans:
         resource = _attributes(resource_spans.resource.attributes)
         resource_tenant = resource.get("tenant.id")
-        if tenant_from_resource:
-            resource.pop("ttft.tenant_id", None)
+        resource_claim = resource.pop("ttft.tenant_id", None) if tenant_from_resource else None
         for scope_spans in resource_spans.scope_spans:
             scope_name, scope_version = scope_spans.scope.name, scope_spans.scope.version
             for span in scope_spans.spans:
@@ -157,9 +159,10 @@ def _flatten(request: ExportTraceServiceRequest, tenant_from_resource: bool = Fa
                 parent = _hex_id(span.parent_span_id, _SPAN_ID_BYTES, f"{where}: parent_span_id", optional=True)
                 events = tuple(OtlpSpanEvent(e.name, e.time_unix_nano, _attributes(e.attributes)) for e in span.events)
                 attributes = {**resource, **_attributes(span.attributes)}
+                ignored = False
                 if tenant_from_resource:
-                    for name in _TENANT_CLAIMS:
-                        attributes.pop(name, None)
+                    claims = {attributes.pop(name, None) for name in _TENANT_CLAIMS} | {resource_claim}
+                    ignored = bool(claims - {None, resource_tenant})
                     if resource_tenant is not None:
                         attributes["tenant.id"] = resource_tenant
                 spans.append(
@@ -174,6 +177,7 @@ def _flatten(request: ExportTraceServiceRequest, tenant_from_resource: bool = Fa
                         events=events,
                         scope_name=scope_name,
                         scope_version=scope_version,
+                        ignored_tenant_claim=ignored,
                     )
                 )
     return spans

@@ -124,6 +124,12 @@ class WorkerMetrics:
             ["scope", "scope_version"],
             registry=r,
         )
+        self.otlp_tenant_claims_ignored = Counter(
+            "ttft_otlp_tenant_claims_ignored",
+            "OTLP spans naming a tenant other than their resource's tenant.id, the claim dropped "
+            "(otlp.tenant_source: resource; docs/otlp-mapping.md, Authenticated tenants)",
+            registry=r,
+        )
         self.otlp_spans_held = Gauge("ttft_otlp_spans_held", "OTLP spans held until their trace resolves", registry=r)
         self.otlp_traces_held = Gauge("ttft_otlp_traces_held", "OTLP traces held, not yet resolved", registry=r)
         self.health: dict[str, Any] = {"status": "starting", "role": role, "worker_id": worker_id}

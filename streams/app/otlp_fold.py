@@ -92,6 +92,9 @@ class OtlpFold(KeyedStateFold):
                     if isinstance(decoded, DeadLetter):
                         outputs: list[Output] = [decoded]
                     else:
+                        ignored = sum(span.ignored_tenant_claim for span in decoded)
+                        if ignored:
+                            self.metrics.otlp_tenant_claims_ignored.inc(ignored)
                         outputs = self.core.add_message(decoded, tp.partition, record.offset, now_ms)
                 except Exception as exc:  # neither raises; should one, this message alone is lost
                     log.exception(

@@ -22,7 +22,7 @@ from typing import Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas.otlp import OtlpDecodeError, OtlpEncoding, OtlpSpan, parse_spans
+from schemas.otlp import OtlpDecodeError, OtlpEncoding, OtlpSpan, TenantSource, parse_spans
 from streams.alerting.outbox import topic_partitions
 from streams.core.otlp_check import ScopeReport, TraceFinding, fix_for
 from streams.kafka.topics import kafka_client_kwargs
@@ -96,7 +96,9 @@ async def read_topic_traces(settings: Settings, traces: int, *, timeout_s: float
         while True:
             starts = {tp: max(begins[tp], ends[tp] - window) for tp in tps}
             edges = {tp: start + _EDGE_MESSAGES if start > begins[tp] else start for tp, start in starts.items()}
-            messages, cut = await _read_tail(consumer, starts, ends, edges, encoding, deadline)
+            messages, cut = await _read_tail(
+                consumer, starts, ends, edges, encoding, deadline, settings.otlp.tenant_source
+            )
             whole = all(starts[tp] == begins[tp] for tp in tps)
             found = len({s.trace_id for spans in messages for s in spans} - cut)
             if found >= traces or whole:
@@ -113,6 +115,7 @@ async def _read_tail(
     edges: dict[TopicPartition, int],
     encoding: OtlpEncoding,
     deadline: float,
+    tenant_source: TenantSource = "attributes",
 ) -> tuple[list[list[OtlpSpan]], set[str]]:
     """Every message from ``starts`` to ``ends`` (partitions one after another), decoded; a message that does
     not decode is skipped (the worker dead-letters it). Also the trace ids seen before ``edges`` (a tail's
@@ -129,7 +132,7 @@ async def _read_tail(
                 if record.offset >= ends[tp]:
                     break
                 try:
-                    spans = parse_spans(record.value or b"", encoding)
+                    spans = parse_spans(record.value or b"", encoding, tenant_source)
                 except OtlpDecodeError:
                     continue
                 messages.append(spans)

@@ -170,6 +170,11 @@ def test_the_tenant_is_the_authenticated_clients_and_unauthenticated_clients_are
         assert set(on_topic) == {spec.trace_id.hex() for spec, _ in accepted}
         # On the topic already, every span's resource names the authenticated tenant alone.
         assert {spec.rid: on_topic[spec.trace_id.hex()] for spec, _ in accepted} == {r: {t} for r, t in want.items()}
+        # Every span of the trace claiming globex on its spans had its claims dropped, and counted.
+        assert join.metric("ttft_otlp_tenant_claims_ignored_total") == len(claim_spans.spans)
+        # The tokens stop at the receiver: none is in what the Collector wrote to Kafka.
+        values = [v for _, _, v in asyncio.run(read_topic_partitions(handle.bootstrap, handle.topic))]
+        assert not any(t.encode() in v for v in values for t in (acme, globex, forged, expired))
         assert join.alive()
         print(f"auth tenants: 5 clients refused, 4 requests landed {landed_s:.1f} s after the first export")
         print(f"auth tenants: the nine exports took {sent_s:.2f} s")

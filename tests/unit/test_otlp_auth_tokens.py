@@ -52,12 +52,17 @@ def test_resource_source_ignores_every_tenant_claim_on_spans() -> None:
     assert _tenants(raw, "resource") == {"acme"}
     spans = parse_spans(raw, "otlp_proto", "resource")
     assert all("ttft.tenant_id" not in s.attributes and s.attributes["tenant.id"] == "acme" for s in spans)
+    assert all(s.ignored_tenant_claim for s in spans)  # counted: ttft_otlp_tenant_claims_ignored
+    assert not any(s.ignored_tenant_claim for s in parse_spans(raw, "otlp_proto", "attributes"))
+    same = parse_spans(_message("acme", {"tenant.id": "acme"}), "otlp_proto", "resource")
+    assert not any(s.ignored_tenant_claim for s in same)  # a claim of its own tenant is no claim
 
 
 def test_resource_source_drops_ttft_tenant_id_on_the_resource_and_fails_closed_without_a_resource_tenant() -> None:
     raw = _message(None, {"tenant.id": "globex"})
     assert _tenants(raw, "attributes") == {"globex"}
     assert _tenants(raw, "resource") == {""}  # no tenant: the stage spans dead-letter missing_tenant
+    assert all(s.ignored_tenant_claim for s in parse_spans(raw, "otlp_proto", "resource"))
 
 
 def _claims(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
