@@ -16,6 +16,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from streams.alerting.outbox import DeliveryState
 from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce_sync, read_topic
 from tests.support.traffic import build_traffic
 
@@ -30,11 +31,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _produce_to_partition(bootstrap: str, topic: str, partition: int, values: list[bytes]) -> None:
+async def _produce_to_partition(
+    bootstrap: str, topic: str, partition: int, values: list[bytes], producer_name: bytes | None = None
+) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
+    headers = [("ttft-producer", producer_name)] if producer_name is not None else None
     await producer.start()
     try:
-        pending = [await producer.send(topic, value, key=b"bad", partition=partition) for value in values]
+        pending = [
+            await producer.send(topic, value, key=b"bad", partition=partition, headers=headers) for value in values
+        ]
         await asyncio.gather(*pending)
     finally:
         await producer.stop()
@@ -154,6 +160,72 @@ def test_a_quarantine_survives_a_join_killed_and_restarted_and_its_page_fires_on
         pipe.wait_for(lambda: health(again) == [], 60, "the quarantine to be released")
         assert transitions() == [("firing", source), ("resolved", source)]
         assert pipe.stop(again) == 0
+    finally:
+        pipe.stop_all()
+
+
+def _owned(worker: Any) -> set[int]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/healthz", timeout=2) as resp:
+        body = orjson.loads(resp.read())
+    return set(body.get("partitions") or ()) if body.get("status") == "ok" else set()
+
+
+def test_two_join_workers_quarantining_one_producer_page_once_and_a_kill_hands_the_claim_over(
+    kafka_settings: Any, tmp_path: Path
+) -> None:
+    """Item 2: join workers A and B (four partitions each) both quarantine producer 'svc' (it floods one
+    partition of each): one alert, paged once (its identity is the source, not the worker). A is killed;
+    B takes A's partitions and their claim, so the page neither resolves nor fires again, and once the
+    producer is fixed it resolves once."""
+    good = build_traffic(400, start_ms=time.time() * 1000 - 60_000, malformed_share=0.0, dup_share=0.0)
+    env = pipeline_env(
+        kafka_settings,
+        tmp_path,
+        TTFT_CAPS__HALT_WINDOW_MESSAGES="500",
+        TTFT_CAPS__HALT_DEAD_LETTER_SHARE="0.5",
+        TTFT_CAPS__QUARANTINE_RELEASE_MESSAGES="1000",
+    )
+    pipe = Pipeline(env, tmp_path)
+    topic, bootstrap = kafka_settings.topic("stage-events"), kafka_settings.kafka_bootstrap
+    group = f"app-{kafka_settings.topic_prefix}-join"
+    everyone = set(range(kafka_settings.partitions))
+
+    def told() -> list[tuple[str, str]]:
+        """What the alert delivery tells Alertmanager, folding ttft.alerts as it does."""
+        state = DeliveryState()
+        for _, value in asyncio.run(read_topic(bootstrap, kafka_settings.topic("alerts"))):
+            state.fold_message(value)
+        return sorted((d.transition.state, d.transition.labels["source"]) for d in state.due(0.0, 60.0))
+
+    def drained() -> None:
+        pipe.wait_for(lambda: group_lag(bootstrap, group, [topic]) == 0, 120, "the joins to drain")
+
+    try:
+        a = pipe.start("join", _free_port(), worker_id="join-a")
+        b = pipe.start("join", _free_port(), worker_id="join-b")
+        pipe.wait_healthy(a)
+        pipe.wait_healthy(b)
+        pipe.wait_for(lambda: _owned(a) and _owned(b) and _owned(a) | _owned(b) == everyone, 90, "a split")
+        on_a, on_b = min(_owned(a)), min(_owned(b))
+        for partition in (on_a, on_b):
+            asyncio.run(_produce_to_partition(bootstrap, topic, partition, [b"{broken"] * 600, b"svc"))
+        drained()
+        raw = [orjson.loads(v) for _, v in asyncio.run(read_topic(bootstrap, kafka_settings.topic("alerts")))]
+        assert sorted(int(m["claim"]["holder"]) for m in raw) == sorted((on_a, on_b))
+        assert {m["fingerprint"] for m in raw} == {raw[0]["fingerprint"]}  # one alert, two holders
+        assert told() == [("firing", "producer 'svc'")]
+
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(10)
+        pipe.wait_for(lambda: _owned(b) == everyone, 90, "B to take A's partitions")
+        with urllib.request.urlopen(f"http://127.0.0.1:{b.port}/healthz", timeout=5) as resp:
+            held = orjson.loads(resp.read())["quarantined_sources"]
+        assert sorted(p for q in held for p in q["partitions"]) == sorted((on_a, on_b)), held
+        assert told() == [("firing", "producer 'svc'")]  # handed over: not resolved, not paged again
+        produce_sync(bootstrap, topic, good.messages)  # fixed
+        drained()
+        pipe.wait_for(lambda: told() == [("resolved", "producer 'svc'")], 60, "the page to resolve")
+        assert pipe.stop(b) == 0
     finally:
         pipe.stop_all()
 
