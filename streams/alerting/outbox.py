@@ -105,6 +105,8 @@ class DeliveryState:
         self.pending.pop(fp, None)
         if transition.claim is not None and not self._fold_claim(fp, transition):
             return
+        if transition.claim is None and transition.state == "resolved" and self.claims.get(fp):
+            return  # a page from before claims, resolved while holders claim it again: theirs to resolve
         if transition.state == "firing":
             previous = self.firing.get(fp)
             self.firing[fp] = _Firing(transition, previous.first_sent if previous else None)

@@ -146,6 +146,8 @@ class JoinFold(KeyedStateFold):
     async def fold(self, records: Records, now_ms: float, view: PartitionView, emit: Emit) -> None:
         if len(self.quarantines.owned) != len(view.owned):  # the holders of a tenant quarantined now
             self.quarantines.owned = {tp.partition for tp in view.owned}
+        if self.quarantines.legacy:  # pages from before claims, resolved once (an upgrade)
+            self._report_quarantines(emit, 0, now_ms)
         folded: set[int] = set()
         for tp, items in records.items():
             core = self._core_partition(tp)

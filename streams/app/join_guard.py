@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
 
 from streams.alerting.outbox import alert_message
 from streams.app.metrics import WorkerMetrics
@@ -119,6 +121,13 @@ def _release_messages(settings: Settings) -> int:
     return caps.quarantine_release_messages or 5 * caps.halt_window_messages
 
 
+def _legacy_holder(message: dict[str, Any]) -> int:
+    """Who resolves a page fired before claims: the owner of its partition, or of partition 0 (a tenant's)."""
+    numbers = message.get("numbers")
+    partition = numbers.get("partition") if isinstance(numbers, dict) else None
+    return int(partition) if isinstance(partition, int | float) and partition >= 0 else 0
+
+
 class QuarantineReporter:
     """Turns the guard's new quarantines and releases into claims on their pages, logs, metrics and
     ``/healthz``; holds the quarantines of newly assigned partitions again (module docstring)."""
@@ -131,6 +140,9 @@ class QuarantineReporter:
         self.holders: dict[Source, set[int]] = {}
         #: The input partitions this worker owns (the holders of a tenant it quarantines).
         self.owned: set[int] = set()
+        #: Pages fired before claims (an upgrade) that this worker resolves at its next report: nothing
+        #: holds them any more; the guard judges their source anew.
+        self.legacy: list[dict[str, object]] = []
         self._publish()
 
     def report(self, now_ms: float, page: Callable[[bytes, bytes], None]) -> None:
@@ -156,6 +168,16 @@ class QuarantineReporter:
             fired = self.since_ms.pop(source, None)
             for holder in sorted(self.holders.pop(source, ())):
                 page(*alert_message(quarantine_transition(settings, source, "resolved", now_ms, fired, holder)))
+        for message in self.legacy:
+            try:
+                old = AlertTransition.from_message(message)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+            log.warning("%s: a page from before claims, resolved; the guard judges it anew", old.labels)
+            summary = {**old.annotations, "summary": "Quarantine page from before claims resolved at upgrade"}
+            ended = replace(old, state="resolved", annotations=summary, window_start=now_ms, resolved_at=now_ms)
+            page(*alert_message(ended))
+        self.legacy = []
         guard.newly_quarantined.clear()
         guard.released.clear()
         self._publish()
@@ -166,7 +188,11 @@ class QuarantineReporter:
         held: list[Source] = []
         for message in latest_claims(messages).values():
             claim = message.get("claim")
-            if message.get("state") != "firing" or not isinstance(claim, dict):
+            if message.get("state") != "firing":
+                continue
+            if not isinstance(claim, dict):
+                if _legacy_holder(message) in partitions:
+                    self.legacy.append(message)
                 continue
             found = claimed_source({str(k): str(v) for k, v in claim.items()})
             if found is None or found[1] not in partitions:

@@ -1,11 +1,14 @@
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import orjson
 from aiokafka import ConsumerRecord, TopicPartition
 
-from streams.alerting.outbox import DeliveryState
-from streams.app.join_guard import QUARANTINE_ALERT
+from streams.alerting.outbox import DeliveryState, alert_message
+from streams.app.join_guard import QUARANTINE_ALERT, quarantine_transition
+from streams.core.guard import PRODUCER, TENANT, Source
+from streams.settings import load_settings
 from streams.views.quarantines import fold_quarantines, quarantine_lines
 from tests.support.fake_kafka import FakeProducer
 from tests.unit.test_batches import T0, complete_request, join_rig
@@ -211,3 +214,51 @@ def test_a_bound_topic_carries_its_tenant_only_and_its_tenant_comes_from_it_only
 
 def k_is_record(value: bytes | None) -> bool:
     return b'"request_id"' in (value or b"")
+
+
+def test_pages_fired_before_claims_are_resolved_once_by_the_owner_of_their_partition() -> None:
+    """An upgrade: a page fired before claims has no holder, so nothing would ever resolve it. The join that
+    owns its partition (partition 0's owner for a tenant's) resolves it at its next fetch."""
+    settings = load_settings(topic_prefix="u")
+    old = [
+        quarantine_transition(settings, Source(PRODUCER, "svc", 3), "firing", T0),
+        quarantine_transition(settings, Source(TENANT, "acme"), "firing", T0),
+    ]
+    old_labels = {**old[0].labels, "source": "partition 3 producer 'svc'"}  # the identity before claims
+    old[0] = replace(old[0], labels=old_labels)
+    topic = [alert_message(t)[1] for t in old]
+    assert all(b'"claim"' not in v for v in topic)
+    producer = FakeProducer()
+    rig = worker(producer, (2, 3))
+    assert rig.fold.quarantines.restore({2, 3}, topic) == []  # nothing held: judged anew
+    asyncio.run(rig.runner.process({}))  # the next fetch, even an empty one
+    assert [(m["state"], m["labels"]["source"]) for m in alerts(producer)] == [
+        ("resolved", "partition 3 producer 'svc'")
+    ]
+    other = FakeProducer()
+    zero = worker(other, (0,))
+    zero.fold.quarantines.restore({0}, topic)
+    asyncio.run(zero.runner.process({}))
+    assert [(m["state"], m["labels"]["tenant"]) for m in alerts(other)] == [("resolved", "acme")]
+    state = DeliveryState()
+    for value in [
+        *topic,
+        *(v for _, _, v in producer.values("u.alerts")),
+        *(v for _, _, v in other.values("u.alerts")),
+    ]:
+        state.fold_message(value)
+    assert state.firing == {}
+    asyncio.run(rig.runner.process({}))
+    assert len(alerts(producer)) == 1  # once
+
+
+def test_a_page_from_before_claims_resolved_late_leaves_a_claimed_page_firing() -> None:
+    settings = load_settings(topic_prefix="u")
+    source = Source(TENANT, "acme")
+    legacy = quarantine_transition(settings, source, "firing", T0)
+    claimed = quarantine_transition(settings, source, "firing", T0 + 1, holder=1)
+    late = quarantine_transition(settings, source, "resolved", T0 + 2, T0)
+    state = DeliveryState()
+    for t in (legacy, claimed, late):
+        state.fold_message(alert_message(t)[1])
+    assert [(d.transition.state, d.transition.claim) for d in state.due(0.0, 60.0)] == [("firing", None)]
