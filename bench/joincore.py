@@ -27,6 +27,7 @@ from bench.traffic import build_traffic, request_starts
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
 from streams.core.join import RequestJoin
+from streams.core.tenancy import TenantBudgets
 from streams.settings import Settings
 
 TOPIC = "ttft.stage-events"
@@ -41,7 +42,8 @@ def _rss_bytes() -> int:
 def run_cpu(messages: list[Any], settings: Settings) -> tuple[float, int]:
     """Seconds of CPU for one pass over ``messages``, and the bytes of records emitted."""
     caps = settings.caps
-    core = RequestJoin(settings.join, settings.windows.window_s * 1000)
+    # The worker's tenant budgets (registration on by default: streams.core.tenancy).
+    core = RequestJoin(settings.join, settings.windows.window_s * 1000, TenantBudgets.from_settings(settings))
     now = time.time() * 1000.0
     emitted = 0
     dumps = orjson.dumps
@@ -81,7 +83,7 @@ def run_memory(count: int, mode: str) -> dict[str, Any]:
     template = next(m for m in traffic.messages if b'"request_start"' in m[1])
     messages = request_starts(template, count, start_ms=time.time() * 1000.0)
     caps = settings.caps
-    core = RequestJoin(join, settings.windows.window_s * 1000)
+    core = RequestJoin(join, settings.windows.window_s * 1000, TenantBudgets.from_settings(settings))
     now = time.time() * 1000.0
     # Warm up: one request folded and flushed, so first-use allocations are not counted.
     warm = decode_stage_event(messages[0][1], messages[0][0], TOPIC, 0, 0, messages[0][2], caps, now)

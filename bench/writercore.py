@@ -30,6 +30,7 @@ from streams.app.metrics import WorkerMetrics
 from streams.app.window_closer import WindowCloser
 from streams.app.writer import StoreWriter
 from streams.core.join import RequestJoin
+from streams.core.tenancy import TenantBudgets
 from streams.settings import Settings
 from streams.store.client import make_client
 from streams.store.migrate import apply_migrations
@@ -40,7 +41,7 @@ TOPIC = "ttft.stage-events"
 def joined_records(events: int, settings: Settings) -> tuple[int, list[tuple[bytes, bytes]]]:
     """(stage events, [(key, record bytes)]) of the join over ``build_traffic(events)``."""
     messages = build_traffic(events).messages
-    core = RequestJoin(settings.join, settings.windows.window_s * 1000)
+    core = RequestJoin(settings.join, settings.windows.window_s * 1000, TenantBudgets.from_settings(settings))
     now = time.time() * 1000.0
     out: list[tuple[bytes, bytes]] = []
     for i, (key, value, ts) in enumerate(messages):

@@ -253,11 +253,12 @@ class OtlpConfig(_Section):
 class TenancyConfig(_Section):
     """Registered tenants and the shared pool of all others (docs/operations.md, "Registered tenants").
 
-    Off by default (``registered`` unset): every tenant gets its own budgets, as before. Once set (even to
-    an empty list), the registered tenants are those listed here plus every tenant configured under
-    ``tenants``, plus (in the join) a tenant whose events arrive in ``steady_windows`` consecutive windows.
-    Each registered tenant keeps its own clock, open-request cap and series slots. Every other tenant
-    shares one pool: one clock per partition, ``max_open_requests_pool`` open requests, at most
+    On by default: the registered tenants are those listed in ``registered`` plus every tenant configured
+    under ``tenants``, plus every tenant with requests in ``steady_windows`` consecutive event-time windows
+    (promoted: in the join over the requests it sees, in the writer over the windows it stores, so a writer
+    restart or a replay keeps them; a promotion lasts ``keep_promoted_windows`` after the last such run).
+    Each registered tenant keeps its own clock, open-request cap, series slots and silence alert. Every other
+    tenant shares one pool: one clock per partition, ``max_open_requests_pool`` open requests, at most
     ``max_series_pool`` series per window, no silence alert. The pool never evicts a registered tenant's
     requests or takes its series slots, and the join's cost per event does not grow with the number of
     tenants in it.
@@ -265,17 +266,25 @@ class TenancyConfig(_Section):
 
     registered: Annotated[tuple[str, ...] | None, NoDecode] = Field(
         None,
-        description="Tenants with their own budgets (TTFT_TENANCY__REGISTERED=acme,globex); unset: every tenant.",
+        description="Tenants with their own budgets besides those under tenants and the steady ones "
+        "(TTFT_TENANCY__REGISTERED=acme,globex); unset: none listed.",
     )
     steady_windows: int = Field(
-        0,
+        3,
         ge=0,
-        description="An unregistered tenant with events in this many consecutive windows gets its own budgets in "
-        "the join (0: off). Kept in memory: a restarted join counts again.",
+        description="A tenant with requests in this many consecutive windows is registered (promoted) in the join "
+        "and the writer (0: only the listed and configured tenants).",
     )
-    max_promoted: int = Field(100, ge=0, description="Cap on tenants registered by steady_windows per join worker.")
+    keep_promoted_windows: int = Field(
+        1_440,
+        gt=0,
+        description="A promotion ends this many windows after the last window that ended a run of steady_windows.",
+    )
+    max_promoted: int = Field(100, ge=0, description="Cap on tenants promoted at once (per join worker; the writer).")
     max_steady_candidates: int = Field(
-        10_000, gt=0, description="Unregistered tenants tracked per window for steady_windows; more are not counted."
+        10_000,
+        gt=0,
+        description="New tenants the join tracks per window for steady_windows; more wait for the next window.",
     )
     max_open_requests_pool: int = Field(
         20_000, gt=0, description="Open requests of all unregistered tenants together; past it the pool's oldest go."
@@ -437,7 +446,7 @@ class Settings(BaseSettings):
     store: StoreConfig = StoreConfig()
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     tenancy: TenancyConfig = Field(
-        default_factory=TenancyConfig, description="Registered tenants and the shared pool (off by default)."
+        default_factory=TenancyConfig, description="Registered tenants and the shared pool of all others."
     )
     default_slo_ms: float = Field(2_000.0, gt=0)
     default_slo_target: float = Field(0.99, gt=0, lt=1)
@@ -530,12 +539,10 @@ class Settings(BaseSettings):
         t = self.tenants.get(tenant)
         return t.slo_target if t is not None and t.slo_target is not None else self.default_slo_target
 
-    def registered_tenants(self) -> frozenset[str] | None:
-        """The tenants with their own budgets (``tenancy.registered`` and the configured ``tenants``), or
-        None when registration is off and every tenant has its own."""
-        if self.tenancy.registered is None:
-            return None
-        return frozenset(self.tenancy.registered) | frozenset(self.tenants)
+    def registered_tenants(self) -> frozenset[str]:
+        """The tenants registered by configuration (``tenancy.registered`` and the configured ``tenants``);
+        steady ones are promoted besides them (streams.core.tenancy)."""
+        return frozenset(self.tenancy.registered or ()) | frozenset(self.tenants)
 
     def required_stages(self, route: str | None) -> tuple[str, ...]:
         if route is not None and route in self.join.route_required_stages:

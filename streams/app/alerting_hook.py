@@ -70,6 +70,7 @@ class AlertingHook:
         self.db = settings.clickhouse_database
 
     def attach(self, closer: WindowCloser) -> None:
+        self.engine.use_tenants(closer.tenants)
         closer.hooks.append(self.on_window)
         closer.watermark_hooks.append(self.on_watermark)
 
@@ -77,6 +78,7 @@ class AlertingHook:
 
     async def rebuild(self, closer: WindowCloser) -> None:
         """Replay the stored, closed windows of the look-back through the engine."""
+        self.engine.use_tenants(closer.tenants)  # loaded by closer.recover: the silence rule watches them
         if closer.watermark is None:
             return
         closed = sorted(closer.closed)

@@ -34,6 +34,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import orjson
@@ -43,6 +44,7 @@ from streams.app.metrics import WorkerMetrics
 from streams.app.shared_windows import RECONCILE_S, RECONCILE_WINDOWS, SharedProgress
 from streams.app.window_memory import Serialised, WindowMemory, aggregate_held, close_process_init
 from streams.core.series import SeriesAdmission
+from streams.core.tenancy import SteadyLedger
 from streams.core.watermarks import SourceWatermarks
 from streams.core.windows import WindowAggregates, aggregate_window
 from streams.settings import Settings
@@ -54,7 +56,7 @@ from streams.store.aggregates_store import (
     stored_window_series,
     window_fingerprint,
 )
-from streams.store.requests_store import fetch_window_records
+from streams.store.requests_store import fetch_window_records, steady_history, window_tenants
 
 log = logging.getLogger("ttft.windows")
 
@@ -95,6 +97,9 @@ class WindowCloser:
         self.window_ms = settings.windows.window_s * 1000
         self.grace_ms = settings.windows.grace_s * 1000
         self.admission = SeriesAdmission.from_settings(settings)
+        #: The registered tenants: configured, and promoted from the closed windows (streams.core.tenancy);
+        #: the series admission and the rule engine's silence rule use them.
+        self.tenants = SteadyLedger.from_settings(settings)
         self.open: set[int] = set()
         self.closed: dict[int, int] = {}  # window_start -> times computed after closing
         self.watermark: float | None = None
@@ -187,6 +192,40 @@ class WindowCloser:
             else:
                 self.open.add(ws)
         log.info("window recovery: %d stale windows of %d", len(self.open), len(have))
+        await self.load_tenants()
+
+    async def load_tenants(self) -> None:
+        """The promoted tenants as of the newest closed window, from the store's windows (the same rule as
+        booking each window as it closes, so a restart keeps them)."""
+        ledger = self.tenants
+        ledger.reset()
+        if ledger.windows > 0 and self.closed:
+            w = self.window_ms
+            newest = max(self.closed) // w
+            first, every_from = ledger.history_span(newest)
+            span = (first * w, newest * w, every_from * w, ledger.windows)
+            history = await self.store_call(steady_history, self.db, *span)
+            ledger.load({ws // w: tenants for ws, tenants in (history or {}).items()})
+        self._tenants_changed()
+        log.info("registered tenants: %d promoted, as of window %s", len(ledger.promoted), ledger.last)
+
+    async def _book_tenants(self, ws: int) -> None:
+        """Book a closing window's tenants for promotion, in window order (an older window: nothing)."""
+        ledger = self.tenants
+        index = ws // self.window_ms
+        if ledger.windows <= 0 or (ledger.last is not None and index <= ledger.last):
+            return
+        before = set(ledger.promoted)
+        if ledger.observe(index, await self.store_call(window_tenants, self.db, ws) or []):
+            now = set(ledger.promoted)
+            log.info(
+                "window %d: tenants promoted %s, no longer promoted %s", ws, sorted(now - before), sorted(before - now)
+            )
+            self._tenants_changed()
+
+    def _tenants_changed(self) -> None:
+        self.admission = replace(self.admission, registered=self.tenants.registered)
+        self.metrics.health["promoted_tenants"] = len(self.tenants.promoted)
 
     # --- per batch ------------------------------------------------------------------------------
 
@@ -432,6 +471,10 @@ class WindowCloser:
 
     async def _compute(self, ws: int, *, first_close: bool) -> WindowAggregates:
         started = time.perf_counter()
+        if first_close:
+            await self._book_tenants(ws)
+        if self.admission.registered is not self.tenants.registered:  # the rule engine books empty windows too
+            self._tenants_changed()
         dead = await self.store_call(dead_letter_counts, self.db, ws, ws + self.window_ms)
         pinned = await self.store_call(stored_window_series, self.db, ws) or []  # they keep their slots
         agg, arms, source = await self._aggregate(ws, first_close, dead, pinned)

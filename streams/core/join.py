@@ -8,8 +8,9 @@ deterministic). One tenant's clock therefore never times out another tenant's re
 follows the partition's leading tenant only when it trails it by more than ``max_tenant_lag_ms`` (a quiet
 tenant during a backlog). The partition's watermark the writer sees (:meth:`RequestJoin.watermark`) is the
 lowest of its tenants' (once caught up, a tenant whose events are older than ``window_lag_ms`` when they
-arrive no longer holds it: its records become late amendments of closed windows). With registration on
-(:mod:`streams.core.tenancy`), "tenant" above means a registered tenant or the pool of all others. A request
+arrive no longer holds it: its records become late amendments of closed windows). With registration (on in
+the worker by default: :mod:`streams.core.tenancy`), "tenant" above means a registered tenant or the pool of
+all others. A request
 is emitted once its tenant's watermark passes its deadline:
 
 * with ``first_token``: ``max(first_token_at, latest event end) + grace_ms``;

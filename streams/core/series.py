@@ -15,7 +15,8 @@ arrival order or process state):
    them next to the new ``__other__`` row and count them twice). A tenant dealt fewer slots than it
    needs keeps its best versions plus ``(tenant, __other__)``; a tenant dealt none folds into
    ``(__other__, __other__)``.
-4. **Registered tenants** (``tenancy.registered`` set): the registered tenants are dealt their slots
+4. **Registered tenants** (configured, or promoted: the writer's ``SteadyLedger``; ``registered`` None:
+   every tenant alike): the registered tenants are dealt their slots
    first, round-robin among themselves; the other tenants then share at most ``max_pool_series`` slots
    (pinned ones included), so no number of made-up tenant ids takes a registered tenant's slot, and the
    rules see a bounded number of series.
@@ -89,11 +90,12 @@ class SeriesAdmission:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SeriesAdmission:
-        """``windows.max_series`` and ``windows.max_versions_per_tenant``, configured tenants first; with
-        registration on, the registered tenants before a pool of ``tenancy.max_series_pool`` slots."""
+        """``windows.max_series`` and ``windows.max_versions_per_tenant``, configured tenants first, the
+        configured registered tenants before a pool of ``tenancy.max_series_pool`` slots (the writer adds the
+        promoted ones: :class:`streams.core.tenancy.SteadyLedger`)."""
         w = settings.windows
         registered = settings.registered_tenants()
-        first = frozenset(settings.tenants) | (registered or frozenset())
+        first = frozenset(settings.tenants) | registered
         return cls(w.max_series, first, w.max_versions_per_tenant, registered, settings.tenancy.max_series_pool)
 
     def assign(self, present: Iterable[Series], pinned: Iterable[Series] = ()) -> SeriesAssignment:

@@ -1,7 +1,15 @@
-"""Which budget a tenant's requests are held under in the join: its own, or the shared pool (pure).
+"""Registered tenants and the shared pool (pure): which budget a tenant's requests are held under in the
+join (:class:`TenantBudgets`), and which tenants the writer deals series slots first and the silence rule
+watches (:class:`SteadyLedger`).
 
-With registration off (:attr:`TenantBudgets.registered` None) every tenant has its own budget, as before.
-With it on, a registered tenant (configured, or promoted by :class:`SteadyTenants`) has its own clock,
+Registration is on with the default settings: the registered tenants are those configured
+(``tenancy.registered`` and ``tenants``) plus those promoted by steadiness, a rule on event time only: a
+tenant with requests in ``tenancy.steady_windows`` consecutive windows (:class:`SteadyTenants` in the join,
+over the requests it sees; :class:`SteadyLedger` in the writer, over the windows it stores, so a restart
+or a replay gives the same set). :class:`TenantBudgets` built with ``registered`` None (tests, benches) gives
+every tenant its own budget, as before registration.
+
+In the join, a registered tenant has its own clock,
 open-request cap and eviction order; every other tenant's requests go to one budget, :data:`POOL`, with one
 clock per partition and one cap. So the join holds at most ``registered + 1`` clocks per partition however
 many tenant ids arrive, and nothing an unregistered tenant sends can evict a registered tenant's requests.
@@ -12,6 +20,7 @@ window's candidates (no scan or sort over tenants).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 from schemas.vocabulary import RESERVED_TENANT
@@ -22,47 +31,162 @@ POOL: Final = RESERVED_TENANT
 
 
 class SteadyTenants:
-    """Counts, per unregistered tenant, the consecutive event-time windows it sent events in; a tenant
-    that reaches ``windows`` is promoted (registered) until the process ends.
+    """The join's promotion rule: per unregistered tenant, the consecutive event-time windows it started
+    requests in (a request's first event); a tenant that reaches ``windows`` is promoted (registered), and
+    stays so while a run of ``windows`` keeps ending within the last ``keep`` windows (the writer's rule,
+    :class:`SteadyLedger`, over the windows it stores).
 
     Two generations of candidates (this window's and the previous one's) replace a per-tenant history: a
-    tenant seen in window ``w`` continues its run if it was seen in ``w - 1``. At most ``max_candidates`` are
-    tracked per window (a spray of one-off ids cannot grow it; later tenants wait for the next window), and
-    at most ``max_promoted`` are ever promoted. Events more than one window behind the newest are ignored.
+    tenant seen in window ``w`` continues its run if it was seen in ``w - 1``. At most ``max_candidates`` new
+    tenants are tracked per window (a spray of one-off ids cannot grow it; later new tenants wait for the
+    next window), while a tenant continuing its run is always counted (up to ``2 * max_candidates``), so a
+    spray cannot break a steady tenant's run. At most ``max_promoted`` are promoted at once. Events more
+    than one window behind the newest only ask whether the tenant is promoted.
     """
 
-    __slots__ = ("current", "max_candidates", "max_promoted", "previous", "promoted", "skipped", "window", "windows")
+    __slots__ = (
+        "current",
+        "keep",
+        "max_candidates",
+        "max_promoted",
+        "previous",
+        "promoted",
+        "skipped",
+        "window",
+        "windows",
+    )
 
-    def __init__(self, windows: int, max_candidates: int, max_promoted: int) -> None:
+    def __init__(self, windows: int, max_candidates: int, max_promoted: int, keep: int = 1_440) -> None:
         self.windows = windows
         self.max_candidates = max_candidates
         self.max_promoted = max_promoted
+        #: Windows a promotion lasts after the last window that ended a run of ``windows``.
+        self.keep = keep
         self.window = -1  # the newest window index seen
         self.current: dict[str, int] = {}  # tenant -> run length ending at ``window``
         self.previous: dict[str, int] = {}  # the same, ending at ``window - 1``
-        self.promoted: set[str] = set()
+        #: Promoted tenant -> the last window that ended a run of ``windows`` of it.
+        self.promoted: dict[str, int] = {}
         #: Sightings not counted because the window's candidates were full or the promotions used up.
         self.skipped = 0
 
     def observe(self, tenant: str, window: int) -> bool:
-        """Count an event of an unregistered ``tenant`` in window index ``window``; True when it is promoted."""
+        """Count a new request of an unregistered ``tenant`` in window index ``window``; True when the tenant
+        is promoted (now or before)."""
         if window > self.window:
-            self.previous = self.current if window == self.window + 1 else {}
-            self.current = {}
-            self.window = window
+            self._turn(window)
         elif window < self.window:
-            return False
-        if tenant in self.current:
-            return False
-        if len(self.current) >= self.max_candidates or len(self.promoted) >= self.max_promoted:
-            self.skipped += 1
-            return False
+            return tenant in self.promoted
+        current = self.current
+        if tenant in current:
+            return tenant in self.promoted
         run = self.previous.get(tenant, 0) + 1
-        self.current[tenant] = run
+        if len(current) >= (self.max_candidates if run == 1 else 2 * self.max_candidates):
+            self.skipped += 1
+            return tenant in self.promoted
+        current[tenant] = run
+        promoted = self.promoted
         if run < self.windows:
+            return tenant in promoted
+        if tenant in promoted or len(promoted) < self.max_promoted:
+            promoted[tenant] = window
+            return True
+        self.skipped += 1
+        return False
+
+    def _turn(self, window: int) -> None:
+        """A newer window: the current candidates become the previous ones; promotions past ``keep`` end."""
+        self.previous = self.current if window == self.window + 1 else {}
+        self.current = {}
+        self.window = window
+        promoted = self.promoted
+        expired = [t for t, last in promoted.items() if window - last > self.keep]
+        for tenant in expired:
+            del promoted[tenant]
+
+
+class SteadyLedger:
+    """The writer's registered tenants: the configured ones plus those promoted from its closed windows.
+
+    The same rule as the join's :class:`SteadyTenants`, on event-time data the store keeps: a tenant with
+    requests in ``windows`` consecutive windows is promoted, until ``keep`` windows pass without another
+    such run ending. Windows are booked in order as they close (:meth:`observe`, with every tenant that has
+    a request in the window), and at start-up from the store's windows (:meth:`load`), so a restart or a
+    replay of the same records gives the same set. At most ``max_promoted`` at once; within one window, in
+    tenant-name order. ``windows`` 0: only the configured tenants.
+
+    Cost: one pass over a closed window's tenants (the window's records are read for it anyway); the
+    runs of the last window's tenants only are kept.
+    """
+
+    __slots__ = ("configured", "keep", "last", "max_promoted", "promoted", "registered", "runs", "windows")
+
+    def __init__(self, configured: frozenset[str], windows: int, keep: int = 1_440, max_promoted: int = 100) -> None:
+        self.configured = configured
+        self.windows = windows
+        self.keep = keep
+        self.max_promoted = max_promoted
+        #: The newest window index booked (None: none yet).
+        self.last: int | None = None
+        self.runs: dict[str, int] = {}  # tenant -> run length ending at ``last``
+        #: Promoted tenant -> the last window that ended a run of ``windows`` of it.
+        self.promoted: dict[str, int] = {}
+        #: The configured and the promoted tenants.
+        self.registered: frozenset[str] = configured
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SteadyLedger:
+        t = settings.tenancy
+        return cls(settings.registered_tenants(), t.steady_windows, t.keep_promoted_windows, t.max_promoted)
+
+    def reset(self) -> None:
+        self.last = None
+        self.runs = {}
+        self.promoted = {}
+        self.registered = self.configured
+
+    def observe(self, window: int, tenants: Iterable[str]) -> bool:
+        """Book the closed window of index ``window`` with the tenants that have requests in it; an older or
+        already booked window is ignored. True when the registered tenants changed."""
+        last = self.last
+        if last is not None and window <= last:
             return False
-        self.promoted.add(tenant)
-        return True
+        previous = self.runs if last is not None and window == last + 1 else {}
+        promoted = self.promoted
+        expired = [t for t, at in promoted.items() if window - at > self.keep]
+        for tenant in expired:
+            del promoted[tenant]
+        changed = bool(expired)
+        runs: dict[str, int] = {}
+        configured = self.configured
+        steady = self.windows
+        for tenant in sorted(set(tenants)):
+            if tenant in configured or tenant == POOL:
+                continue
+            run = previous.get(tenant, 0) + 1
+            runs[tenant] = run
+            if 0 < steady <= run and (tenant in promoted or len(promoted) < self.max_promoted):
+                changed = changed or tenant not in promoted
+                promoted[tenant] = window
+        self.runs = runs
+        self.last = window
+        if changed:
+            self.registered = configured | frozenset(promoted)
+        return changed
+
+    def load(self, history: Mapping[int, Iterable[str]]) -> None:
+        """Start again from the store: ``history`` maps window indexes to their tenants (see
+        :meth:`history_span`; tenants that can no longer matter may be left out)."""
+        self.reset()
+        for window in sorted(history):
+            self.observe(window, history[window])
+
+    def history_span(self, newest: int) -> tuple[int, int]:
+        """(first window index to read, the index from which every tenant counts) for :meth:`load` up to
+        window ``newest``: a promotion still held at ``newest`` ended its run at most ``keep`` windows before,
+        and runs still open need the last ``windows - 1`` windows; before that, only a tenant present in at
+        least ``windows`` windows can matter."""
+        return newest - self.keep - max(self.windows, 1) + 1, newest - max(self.windows - 1, 0) + 1
 
 
 class TenantBudgets:
@@ -79,6 +203,7 @@ class TenantBudgets:
         window_ms: int = 60_000,
         max_candidates: int = 10_000,
         max_promoted: int = 100,
+        keep_windows: int = 1_440,
     ) -> None:
         #: None: registration off, every tenant is its own budget.
         self.registered = registered
@@ -86,7 +211,7 @@ class TenantBudgets:
         self.max_open_pool = max_open_pool
         self.window_ms = window_ms
         self.steady = (
-            SteadyTenants(steady_windows, max_candidates, max_promoted)
+            SteadyTenants(steady_windows, max_candidates, max_promoted, keep_windows)
             if registered is not None and steady_windows > 0
             else None
         )
@@ -102,6 +227,7 @@ class TenantBudgets:
             window_ms=settings.windows.window_s * 1000,
             max_candidates=t.max_steady_candidates,
             max_promoted=t.max_promoted,
+            keep_windows=t.keep_promoted_windows,
         )
 
     @property
@@ -126,9 +252,7 @@ class TenantBudgets:
         steady = self.steady
         if steady is None:
             return POOL
-        if tenant in steady.promoted or steady.observe(tenant, int(ts_ms // self.window_ms)):
-            return tenant
-        return POOL
+        return tenant if steady.observe(tenant, int(ts_ms // self.window_ms)) else POOL
 
     @property
     def promoted(self) -> int:

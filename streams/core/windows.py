@@ -24,7 +24,7 @@ import hashlib
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from streams.core.attribution import tail_attribution_row
@@ -49,6 +49,7 @@ from streams.core.stages import (
     route_of,
     stage_samples,
 )
+from streams.core.tenancy import SteadyLedger
 from streams.settings import Settings
 
 Row = dict[str, Any]
@@ -286,11 +287,23 @@ def _bin_counts(keys: list[int | None]) -> tuple[dict[int, int], int]:
 
 
 def aggregate_windows(records: Iterable[Record], settings: Settings, **kwargs: Any) -> dict[int, WindowAggregates]:
-    """Convenience for replays and tests: group records by ``window_start`` and aggregate each window."""
+    """Convenience for replays and tests: group records by ``window_start`` and aggregate each window, in
+    order. Without an ``admission``, the registered tenants are the writer's (:class:`SteadyLedger`: the
+    configured ones plus those promoted by the windows aggregated so far)."""
     by_window: dict[int, list[Record]] = defaultdict(list)
     for record in records:
         by_window[int(record["window_start"])].append(record)
-    return {ws: aggregate_window(rs, ws, settings, **kwargs) for ws, rs in sorted(by_window.items())}
+    if kwargs.get("admission") is not None:
+        return {ws: aggregate_window(rs, ws, settings, **kwargs) for ws, rs in sorted(by_window.items())}
+    ledger = SteadyLedger.from_settings(settings)
+    admission = SeriesAdmission.from_settings(settings)
+    window_ms = settings.windows.window_s * 1000
+    out: dict[int, WindowAggregates] = {}
+    for ws, rs in sorted(by_window.items()):
+        if ledger.observe(ws // window_ms, {str(r["tenant_id"]) for r in rs}):
+            admission = replace(admission, registered=ledger.registered)
+        out[ws] = aggregate_window(rs, ws, settings, **{**kwargs, "admission": admission})
+    return out
 
 
 __all__ = ["QUANTILES", "Row", "WindowAggregates", "aggregate_window", "aggregate_windows"]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from streams.core.sketch import LatencySketch
+from streams.core.tenancy import SteadyLedger
 from streams.rules.canary import ArmHistory, StrataHistory, evaluate_canary
 from streams.rules.draft import check_draft
 from streams.rules.exemplars import ExemplarMemory, tail_shares
@@ -81,11 +82,16 @@ class RuleEngine:
         self._tenant_seen: dict[str, float] = {}
         self._exemplars = ExemplarMemory(self.window_ms, config.history_windows())
         self._links = AlertLinks(config.grafana_url, config.runbook_base_url, self.window_ms)
-        #: The tenants the silence rule watches (None: every tenant; see Settings.registered_tenants).
-        self._registered = settings.registered_tenants()
+        #: The registered tenants, the only ones the silence rule watches (streams.core.tenancy): the writer
+        #: shares its own ledger here (:meth:`use_tenants`); alone, the engine books the windows it evaluates.
+        self.tenants = SteadyLedger.from_settings(settings)
         self._last_window: float | None = None
         #: (rule, outcome) -> evaluations since start, for metrics.
         self.outcomes: Counter[tuple[str, str]] = Counter()
+
+    def use_tenants(self, tenants: SteadyLedger) -> None:
+        """Watch the registered tenants of ``tenants`` (the writer's, booked as its windows close)."""
+        self.tenants = tenants
 
     def restore(self, active: Iterable[AlertTransition]) -> int:
         """Resume pending/firing alerts known to the outbox (``DeliveryState.active_transitions``) after a
@@ -384,9 +390,12 @@ class RuleEngine:
         rule = self.config.tenant_silence
         if not rule.enabled:
             return
-        registered = self._registered
+        tenants = self.tenants
+        seen = [tenant for tenant, t in facts.tenants.items() if t.requests > 0]
+        tenants.observe(int(now // self.window_ms), seen)  # booked already when shared with the writer
+        registered = tenants.registered
         for tenant, t in facts.tenants.items():
-            if t.requests > 0 and (registered is None or tenant in registered):
+            if t.requests > 0 and tenant in registered:
                 self._tenant_seen[tenant] = now
 
         def note(key: AlertKey, outcome: Outcome) -> None:

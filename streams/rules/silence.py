@@ -1,8 +1,9 @@
 """TTFTTenantSilent: a tenant seen before that sends no records for ``silent_windows`` windows (a ticket).
 
-After ``forget_windows`` of silence the tenant is forgotten and its alert resolves. With registration on
-(``tenancy.registered``), only registered tenants are watched: a made-up tenant id that sent one request is
-no reason for a ticket (an unregistered tenant already watched, e.g. restored, is forgotten).
+After ``forget_windows`` of silence the tenant is forgotten and its alert resolves. Only registered tenants
+are watched (configured, or promoted by ``tenancy.steady_windows``: streams.core.tenancy): a made-up tenant
+id that sent one request is no reason for a ticket (an unregistered tenant already watched, e.g. restored,
+is forgotten).
 """
 
 from __future__ import annotations

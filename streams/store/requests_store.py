@@ -346,3 +346,37 @@ def count_requests(client: Client, database: str) -> int:
     """Number of distinct stored requests (``FINAL``: replays and amendments count once)."""
     db = check_identifier(database)
     return int(client.query(f"SELECT count() FROM {db}.requests FINAL").result_rows[0][0])
+
+
+def window_tenants(client: Client, database: str, window_start_ms: float) -> list[str]:
+    """The tenants with a request in one window of ``requests FINAL`` (promotion, streams.core.tenancy)."""
+    result = client.query(
+        f"SELECT DISTINCT tenant_id FROM {check_identifier(database)}.requests FINAL "
+        "WHERE window_start = fromUnixTimestamp64Milli({ws:Int64})",
+        parameters={"ws": int(window_start_ms)},
+        settings=final_read_settings(client),
+    )
+    return [str(r[0]) for r in result.result_rows]
+
+
+def steady_history(
+    client: Client, database: str, since_ms: float, until_ms: float, every_from_ms: float, min_windows: int
+) -> dict[int, list[str]]:
+    """Window start -> its tenants in ``requests FINAL`` from ``since_ms`` to ``until_ms`` (both included), of
+    the tenants with requests in at least ``min_windows`` of those windows or in one from ``every_from_ms``
+    (the others cannot be promoted: SteadyLedger.history_span)."""
+    result = client.query(
+        "SELECT tenant_id, groupUniqArray(toUnixTimestamp64Milli(window_start)) "
+        f"FROM {check_identifier(database)}.requests FINAL "
+        "WHERE window_start >= fromUnixTimestamp64Milli({since:Int64}) "
+        "AND window_start <= fromUnixTimestamp64Milli({until:Int64}) "
+        "GROUP BY tenant_id "
+        "HAVING uniqExact(window_start) >= {n:UInt32} OR max(window_start) >= fromUnixTimestamp64Milli({every:Int64})",
+        parameters={"since": int(since_ms), "until": int(until_ms), "every": int(every_from_ms), "n": min_windows},
+        settings=final_read_settings(client),
+    )
+    out: dict[int, list[str]] = {}
+    for tenant, windows in result.result_rows:
+        for ws in windows:
+            out.setdefault(int(ws), []).append(str(tenant))
+    return out

@@ -27,6 +27,8 @@ CONFIG: dict[str, Any] = {
     "windows": {"window_s": 5, "grace_s": 2},
     "join": {"request_timeout_ms": 3_000, "grace_ms": 500},
     "rules": {"tenant_silence": {"enabled": False}},
+    # Each tenant its own clock from its first event (not the pool's until promoted): the test is about that.
+    "tenancy": {"registered": ["good", "late"]},
 }
 #: What the writer waits past the join's watermark (window_closer: request timeout + grace + 2 idle ticks).
 SETTLE_MS = 3_000 + 500 + 2 * 1_000

@@ -42,7 +42,7 @@ def _victim_and_spray(join: RequestJoin, spray: int) -> tuple[list[dict[str, Any
 
 def test_sprayed_tenant_ids_never_evict_a_registered_tenants_requests() -> None:
     cfg = CFG.model_copy(update={"max_open_requests": 2_000, "max_open_requests_per_tenant": 1_000})
-    # Registration off (today's default): the spray fills the global cap and the victim, holding the most,
+    # Registration off (the default before issue 27): the spray fills the global cap and the victim, holding the most,
     # loses its oldest requests as timed_out. This is what issue 27 measured.
     _, victim = _victim_and_spray(RequestJoin(cfg, W), 1_600)
     assert len({r["request_id"] for r in victim if r["status"] == "timed_out"}) >= 100
@@ -147,8 +147,62 @@ def test_a_tenant_seen_in_steady_windows_gets_its_own_budget() -> None:
     assert budgets.key("third", T0 + W + 1) == POOL
     assert budgets.key("new", T0 + 2 * W) == "new"  # third window in a row
     assert budgets.is_registered("new") and not budgets.is_registered("third")
-    assert budgets.key("third", T0 + 2 * W + 1) == POOL  # the promotions are used up
+    assert budgets.key("third", T0 + 2 * W + 1) == POOL  # second window in a row
+    assert budgets.key("third", T0 + 3 * W + 1) == POOL  # third in a row, but the promotions are used up
     assert budgets.steady is not None and budgets.steady.skipped == 2
+
+
+def test_a_spray_of_new_tenants_cannot_break_a_steady_run() -> None:
+    steady = SteadyTenants(windows=3, max_candidates=100, max_promoted=10)
+    assert not steady.observe("real", 0)
+    for window in (1, 2):
+        for k in range(1_000):  # new ids fill the window's candidates first
+            steady.observe(f"fake-{window}-{k}", window)
+        promoted = steady.observe("real", window)
+    assert promoted and set(steady.promoted) == {"real"}
+
+
+def test_a_promotion_ends_keep_windows_after_its_last_steady_run() -> None:
+    steady = SteadyTenants(windows=2, max_candidates=10, max_promoted=1, keep=5)
+    assert not steady.observe("a", 0) and steady.observe("a", 1)
+    assert not steady.observe("b", 2) and not steady.observe("b", 3)  # steady too, but the one promotion is a's
+    assert steady.skipped == 1
+    assert steady.observe("a", 6)  # 5 windows after its run: still promoted (a lone request does not renew it)
+    assert not steady.observe("a", 8)  # past keep (and no new run): no longer promoted
+    assert not steady.observe("b", 8) and steady.observe("b", 9)  # a new run of b takes the freed promotion
+
+
+def test_with_the_default_settings_a_spray_of_20000_tenants_evicts_none_of_a_steady_tenants_requests() -> None:
+    settings = load_settings()  # the shipped defaults: nothing listed, promotion by steady_windows
+    steady_windows = settings.tenancy.steady_windows
+    assert steady_windows > 0
+    join = RequestJoin(
+        settings.join.model_copy(update={"max_open_requests": 20_000, "max_open_requests_per_tenant": 10_000}),
+        W,
+        TenantBudgets.from_settings(settings),
+    )
+    for w in range(steady_windows):  # "victim" starts requests in steady_windows windows in a row
+        t = T0 + w * W
+        join.add(ev("victim", f"warm{w}", "request_start", t), 0, 0.0)
+        join.add(ev("victim", f"warm{w}", "first_token", t + 100), 0, 0.0)
+    assert join.budgets.is_registered("victim")
+    out: list[Any] = []
+    base = T0 + steady_windows * W
+    for i in range(500):
+        out += join.add(ev("victim", f"v{i}", "request_start", base + i), 0, 0.0)
+    for k in range(20_000):
+        out += join.add(ev(f"fake-{k}", f"f{k}", "request_start", base + 500 + k * 0.001), 0, 0.0)
+        if k % 1_000 == 0:  # a batch: the pool's clock emits the victim's warm-up requests it held
+            out += join.advance(0, 0.0, caught_up=False)
+    for i in range(500):
+        out += join.add(ev("victim", f"v{i}", "first_token", base + 800 + i), 0, 0.0)
+    out += join.add(ev("victim", "tick", "request_start", base + 120_000), 0, 0.0)
+    out += join.advance(0, 0.0, caught_up=False)
+    records = [o for o in out if isinstance(o, dict)]
+    victim = [r for r in records if r["tenant_id"] == "victim" and r["request_id"].startswith("v")]
+    assert len(victim) == 500 and {r["status"] for r in victim} == {"missing_stage"}  # finished, none evicted
+    assert join.counters.evictions > 0  # the spray passed the pool's cap and lost its own requests
+    assert all(r["tenant_id"].startswith("fake-") for r in records if r["status"] == "timed_out")
 
 
 def test_a_gap_restarts_the_steady_count() -> None:
@@ -159,7 +213,9 @@ def test_a_gap_restarts_the_steady_count() -> None:
 
 
 def test_registration_settings() -> None:
-    assert load_settings().registered_tenants() is None
+    defaults = load_settings()
+    assert defaults.registered_tenants() == frozenset() and defaults.tenancy.steady_windows == 3
+    assert TenantBudgets.from_settings(defaults).pooled  # on by default (issue 27)
     s = load_settings(tenancy={"registered": "acme, globex"}, tenants={"initech": {"slo_ms": 900}})
     assert s.registered_tenants() == {"acme", "globex", "initech"}
     budgets = TenantBudgets.from_settings(s)

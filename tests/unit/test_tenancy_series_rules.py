@@ -60,7 +60,22 @@ def _silence(engine: RuleEngine) -> list[tuple[int, str, str]]:
 
 
 def test_the_silence_rule_watches_registered_tenants_only() -> None:
-    unregistered = _silence(make_engine())
-    assert len({tenant for _, tenant, _ in unregistered}) == 121  # issue 27: a ticket per made-up tenant
+    # Issue 27: before registration, a ticket per made-up tenant (121). With the default settings, t1-t3 are
+    # promoted by their third window in a row (tenancy.steady_windows); a made-up id seen once never is.
+    assert _silence(make_engine()) == [(7, "t3", "firing")]  # last records in window 2: 5 silent windows
     registered = _silence(make_engine(tenancy={"registered": ["t1", "t2", "t3"]}))
-    assert registered == [(7, "t3", "firing")]  # last records in window 2: 5 silent windows
+    assert registered == [(7, "t3", "firing")]
+    # Promotion off: only the listed tenants are watched.
+    assert _silence(make_engine(tenancy={"registered": ["t1", "t2"], "steady_windows": 0})) == []
+
+
+def test_a_tenant_seen_for_fewer_than_steady_windows_is_not_watched() -> None:
+    scenario = Scenario(seed=1, arms={(t, "v1"): "stable" for t in TENANTS})
+    engine = make_engine()
+    transitions = []
+    for i in range(10):  # t3 sends in windows 0-1 only: never promoted, so its silence is no ticket
+        traffic = {t: {"v1": Traffic(n=50)} for t in TENANTS if not (t == "t3" and i >= 2)}
+        ws, snap = scenario.window(i, traffic)
+        transitions += [t for t in engine.evaluate_window(ws, snap).transitions if t.alertname == "TTFTTenantSilent"]
+    assert transitions == []
+    assert engine.tenants.registered == {"t1", "t2"}
