@@ -41,7 +41,7 @@ def status(tenant: str | None, all_rules: bool, timeout_s: float, as_json: bool)
 
     Outcomes in capitals did not decide (INSUFFICIENT_TRAFFIC: even the largest span lacked samples).
     First come the gates that keep rules silent: MUTED (paging_muted), PAUSED (a rule switched off),
-    UNWATCHED (tenancy.registered: the silence rule watches registered tenants only), as the writer
+    UNWATCHED (the silence rule watches registered tenants only: configured or steady), as the writer
     published them (else as this command's configuration has them), and a line per source the dead-letter
     guard holds in quarantine (QUARANTINED ...).
     """

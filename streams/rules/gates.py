@@ -5,8 +5,9 @@ gates of a writer's configuration:
 
 - ``rule_paused``: a rule switched off (``rules.<rule>.enabled: false``, ``rules.watchdog: false``);
 - ``paging_muted``: ``paging_muted`` set, every alert is stored and none is paged;
-- ``registered_only``: with ``tenancy.registered`` set, ``TTFTTenantSilent`` watches only the registered
-  tenants; the shared pool's tenants are never watched, whatever they send or stop sending.
+- ``registered_only``: ``TTFTTenantSilent`` watches only the registered tenants (configured, and, with
+  ``tenancy.steady_windows``, promoted by their steady traffic: streams.core.tenancy); the shared pool's
+  tenants are never watched, whatever they send or stop sending.
 
 and, from the join, ``quarantined``: a source the dead-letter guard holds (its invalid events are
 dead-lettered and no longer judged; :mod:`streams.views.quarantines`).
@@ -76,14 +77,18 @@ def config_gates(settings: Settings) -> list[Gate]:
     if not rules.watchdog:
         gates.append(Gate("rule_paused", "Watchdog", "", "rules.watchdog is false: no heartbeat alert"))
     registered = settings.registered_tenants()
-    if registered is not None and rules.tenant_silence.enabled:
+    if rules.tenant_silence.enabled:
+        steady = settings.tenancy.steady_windows
+        listed = [_tenants(registered)] if registered else []
+        scope = " + ".join([*listed, *(["steady tenants"] if steady else [])]) or "no tenant"
+        promoted = f" and those with requests in {steady} consecutive windows" if steady else ""
         gates.append(
             Gate(
                 "registered_only",
                 "TTFTTenantSilent",
-                _tenants(registered),
-                f"tenancy.registered is set: only the {len(registered)} registered tenants are watched for "
-                "silence; the shared pool's tenants are not",
+                scope,
+                f"only registered tenants are watched for silence: the {len(registered)} configured{promoted}; "
+                "the shared pool's tenants are not",
             )
         )
     return gates

@@ -137,7 +137,9 @@ def test_topic_commands_print_json(kafka_settings: Settings, monkeypatch: pytest
         kafka_settings.kafka_bootstrap, topic, [(evaluation.key.encode(), orjson.dumps(evaluation.to_message()))]
     )
     status = parsed(ttft("rules", "status", "--json", "--timeout", "60"))
-    assert (status["gates"], status["gates_from"], status["quarantines"]) == ([], "config", [])
+    # The defaults gate only the silence rule: it watches registered (configured or steady) tenants.
+    assert [(g["gate"], g["scope"]) for g in status["gates"]] == [("registered_only", "steady tenants")]
+    assert (status["gates_from"], status["quarantines"]) == ("config", [])
     assert status["series"] == [
         {
             "tenant": "acme",

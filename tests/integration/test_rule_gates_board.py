@@ -66,7 +66,7 @@ def test_the_writer_publishes_and_stores_every_gate_and_the_board_shows_them(
     assert [(r["gate"], r["rule"], r["scope"]) for r in rows] == [
         ("paging_muted", "*", ""),
         ("quarantined", "TTFTSourceQuarantined", "producer 'svc'"),
-        ("registered_only", "TTFTTenantSilent", "acme, globex"),
+        ("registered_only", "TTFTTenantSilent", "acme, globex + steady tenants"),
         ("rule_paused", "TTFTCanaryFailed", ""),
     ]
     assert orjson.loads(orjson.dumps(rows))  # plain JSON values, as the panel check reads them

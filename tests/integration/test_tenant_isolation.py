@@ -52,9 +52,6 @@ GOOD_SQL = ", ".join(f"'{t}'" for t in GOOD)
 CONFIG: dict[str, Any] = {
     "rules": {"stale_windows": 2_000, "tenant_silence": {"enabled": False}},
     "join": {"max_open_requests_per_tenant": 1_000},
-    # Issue 14's per-tenant budgets from each tenant's first event (unregistered tenants share the pool until
-    # promoted after tenancy.steady_windows windows: tests/integration/test_tenant_promotion_store.py).
-    "tenancy": {"registered": [*GOOD, HOSTILE]},
 }
 Msg = tuple[bytes, bytes]
 

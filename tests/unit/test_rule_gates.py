@@ -29,7 +29,11 @@ GATED = {
 
 
 def test_the_gates_of_a_configuration() -> None:
-    assert config_gates(load_settings()) == []  # nothing keeps a rule silent by default
+    # By default only the silence rule is gated: it watches registered tenants, the steady ones (issue 27).
+    (default,) = config_gates(load_settings())
+    assert (default.gate, default.rule, default.scope) == ("registered_only", "TTFTTenantSilent", "steady tenants")
+    only_listed = config_gates(load_settings(tenancy={"registered": ["acme"], "steady_windows": 0}))
+    assert [g.scope for g in only_listed] == ["acme"]
     gates = config_gates(load_settings(**GATED))
     assert [(g.gate, g.rule) for g in gates] == [
         ("paging_muted", "*"),
@@ -37,13 +41,14 @@ def test_the_gates_of_a_configuration() -> None:
         ("rule_paused", "Watchdog"),
         ("registered_only", "TTFTTenantSilent"),
     ]
-    assert gates[-1].scope == "acme, globex"
+    assert gates[-1].scope == "acme, globex + steady tenants"
     assert gate_lines(gates) == [
         "MUTED every alert: paging_muted is set: every alert is stored, none is paged (counted)",
         "PAUSED TTFTCanaryFailed: rules.canary.enabled is false: never evaluated",
         "PAUSED Watchdog: rules.watchdog is false: no heartbeat alert",
-        "UNWATCHED TTFTTenantSilent (watches: acme, globex): tenancy.registered is set: only the 2 registered "
-        "tenants are watched for silence; the shared pool's tenants are not",
+        "UNWATCHED TTFTTenantSilent (watches: acme, globex + steady tenants): only registered tenants are watched "
+        "for silence: the 2 configured and those with requests in 3 consecutive windows; the shared pool's "
+        "tenants are not",
     ]
     silent_off = load_settings(tenancy={"registered": []}, rules={"tenant_silence": {"enabled": False}})
     assert [(g.gate, g.rule) for g in config_gates(silent_off)] == [("rule_paused", "TTFTTenantSilent")]
