@@ -98,9 +98,10 @@ def rule_gates() -> PanelSpec:
         columns=("gate", "rule", "scope", "detail", "since"),
         expect_sql="SELECT count() FROM rule_gates FINAL WHERE active",
         description="Gates in force that keep a rule from paging, whatever the time range: paging_muted (alerts "
-        "stored, never paged), rule_paused (rules.<rule>.enabled false), registered_only (tenancy.registered: "
-        "TTFTTenantSilent watches only the registered tenants in scope; the shared pool's tenants are not "
-        "watched), quarantined (a source the join's dead-letter guard holds; its invalid events are not "
+        "stored, never paged), rule_paused (rules.<rule>.enabled false), registered_only "
+        "(TTFTTenantSilent watches only registered tenants: those configured and those steady for "
+        "tenancy.steady_windows windows; the shared pool's tenants are not watched), quarantined (a source "
+        "the join's dead-letter guard holds; its invalid events are not "
         "judged). Written by the writer at start and as quarantines change; ttft rules status shows the same.",
         unit="short",
         width=24,

@@ -71,6 +71,8 @@ def test_unparseable_flood_on_one_partition_is_quarantined_and_every_tenant_keep
         produce_sync(bootstrap, topic, good.messages)
         asyncio.run(_produce_to_partition(bootstrap, topic, 3, [b"\x00\xffgarbage"] * 1_000))
         pipe.wait_for(lambda: group_lag(bootstrap, f"{app}-join", [topic]) == 0, 120, "the join to drain")
+        # Read is not yet emitted: the last requests finish on the join's idle tick, after the lag is 0.
+        pipe.wait_for(lambda: join.metric("ttft_open_requests") == 0, 120, "the join to emit every request")
         writer_topics = [kafka_settings.topic("requests"), kafka_settings.topic("dead-letter")]
         pipe.wait_for(lambda: group_lag(bootstrap, f"{app}-writer", writer_topics) == 0, 120, "the writer to drain")
         assert join.alive() and writer.alive(), join.log()[-3000:]
@@ -295,6 +297,7 @@ def test_a_store_refusing_every_insert_pages_ttft_ingest_halted_and_resolves_whe
         assert group_lag(bootstrap, f"{app}-writer", writer_topics) > 0  # nothing committed meanwhile
         assert writer.alive() and "TTFTIngestHalted: the store has refused every call" in writer.log()
         down.unlink()
+        pipe.wait_for(lambda: join.metric("ttft_open_requests") == 0, 120, "the join to emit every request")
         pipe.wait_for(lambda: group_lag(bootstrap, f"{app}-writer", writer_topics) == 0, 120, "the writer to drain")
         pipe.wait_for(lambda: ("TTFTIngestHalted", "resolved") in pages(), 30, "the halt to resolve")
         assert pipe.stop(join) == 0 and pipe.stop(writer) == 0
