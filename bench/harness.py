@@ -22,10 +22,18 @@ from streams.kafka.broker import LocalBroker, free_port
 from streams.kafka.topics import ensure_topics, kafka_client_kwargs
 from streams.settings import TOPIC_NAMES, Settings
 from streams.sim.produce import ProduceReport, produce_messages
+from streams.sim.scenarios import DEFAULT_TENANTS
 from streams.sim.traffic import Message
 from tests.support.pipeline import Pipeline, WorkerProcess, pipeline_env
 
 __all__ = ["BenchEnv", "Offsets", "free_port", "poll_until", "poll_until_async"]
+
+
+#: Every tenant the phases send (the simulator's, the close burst's, the OTel service's), registered as a
+#: deployment lists its tenants: otherwise, with registration on by default, they would share the pool of
+#: unregistered tenants (20,000 open requests in all) until steady, and the memory phase's 100,000 open
+#: requests could never be held.
+BENCH_TENANTS: tuple[str, ...] = (*DEFAULT_TENANTS, "t0", "t1", "t2", "t3", "tenant-0", "tenant-1")
 
 
 @dataclass
@@ -61,7 +69,8 @@ class BenchEnv:
 
     def pipeline(self, settings: Settings, **extra_env: str) -> Pipeline:
         """A launcher for ``ttft worker`` processes of this phase (stopped by :meth:`stop_all`)."""
-        pipe = Pipeline(pipeline_env(settings, settings.home, **self.worker_env, **extra_env), settings.home)
+        env = {"TTFT_TENANCY__REGISTERED": ",".join(BENCH_TENANTS), **self.worker_env, **extra_env}
+        pipe = Pipeline(pipeline_env(settings, settings.home, **env), settings.home)
         self.pipelines.append(pipe)
         return pipe
 
