@@ -135,7 +135,8 @@ def test_the_cost_per_event_does_not_grow_with_the_number_of_tenants() -> None:
         many.append(_cost_per_event(20_000, 24_000))
     ratio = min(many) / min(few)
     print(f"\nper event: 100 tenants {min(few) * 1e6:.1f} us, 20,000 tenants {min(many) * 1e6:.1f} us: x{ratio:.2f}")
-    assert ratio < 2.0
+    # Typically x1.05 on a quiet host; x2 was crossed once at load 4. The scan it guards against was x100.
+    assert ratio < 3.0
 
 
 def test_a_tenant_seen_in_steady_windows_gets_its_own_budget() -> None:
