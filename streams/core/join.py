@@ -49,7 +49,7 @@ from streams.core.join_state import (
     fields_digest,
     state_key,
 )
-from streams.core.tenancy import POOL, TenantBudgets
+from streams.core.tenancy import POOL, SteadyTenants, TenantBudgets
 from streams.settings import CapsConfig, JoinConfig
 
 __all__ = [
@@ -240,6 +240,7 @@ class RequestJoin:
         self.window_ms = window_ms
         self.budgets = budgets if budgets is not None else TenantBudgets()
         self._pooled = self.budgets.pooled
+        self._steady: SteadyTenants | None = self.budgets.steady
         self._window_lag_ms = float(config.max_tenant_lag_ms if window_lag_ms is None else window_lag_ms)
         self.counters = JoinCounters()
         self._requests: dict[str, PendingRequest] = {}
@@ -321,6 +322,57 @@ class RequestJoin:
             clock = part.tenants.get(POOL)
         return 0.0 if clock is None else self._effective(part, clock)
 
+    def _adopt_promoted(self, tenants: list[str]) -> None:
+        """Tenants just promoted out of the pool take their requests there to their own clocks, on every
+        partition, once per promotion. Left on the pool's clock, which their events no longer move, they would
+        wait for the pool's idle tick or the lag bound, and hold the writer's windows meanwhile.
+
+        A clock made here starts where the pool's is (the watermark those requests' deadlines were set
+        against); a tenant's clock kept from an earlier promotion is raised to it. One pass over each
+        partition's pool heap: a moved request's live entry goes along, its stale ones are dropped."""
+        prefixes = tuple(tenant + "\x00" for tenant in tenants)
+        requests = self._requests
+        for partition, part in self._partitions.items():
+            pool = part.tenants.get(POOL)
+            if pool is None:
+                continue
+            kept: list[tuple[float, str]] = []
+            moved: dict[str, list[tuple[float, str]]] = {}
+            for entry in pool.deadlines:
+                key = entry[1]
+                if not key.startswith(prefixes):
+                    kept.append(entry)
+                    continue
+                pending = requests.get(key)
+                if pending is None or pending.partition != partition or pending.deadline != entry[0]:
+                    continue  # stale (lazy deletion)
+                tenant = pending.tenant
+                if pending.budget == POOL:
+                    pending.budget = tenant
+                    if not pending.emitted:
+                        self._count_open(POOL, -1)
+                        self._count_open(tenant, +1)
+                        if self._ages_on:  # the pool's entry goes stale (_evict_oldest checks the budget)
+                            heapq.heappush(self._ages.setdefault(tenant, []), (pending.started_at, key))
+                moved.setdefault(tenant, []).append(entry)
+            if len(kept) == len(pool.deadlines):
+                continue
+            heapq.heapify(kept)
+            pool.deadlines = kept
+            for tenant, entries in moved.items():
+                clock = part.tenants.get(tenant)
+                if clock is None:
+                    clock = part.tenants[tenant] = _TenantClock()
+                    clock.last_wall = pool.last_wall
+                    clock.idle_base = pool.idle_base
+                if pool.watermark > clock.watermark:
+                    clock.watermark = pool.watermark
+                    clock.idle_base = max(clock.idle_base, pool.watermark)
+                clock.deadlines.extend(entries)
+                heapq.heapify(clock.deadlines)
+            if not kept:
+                del part.tenants[POOL]
+
     def _effective(self, part: _Partition, clock: _TenantClock) -> float:
         return max(clock.watermark, part.lead - self._max_tenant_lag_ms)
 
@@ -361,6 +413,9 @@ class RequestJoin:
             budget = pending.budget
         elif self._pooled:
             budget = self.budgets.key(tenant, fields["ts_ms"])
+            steady = self._steady
+            if steady is not None and steady.fresh:  # a promotion just now: once per promotion
+                self._adopt_promoted(steady.take_fresh())
         else:
             budget = tenant
         clock = part.tenants.get(budget)
@@ -678,7 +733,12 @@ class RequestJoin:
         while True:
             started_at, key = heapq.heappop(heap)
             pending = self._requests.get(key)
-            if pending is not None and not pending.emitted and pending.started_at == started_at:
+            if (
+                pending is not None
+                and not pending.emitted
+                and pending.started_at == started_at
+                and pending.budget == budget  # else moved to a promoted tenant's budget
+            ):
                 break
         status: RequestStatus = "orphan" if pending.start is None else "timed_out"
         record = build_record(pending, self.config, self.window_ms, status_override=status)

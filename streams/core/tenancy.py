@@ -46,6 +46,7 @@ class SteadyTenants:
 
     __slots__ = (
         "current",
+        "fresh",
         "keep",
         "max_candidates",
         "max_promoted",
@@ -69,6 +70,9 @@ class SteadyTenants:
         self.promoted: dict[str, int] = {}
         #: Sightings not counted because the window's candidates were full or the promotions used up.
         self.skipped = 0
+        #: Tenants promoted since the join last took them (:meth:`take_fresh`): it moves their pool-era
+        #: requests to their own clocks, once per promotion.
+        self.fresh: list[str] = []
 
     def observe(self, tenant: str, window: int) -> bool:
         """Count a new request of an unregistered ``tenant`` in window index ``window``; True when the tenant
@@ -88,11 +92,20 @@ class SteadyTenants:
         promoted = self.promoted
         if run < self.windows:
             return tenant in promoted
-        if tenant in promoted or len(promoted) < self.max_promoted:
+        if tenant in promoted:
             promoted[tenant] = window
+            return True
+        if len(promoted) < self.max_promoted:
+            promoted[tenant] = window
+            self.fresh.append(tenant)
             return True
         self.skipped += 1
         return False
+
+    def take_fresh(self) -> list[str]:
+        """The tenants promoted since the last call (each once)."""
+        fresh, self.fresh = self.fresh, []
+        return fresh
 
     def _turn(self, window: int) -> None:
         """A newer window: the current candidates become the previous ones; promotions past ``keep`` end."""

@@ -56,11 +56,6 @@ CONFIG: dict[str, Any] = {
         },
         "tenant_silence": {"enabled": False},
     },
-    # The deployment lists its tenant. Unlisted, acme is promoted from the pool after 3 windows, and the
-    # requests it opened in the pool then wait on the pool's clock, which no event moves any more: in this
-    # window-by-window replay it holds the writer's windows (up to join.max_tenant_lag_ms) and the page
-    # does not come within the test's 120 s. A known gap of the promotion (see the stop note), not of the rule.
-    "tenancy": {"registered": ["acme"]},
 }
 
 

@@ -284,3 +284,52 @@ def test_old_traffic_replayed_keeps_every_tenant_holding_the_watermark() -> None
     _live(join, "a", 3 * 3_600_000, now)
     _live(join, "b", 3 * 3_600_000 + 60_000, now)
     assert join.watermark(0, now) == join.watermark(0) == join.tenant_watermark(0, "b")
+
+
+def test_a_tenant_promoted_out_of_the_pool_takes_its_open_requests_along() -> None:
+    # Failed before: acme's requests opened while it was in the pool stayed on the pool's clock, which no
+    # event moved after the promotion, so they were never timed out and held the partition's watermark.
+    join = RequestJoin(CFG, W, TenantBudgets(frozenset(), steady_windows=3, window_ms=W))
+    out: list[Any] = []
+    for window in range(3):
+        out += join.add(ev("acme", f"open-{window}", "request_start", T0 + window * W + 1_000), 0, 0.0)
+    assert join.budgets.is_registered("acme")  # promoted in its third window
+    assert join.get("open-0", "acme") is not None and join.get("open-0", "acme").budget == "acme"
+    for k in range(1, 40):  # acme goes on alone, minutes later
+        out += join.add(ev("acme", f"late-{k}", "request_start", T0 + 3 * W + k * 5_000), 0, 0.0)
+    out += join.advance(0, 0.0, caught_up=False)
+    timed_out = {r["request_id"] for r in out if isinstance(r, dict) and r["status"] == "timed_out"}
+    assert {"open-0", "open-1", "open-2"} <= timed_out
+    assert join.watermark(0) >= T0 + 3 * W  # the pool's clock no longer holds the partition
+    assert POOL not in join._partitions[0].tenants
+
+
+def test_a_promoted_tenants_request_whose_deadline_moved_in_the_pool_is_still_emitted() -> None:
+    # Failed before: the adopt pass took a request's first heap entry in the pool's heap order, which may be a
+    # stale one (its deadline moved since: first_token, then a later stage end), and dropped the live one, so
+    # the request was never emitted on the tenant's own clock.
+    join = RequestJoin(CFG, W, TenantBudgets(frozenset(), steady_windows=3, window_ms=W))
+    out: list[Any] = []
+    out += join.add(ev("acme", "moved", "request_start", T0 + 1_000), 0, 0.0)  # deadline start + 30 s
+    out += join.add(ev("acme", "moved", "first_token", T0 + 1_100), 0, 0.0)  # first_token + 2 s
+    out += join.add(ev("acme", "moved", "llm_ttft", T0 + 1_050, 4_000.0), 0, 0.0)  # its end + 2 s: later
+    out += join.add(ev("acme", "elsewhere", "request_start", T0 + 2_000), 1, 0.0)  # on another partition
+    out += join.add(ev("stranger", "s", "request_start", T0 + 2_500), 1, 0.0)  # stays in the pool there
+    for window in range(1, 3):
+        out += join.add(ev("acme", f"open-{window}", "request_start", T0 + window * W + 1_000), 0, 0.0)
+    assert join.get("moved", "acme").budget == "acme"  # promoted in its third window, taken along
+    # Every partition at once (its clock there starts at the pool's), and once: later requests find none.
+    assert join.get("elsewhere", "acme").budget == "acme"
+    assert join.get("s", "stranger").budget == POOL
+    assert set(join._partitions[1].tenants) == {"acme", POOL}
+    assert join.tenant_watermark(1, "acme") == join.tenant_watermark(1, "stranger") == T0 + 2_500
+    for k in range(1, 40):
+        out += join.add(ev("acme", f"late-{k}", "request_start", T0 + 3 * W + k * 5_000), k % 2, 0.0)
+    out += join.advance_all(0.0)
+    records = [r for r in out if isinstance(r, dict) and r["request_id"] in ("moved", "elsewhere")]
+    statuses = sorted((r["request_id"], r["status"]) for r in records)
+    assert statuses == [("elsewhere", "timed_out"), ("moved", "missing_stage")]
+    assert join.open_requests == sum(1 for p in join._requests.values() if not p.emitted)
+    acme_open = sum(1 for p in join._requests.values() if not p.emitted and p.tenant == "acme")
+    assert join._open_by == {"acme": acme_open, POOL: 1}  # the stranger's request, on the pool's clock
+
