@@ -189,6 +189,8 @@ class JoinFold(KeyedStateFold):
         self._legacy_tombstones += [(key, p) for key, p in self.core.legacy_keys if p in owned]
         self.core.legacy_keys = [(key, p) for key, p in self.core.legacy_keys if p not in owned]
         self.metrics.open_requests.set(self.core.open_requests)
+        self.metrics.pool_open_requests.set(self.core.pool_open_requests)
+        self.metrics.promoted_tenants.set(self.core.budgets.promoted)
         # The quarantines these partitions held before (a restart, a rebalance) hold again, without a page.
         if partitions:
             claims = await self.read_alerts()
@@ -206,6 +208,8 @@ class JoinFold(KeyedStateFold):
     def completed(self) -> None:
         c, m = self.core.counters, self.metrics
         m.open_requests.set(self.core.open_requests)
+        m.pool_open_requests.set(self.core.pool_open_requests)
+        m.promoted_tenants.set(self.core.budgets.promoted)
         sync_counter(m.duplicates, c.duplicates)
         sync_counter(m.late_events, c.late_events)
         sync_counter(m.evictions, c.evictions)

@@ -26,6 +26,12 @@ class WorkerMetrics:
         self.events_acked = Counter("ttft_events_acked", "Stage events acknowledged", registry=r)
         self.unacked_events = Gauge("ttft_unacked_events", "Events taken but not yet acknowledged", registry=r)
         self.open_requests = Gauge("ttft_open_requests", "Requests waiting for their stages", registry=r)
+        self.pool_open_requests = Gauge(
+            "ttft_pool_open_requests", "Open requests of unregistered tenants (the shared pool)", registry=r
+        )
+        self.promoted_tenants = Gauge(
+            "ttft_promoted_tenants", "Tenants the join promoted out of the pool by steady traffic", registry=r
+        )
         self.evictions = Counter("ttft_evictions", "Open requests evicted by max_open_requests", registry=r)
         self.duplicates = Counter("ttft_duplicate_events", "Duplicate events counted once", registry=r)
         self.late_events = Counter("ttft_late_events", "Events for already emitted requests", registry=r)

@@ -33,7 +33,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+
+import orjson
 
 from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
 from schemas.events import MIN_TS_MS, StageEvent
@@ -53,6 +55,7 @@ from streams.core.tenancy import POOL, SteadyTenants, TenantBudgets
 from streams.settings import CapsConfig, JoinConfig
 
 __all__ = [
+    "PROMOTIONS_PREFIX",
     "JoinCounters",
     "JoinOutput",
     "PendingRequest",
@@ -63,6 +66,12 @@ __all__ = [
     "build_record",
     "merge_records",
 ]
+
+
+#: The changelog key of the join's promoted tenants on a partition is this prefix and the partition's number:
+#: a state key of the reserved pool tenant, which no request has. Written to every partition with state when
+#: the promoted set changes, so a restarted join (or a partition's next owner) keeps the promotions.
+PROMOTIONS_PREFIX: Final = f"{POOL}\x00promoted\x00"
 
 
 class SourceMessage(Protocol):
@@ -256,6 +265,8 @@ class RequestJoin:
         self._open_by: dict[str, int] = {}  # open requests per tenant
         self._forget_order: list[tuple[float, str]] = []  # emitted requests by forget deadline, lazy
         self._dirty: dict[str, int] = {}
+        #: The partitions the promoted tenants were last written to (their PROMOTIONS_PREFIX entries).
+        self._promotions_at: set[int] = set()
         #: (changelog key, partition) of old-form keys (a bare request id) seen by :meth:`restore`: the
         #: adapter deletes them once the re-keyed states (marked dirty) are written.
         self.legacy_keys: list[tuple[str, int]] = []
@@ -382,17 +393,37 @@ class RequestJoin:
             return self._requests.get(state_key(tenant_id, request_id))
         return next((p for p in self._requests.values() if p.request_id == request_id), None)
 
+    @property
+    def pool_open_requests(self) -> int:
+        """Open requests held under the pool (unregistered tenants)."""
+        return self._open_by.get(POOL, 0)
+
     def has_dirty(self) -> bool:
-        """True when some request changed since the last :meth:`dirty`."""
-        return bool(self._dirty)
+        """True when some request (or the promoted tenants) changed since the last :meth:`dirty`."""
+        return bool(self._dirty) or self._promotions_due()
+
+    def _promotions_due(self) -> bool:
+        """The promoted set changed, or a partition with state has not been written it (once per batch)."""
+        steady = self._steady
+        if steady is None:
+            return False
+        return steady.changed or (bool(steady.promoted) and self._partitions.keys() != self._promotions_at)
 
     def dirty(self) -> dict[str, tuple[int, bytes | None]]:
-        """Return and clear ``{state key: (partition, packed state, None: delete)}`` since the last call."""
+        """Return and clear ``{state key: (partition, packed state, None: delete)}`` since the last call; with
+        them, when they changed, the promoted tenants (:data:`PROMOTIONS_PREFIX`) on each partition."""
         out: dict[str, tuple[int, bytes | None]] = {}
         for key, partition in self._dirty.items():
             pending = self._requests.get(key)
             out[key] = (partition, None if pending is None else pending.to_bytes())
         self._dirty = {}
+        steady = self._steady
+        if steady is not None and self._promotions_due():
+            packed = orjson.dumps({"window": steady.window, "promoted": steady.snapshot()})
+            for partition in self._partitions:
+                out[PROMOTIONS_PREFIX + str(partition)] = (partition, packed)
+            self._promotions_at = set(self._partitions)
+            steady.changed = False
         return out
 
     # --- events ---------------------------------------------------------------------------------
@@ -757,7 +788,15 @@ class RequestJoin:
         its bare request id: such a request is marked dirty, so the next :meth:`dirty` writes it under its
         state key, and the old key is listed in :attr:`legacy_keys` for the adapter to delete after that.
         Raises ValueError on a corrupt value. Restoring otherwise marks nothing dirty.
+
+        A :data:`PROMOTIONS_PREFIX` key holds promoted tenants: they are merged into the join's (so a tenant
+        promoted before a restart stays so), and the requests of those new here that were restored into the
+        pool move to their own clocks (:meth:`_adopt_promoted`); the merged set is written back on the next
+        :meth:`dirty`.
         """
+        if key.startswith(PROMOTIONS_PREFIX):
+            self._restore_promotions(packed)
+            return int(key[len(PROMOTIONS_PREFIX) :]) if partition is None else partition
         pending = PendingRequest.from_bytes(key, packed)
         if not self.budgets.is_registered(pending.tenant):
             pending.budget = POOL
@@ -789,6 +828,17 @@ class RequestJoin:
             heapq.heappush(self._forget_order, (pending.deadline, pending.key))
         return pending.partition
 
+    def _restore_promotions(self, packed: bytes) -> None:
+        try:
+            data = orjson.loads(packed)
+            promoted = {str(tenant): int(window) for tenant, window in data["promoted"].items()}
+        except (KeyError, TypeError, AttributeError) as exc:  # orjson's decode error is a ValueError
+            raise ValueError(f"corrupt promoted tenants: {exc!r}") from exc
+        self.budgets.restore_promoted(promoted)
+        steady = self._steady
+        if steady is not None and steady.fresh:
+            self._adopt_promoted(steady.take_fresh())
+
     def revoke(self, partitions: Iterable[int]) -> None:
         """Drop the state of partitions this worker no longer owns (their pending dirty writes too)."""
         gone = set(partitions)
@@ -800,6 +850,7 @@ class RequestJoin:
         self._dirty = {r: p for r, p in self._dirty.items() if p not in gone}
         for partition in gone:
             self._partitions.pop(partition, None)
+        self._promotions_at -= gone
         if self._ages_on:
             self._rebuild_ages()
 
@@ -813,6 +864,7 @@ class RequestJoin:
         self._open = 0
         self._open_by = {}
         self._dirty = {}
+        self._promotions_at = set()
         self.legacy_keys = []
 
     def _partition(self, partition: int) -> _Partition:

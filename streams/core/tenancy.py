@@ -45,6 +45,7 @@ class SteadyTenants:
     """
 
     __slots__ = (
+        "changed",
         "current",
         "fresh",
         "keep",
@@ -73,6 +74,9 @@ class SteadyTenants:
         #: Tenants promoted since the join last took them (:meth:`take_fresh`): it moves their pool-era
         #: requests to their own clocks, once per promotion.
         self.fresh: list[str] = []
+        #: The promoted set changed (a promotion, an expiry, a restore) since the join last wrote it to its
+        #: changelog (:meth:`snapshot`).
+        self.changed = False
 
     def observe(self, tenant: str, window: int) -> bool:
         """Count a new request of an unregistered ``tenant`` in window index ``window``; True when the tenant
@@ -98,6 +102,7 @@ class SteadyTenants:
         if len(promoted) < self.max_promoted:
             promoted[tenant] = window
             self.fresh.append(tenant)
+            self.changed = True
             return True
         self.skipped += 1
         return False
@@ -106,6 +111,22 @@ class SteadyTenants:
         """The tenants promoted since the last call (each once)."""
         fresh, self.fresh = self.fresh, []
         return fresh
+
+    def snapshot(self) -> dict[str, int]:
+        """The promoted tenants, each with the last window that ended a run of it (what a restart restores)."""
+        return dict(self.promoted)
+
+    def restore(self, promoted: Mapping[str, int]) -> None:
+        """Merge promotions written before a restart, or by a partition's previous owner (:meth:`snapshot`);
+        a tenant new here is fresh (its pool-era requests move to its own clock), up to ``max_promoted``."""
+        mine = self.promoted
+        for tenant, last in sorted(promoted.items()):
+            if tenant in mine:
+                mine[tenant] = max(mine[tenant], last)
+            elif len(mine) < self.max_promoted and self.window - last <= self.keep:
+                mine[tenant] = last
+                self.fresh.append(tenant)
+                self.changed = True
 
     def _turn(self, window: int) -> None:
         """A newer window: the current candidates become the previous ones; promotions past ``keep`` end."""
@@ -116,6 +137,8 @@ class SteadyTenants:
         expired = [t for t, last in promoted.items() if window - last > self.keep]
         for tenant in expired:
             del promoted[tenant]
+        if expired:
+            self.changed = True
 
 
 class SteadyLedger:
@@ -266,6 +289,13 @@ class TenantBudgets:
         if steady is None:
             return POOL
         return tenant if steady.observe(tenant, int(ts_ms // self.window_ms)) else POOL
+
+    def restore_promoted(self, promoted: Mapping[str, int]) -> None:
+        """Merge promotions a join wrote to its changelog (configured tenants and the pool left out)."""
+        steady, registered = self.steady, self.registered
+        if steady is None or registered is None:
+            return
+        steady.restore({t: w for t, w in promoted.items() if t not in registered and t != POOL})
 
     @property
     def promoted(self) -> int:

@@ -333,3 +333,67 @@ def test_a_promoted_tenants_request_whose_deadline_moved_in_the_pool_is_still_em
     acme_open = sum(1 for p in join._requests.values() if not p.emitted and p.tenant == "acme")
     assert join._open_by == {"acme": acme_open, POOL: 1}  # the stranger's request, on the pool's clock
 
+
+def _promoted_with_open_requests() -> tuple[RequestJoin, dict[str, tuple[int, bytes | None]]]:
+    """acme promoted by 3 steady windows, then open requests of it on partitions 0 and 1 and one of a
+    stranger; returns the join and its changelog (the latest value of each key, in first-write order)."""
+    join = RequestJoin(CFG, W, TenantBudgets(frozenset(), steady_windows=3, window_ms=W))
+    changelog: dict[str, tuple[int, bytes | None]] = {}
+    for window in range(3):
+        join.add(ev("acme", f"done-{window}", "request_start", T0 + window * W + 1_000), window % 2, 0.0)
+        join.add(ev("acme", f"done-{window}", "first_token", T0 + window * W + 1_500), window % 2, 0.0)
+        join.advance_all(0.0)
+        changelog.update(join.dirty())
+    join.add(ev("stranger", "s", "request_start", T0 + 3 * W), 1, 0.0)
+    for k in range(4):
+        join.add(ev("acme", f"open-{k}", "request_start", T0 + 3 * W + 1_000 + k), k % 2, 0.0)
+    join.advance_all(0.0)
+    changelog.update(join.dirty())
+    assert join.budgets.is_registered("acme") and not join.budgets.is_registered("stranger")
+    return join, changelog
+
+
+@pytest.mark.parametrize("order", ["as written", "requests first", "promotions first"])
+def test_a_restarted_join_keeps_its_promotions_and_their_clocks(order: str) -> None:
+    # Failed before: nothing of the promotion was in the changelog, so after a restart (kill -9, restore) acme
+    # was back in the pool, its restored open requests on the pool's clock, and its new requests too, for
+    # another steady_windows windows.
+    before, changelog = _promoted_with_open_requests()
+    items = list(changelog.items())
+    if order != "as written":
+        first = order == "promotions first"
+        items.sort(key=lambda item: item[0].startswith(POOL) != first)
+    after = RequestJoin(CFG, W, TenantBudgets(frozenset(), steady_windows=3, window_ms=W))
+    for key, (partition, packed) in items:
+        if packed is not None:
+            after.restore(key, packed, partition)
+    assert after.budgets.is_registered("acme") and not after.budgets.is_registered("stranger")
+    assert {after.get(f"open-{k}", "acme").budget for k in range(4)} == {"acme"}  # type: ignore[union-attr]
+    assert after.get("s", "stranger").budget == POOL  # type: ignore[union-attr]
+    assert after._open_by == before._open_by == {"acme": 4, POOL: 1}
+    for partition in (0, 1):
+        assert after.tenant_watermark(partition, "acme") == before.tenant_watermark(partition, "acme")
+    assert set(after._partitions[0].tenants) == {"acme"} and set(after._partitions[1].tenants) == {"acme", POOL}
+    # A new request of acme is its own, and acme's own events time its restored requests out.
+    after.add(ev("acme", "new", "request_start", T0 + 4 * W), 0, 0.0)
+    after.add(ev("acme", "new-1", "request_start", T0 + 4 * W), 1, 0.0)
+    assert after.get("new", "acme").budget == "acme"  # type: ignore[union-attr]
+    out = after.advance_all(0.0)
+    assert sorted(r["request_id"] for r in out if r["tenant_id"] == "acme") == [f"open-{k}" for k in range(4)]
+
+
+def test_the_promotions_are_written_to_each_partition_when_they_change() -> None:
+    join, changelog = _promoted_with_open_requests()
+    keys = sorted(k for k in changelog if k.startswith(POOL))
+    assert [changelog[k][0] for k in keys] == [0, 1]  # one per partition, on it
+    assert not join.dirty()  # nothing changed since
+    join.add(ev("acme", "quiet", "request_start", T0 + 3_000 * W), 0, 0.0)  # keep_windows later: expired
+    written = {k: v for k, v in join.dirty().items() if k.startswith(POOL)}
+    assert sorted(written) == keys
+    restored = RequestJoin(CFG, W, TenantBudgets(frozenset(), steady_windows=3, window_ms=W))
+    for key, (partition, packed) in written.items():
+        assert packed is not None
+        restored.restore(key, packed, partition)
+    assert not restored.budgets.is_registered("acme")
+    with pytest.raises(ValueError):
+        restored.restore(keys[0], b"not json", 0)
