@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--events", type=int, default=200_000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--open", type=int, default=100_000, help="open requests of the memory measurement (0: skip)")
-    p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the runs, as the worker does")
+    p.add_argument("--gc-freeze", action="store_true", help="the worker's gc.freeze() and thresholds first")
     p.add_argument("--profile", action="store_true", help="print a cProfile of one pass")
     p.add_argument("--memory-only", choices=("rss", "tracemalloc"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings()
     messages = build_traffic(args.events).messages
     if args.gc_freeze:  # as the join worker does after start-up (streams/app/runner.py)
-        gc.collect()
-        gc.freeze()
+        from streams.app.runner import tune_collector
+
+        tune_collector()
     if args.profile:
         import cProfile
         import pstats
