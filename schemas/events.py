@@ -88,13 +88,18 @@ KNOWN_ATTRS: Final = frozenset(StageAttrs.__optional_keys__)
 
 
 def bounded_attrs(attrs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-    """The bounds of ``attrs``: at most ``max_attrs_keys`` keys, custom values JSON scalars (finite numbers),
-    and the custom keys plus their string values within ``max_attrs_bytes``.
-
-    The bounds come from the validation context (set by the decoder from CapsConfig), else the defaults.
-    """
+    """The bounds of ``attrs`` (:func:`bound_attrs`), from the validation context (set by the decoder from
+    CapsConfig), else the defaults."""
     ctx = info.context or _NO_CONTEXT
-    max_keys = ctx.get("max_attrs_keys", DEFAULT_MAX_ATTRS_KEYS)
+    return bound_attrs(
+        attrs, ctx.get("max_attrs_keys", DEFAULT_MAX_ATTRS_KEYS), ctx.get("max_attrs_bytes", DEFAULT_MAX_ATTRS_BYTES)
+    )
+
+
+def bound_attrs(attrs: dict[str, Any], max_keys: int, max_bytes: int) -> dict[str, Any]:
+    """At most ``max_keys`` keys, custom values JSON scalars (finite numbers), and the custom keys plus their
+    string values within ``max_bytes``; raises ValueError. An integer past 64 bits becomes a float, as
+    orjson reads it."""
     if len(attrs) > max_keys:
         raise ValueError(f"attrs has more than {max_keys} keys")
     size = 0
@@ -116,10 +121,22 @@ def bounded_attrs(attrs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]
             size += len(key) + 8
         else:
             raise ValueError(f"attrs.{key} must be a JSON scalar")
-    max_bytes = ctx.get("max_attrs_bytes", DEFAULT_MAX_ATTRS_BYTES)
     if size > max_bytes:
         raise ValueError(f"attrs exceeds {max_bytes} bytes")
     return attrs
+
+
+def cross_field_error(tenant_id: str, stage: str, duration_ms: float | None) -> str | None:
+    """Which cross-field rule of a stage event is broken (its message), or None: the reserved tenant, and a
+    duration for span stages only."""
+    if tenant_id == RESERVED_TENANT:
+        return f"tenant_id {RESERVED_TENANT!r} is reserved"
+    if stage in INSTANT_STAGES:
+        if duration_ms is not None:
+            return f"{stage} is an instant and takes no duration_ms"
+    elif duration_ms is None:
+        return f"duration_ms is required for span stage {stage}"
+    return None
 
 
 _NO_CONTEXT: Final[dict[str, int]] = {}
@@ -188,13 +205,9 @@ class StageEvent(BaseModel):
 
     @model_validator(mode="after")
     def _cross_field(self) -> StageEvent:
-        if self.tenant_id == RESERVED_TENANT:
-            raise ValueError(f"tenant_id {RESERVED_TENANT!r} is reserved")
-        if self.stage in INSTANT_STAGES:
-            if self.duration_ms is not None:
-                raise ValueError(f"{self.stage} is an instant and takes no duration_ms")
-        elif self.duration_ms is None:
-            raise ValueError(f"duration_ms is required for span stage {self.stage}")
+        error = cross_field_error(self.tenant_id, self.stage, self.duration_ms)
+        if error is not None:
+            raise ValueError(error)
         return self
 
     @property

@@ -123,6 +123,12 @@ def raw_messages(draw: st.DrawFn) -> Message:
         )
     if draw(st.booleans()):
         event["tenant_id"] = draw(st.sampled_from(["", "__other__", "t" * 65, "ok"]))
+    # The cross-field rules (checked inline on the fast path): a duration exactly for span stages.
+    event["stage"] = draw(st.sampled_from(["retrieval", "request_start", "first_token", "my_stage"]))
+    if draw(st.booleans()):
+        event.pop("duration_ms")
+    if draw(st.integers(0, 4)) == 0:  # past the attrs' key count or byte budget (bounded inline)
+        event["attrs"] = {f"k{i}": "v" * draw(st.sampled_from([1, 600])) for i in range(draw(st.sampled_from([3, 40])))}
     raw = orjson.dumps(event)
     if draw(st.integers(0, 4)) == 0:
         raw = raw.replace(b'"stage"', b'"stage":"x","stage"', 1)  # a repeated key
@@ -133,7 +139,7 @@ def raw_messages(draw: st.DrawFn) -> Message:
     return raw, key, append_time
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(raw_messages())
 def test_the_fast_path_decides_as_the_checks_in_contract_order(message: Message) -> None:
     raw, key, append_time = message
