@@ -317,9 +317,11 @@ def regression_traffic(
     windows_after: int,
     seed: int,
     window_ms: int = MINUTE_MS,
+    slowdowns: dict[str, float] | None = None,
 ) -> RegressionTraffic:
     """Poisson traffic of the fixed ("routing-speculative") world per tenant (``tenants``: requests/s);
-    ``incident_tenant``'s retrieval is ``slowdown`` times slower during the incident windows.
+    ``incident_tenant``'s retrieval is ``slowdown`` times slower during the incident windows (``slowdowns``:
+    each of these tenants' by its own factor instead).
 
     Each chunk holds the events emitted (span end, or instant) during one window, in emission order, so
     producing chunk by chunk is producing in event-time order. The last chunk also holds the stragglers
@@ -335,16 +337,17 @@ def regression_traffic(
     timed: list[tuple[float, int, bytes, bytes]] = []
     seq = 0
     counts: dict[str, int] = {}
+    slowed = slowdowns if slowdowns is not None else {incident_tenant: slowdown}
     for tenant, rate in tenants.items():
         base = replace(ROUTING_SPECULATIVE, tenant_id=tenant, version_id="v12")
-        slow = replace(base, retrieval_slowdown=slowdown)
+        slow = replace(base, retrieval_slowdown=slowed[tenant]) if tenant in slowed else base
         t = float(start_ms)
         n = 0
         while True:
             t = round(t + rng.expovariate(rate) * 1000.0, 3)
             if t >= end_ms:
                 break
-            profile = slow if tenant == incident_tenant and incident[0] <= t < incident[1] else base
+            profile = slow if incident[0] <= t < incident[1] else base
             rid = f"reg{seed}-{tenant}-{n}"
             n += 1
             for event in simulate_request(rng, profile, t, rid):
