@@ -137,6 +137,7 @@ class JoinFold(KeyedStateFold):
         self._producer_header = caps.producer_header
         self._last_heartbeat_ms = 0.0
         self._emitted_by_status: dict[str, Any] = {}  # status -> its records_emitted child
+        self._dead_by_reason: dict[str, Any] = {}  # reason -> its dead_letters child
         #: Old (bare request id) changelog keys to delete once their re-keyed states are written.
         self._legacy_tombstones: list[tuple[str, int]] = []
         metrics.health["status"] = "starting"
@@ -298,9 +299,13 @@ class JoinFold(KeyedStateFold):
         emit(self.requests_topic, record["request_id"].encode(), orjson.dumps(record), source)
 
     def _add_dead_letter(self, emit: Emit, source: int, dl: DeadLetter) -> None:
-        self.metrics.dead_letters.labels(dl.reason_code).inc()
+        reason = dl.reason_code
+        counter = self._dead_by_reason.get(reason)
+        if counter is None:  # a flood of bad input is where the lookup under labels()' lock would cost
+            counter = self._dead_by_reason[reason] = self.metrics.dead_letters.labels(reason)
+        counter.inc()
         key = f"{dl.source_topic}:{dl.source_partition}:{dl.source_offset}".encode()
-        emit(self.dead_letter_topic, key, dl.model_dump_json().encode(), source)
+        emit(self.dead_letter_topic, key, _dead_letter_json(dl), source)
 
     def _add_heartbeats(self, emit: Emit, view: PartitionView, now_ms: float) -> None:
         """Each owned partition's watermark, on every requests partition, after the records it vouches for
@@ -329,6 +334,10 @@ def _producer(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
         if key == name and value:
             return value[:128].decode("utf-8", "replace")
     return None
+
+
+#: ``model_dump_json().encode()`` in one step: the model's serializer writes the bytes.
+_dead_letter_json: Callable[[DeadLetter], bytes] = DeadLetter.__pydantic_serializer__.to_json
 
 
 class _Source:

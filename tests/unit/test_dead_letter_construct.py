@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from schemas.dead_letter import DEAD_LETTER_REASONS, DeadLetter, make_dead_letter
+from streams.app.join_fold import _dead_letter_json
 
 CASES: list[dict[str, Any]] = [
     {"raw_value": b"", "kafka_timestamp_ms": None},
@@ -40,3 +41,5 @@ def test_a_built_dead_letter_is_what_validation_gives(case: dict[str, Any], reas
     assert DeadLetter.model_validate(built.model_dump()) == built
     assert built.model_dump_json() == DeadLetter.model_validate(built.model_dump()).model_dump_json()
     assert isinstance(built.received_at, float) and len(built.detail) <= 512 and len(built.original) <= 64
+    # The join writes it with the serializer's bytes (streams/app/join_fold.py): the same JSON.
+    assert _dead_letter_json(built) == built.model_dump_json().encode()
