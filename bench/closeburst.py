@@ -7,11 +7,17 @@ is produced, and the writer group's committed offsets are polled every 50 ms: a 
 delay* is the time from its send to the first poll that sees it committed. The figure is the largest
 delay of a trickle record sent while the window was closing (from the heartbeat until
 ``ttft_windows_closed_total`` moved), next to the median delay of those sent before the heartbeat.
+
+The details say where a large delay comes from: when the worst record was sent (seconds after the
+heartbeat), the largest gap between this process's offset polls (a stall of this process or the broker,
+not of the writer), and the writer's mean insert time of ``requests`` before and during the close (the
+close process taking a core slows the trickle's inserts; a blocked event loop does not).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from typing import Any
@@ -82,6 +88,7 @@ async def _run(
         commits: list[tuple[float, dict[int, int]]] = []
         later = ws + 30 * WINDOW_MS  # past the heartbeat's watermark: never closes during the run
         state = {"heartbeat_at": 0.0, "closed_at": 0.0, "n": 0}
+        inserts: dict[str, tuple[float, float]] = {}  # the writer's insert time so far, at each mark
 
         async def trickle() -> None:
             while not state["closed_at"] or time.time() < state["closed_at"] + 2.0:
@@ -101,11 +108,14 @@ async def _run(
                 commits.append((time.time(), {tp.partition: o for tp, o in committed.items() if tp.topic == topic}))
                 if not state["closed_at"] and writer.metric("ttft_windows_closed_total") > closed0:
                     state["closed_at"] = time.time()
+                    inserts["closed"] = _inserts(writer)
                 await asyncio.sleep(0.05)
 
         async with Offsets(settings.kafka_bootstrap) as offsets:
             tasks = [asyncio.create_task(trickle()), asyncio.create_task(poll(offsets))]
+            inserts["start"] = _inserts(writer)
             await asyncio.sleep(2.0)  # the baseline: commits before the close
+            inserts["heartbeat"] = _inserts(writer)
             beat = orjson.dumps({"watermark_ms": ws + 20 * WINDOW_MS, "source_partition": 0})
             for p in partitions:
                 await producer.send(topic, beat, key=WATERMARK_KEY, partition=p)
@@ -115,9 +125,13 @@ async def _run(
     finally:
         await producer.stop()
     delays = _delays(sent, commits)
-    before = [d for t, d in delays if t < state["heartbeat_at"]]
-    during = [d for t, d in delays if state["heartbeat_at"] <= t <= state["closed_at"]]
-    after = [d for t, d in delays if t > state["closed_at"]]
+    beat_at, closed_at = state["heartbeat_at"], state["closed_at"]
+    before = [d for t, d in delays if t < beat_at]
+    during = [d for t, d in delays if beat_at <= t <= closed_at]
+    worst_at = max(((d, t) for t, d in delays if beat_at <= t <= closed_at), default=(math.nan, math.nan))[1]
+    polls = [t for t, _ in commits if beat_at <= t <= closed_at]
+    poll_gap_s = max((b - a for a, b in itertools.pairwise(polls)), default=math.nan)
+    after = [d for t, d in delays if t > closed_at]
     close_s = writer.metric("ttft_window_close_seconds_sum")
     return {
         "figures": {
@@ -133,11 +147,28 @@ async def _run(
             "commit_delay_during_p50_ms": _median(during),
             "commit_delay_during_p95_ms": sorted(during)[int(len(during) * 0.95)] if during else math.nan,
             "commit_delay_after_max_ms": max(after, default=math.nan),
+            # Where the worst delay comes from (see the module docstring).
+            "commit_delay_during_max_sent_after_heartbeat_s": worst_at - beat_at,
+            "offset_poll_gap_during_max_ms": poll_gap_s * 1000.0,
+            "insert_requests_before_mean_ms": _mean_ms(inserts["start"], inserts["heartbeat"]),
+            "insert_requests_during_mean_ms": _mean_ms(inserts["heartbeat"], inserts["closed"]),
             "close_sources": {
                 k: v for k, v in writer.metrics().items() if k.startswith("ttft_window_close_seconds_count")
             },
         },
     }
+
+
+def _inserts(writer: Any) -> tuple[float, float]:
+    """(seconds, count) of the writer's inserts into ``requests`` so far (``ttft_insert_seconds``)."""
+    metrics = writer.metrics()
+    labels = '{table="requests"}'
+    return metrics.get(f"ttft_insert_seconds_sum{labels}", 0.0), metrics.get(f"ttft_insert_seconds_count{labels}", 0.0)
+
+
+def _mean_ms(start: tuple[float, float], end: tuple[float, float]) -> float:
+    count = end[1] - start[1]
+    return (end[0] - start[0]) / count * 1000.0 if count > 0 else math.nan
 
 
 async def _wait(predicate: Any, timeout_s: float, what: str) -> None:
