@@ -251,10 +251,14 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
         + hostile_mix.unparseable(window_starts[3])
         + hostile_mix.laggard(start_ms, start_ms + windows * 60_000)
     )
+    sends = {"alone": good, "mixed": mixed_events + attacks}
+    if os.environ.get("TTFT_ISOLATION_HOSTILE_ONLY") == "1":  # a third pipeline: the hostile input alone
+        good_messages = {(m.key, m.value) for m in good}
+        sends["hostile"] = [m for m in mixed_events if (m.key, m.value) not in good_messages] + attacks
     runs: dict[str, PipelinePair] = {}
     topics: dict[str, dict[str, str]] = {}
     try:
-        for name in ("alone", "mixed"):
+        for name in sends:
             home = tmp_path / name
             home.mkdir()
             settings = _settings(kafka_broker.bootstrap, home)
@@ -269,8 +273,7 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
         sampler.thread.start()
         time.sleep(2.0)
         producer = hostile_mix.PacedProducer(
-            kafka_broker.bootstrap,
-            {"alone": (topics["alone"], good), "mixed": (topics["mixed"], mixed_events + attacks)},
+            kafka_broker.bootstrap, {name: (topics[name], messages) for name, messages in sends.items()}
         )
         producer.send_backlog()
         producer.start()
@@ -320,14 +323,14 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
     # 2. Their windows close on time: the writers' event time, side by side once both writers closed every
     # backlog window (how much later the mixed one got there is printed, not judged: a backlog is work).
     cpu = {n: sampler.cpu_per_event_us(n, producer.backlog[n]) for n in runs}
-    caught = {n: sampler.caught_up_ms(n, cpu[n][1]) for n in runs}
+    caught = {n: sampler.caught_up_ms(n, cpu[n][1]) for n in ("alone", "mixed")}
     (tmp_path / "samples.json").write_text(json.dumps({"samples": sampler.samples, "live_end_ms": live_end_ms}))
     live_from = max(caught.values())
     alone = {round(r[0] / 500): r[3] for r in sampler.samples["alone"] if live_from <= r[0] <= live_end_ms}
     behind = sorted(
         (alone[round(r[0] / 500)] - r[3]) / 1000 for r in sampler.samples["mixed"] if round(r[0] / 500) in alone
     )
-    through = {n: (caught[n] - sampler.samples[n][0][0]) / 1000 for n in runs}
+    through = {n: (caught[n] - sampler.samples[n][0][0]) / 1000 for n in caught}
     print(
         "WRITERS THROUGH THE BACKLOG (s after the traffic began):",
         {n: round(v) for n, v in through.items()},
@@ -345,6 +348,13 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
         f"JOIN CPU PER EVENT (µs) through the backlog: alone {cpu['alone'][0]:.1f} "
         f"({producer.backlog['alone']} messages), mixed {cpu['mixed'][0]:.1f} ({producer.backlog['mixed']})"
     )
+    if "hostile" in cpu:  # what the mixed run's CPU would be if the two inputs cost what they cost apart
+        apart = cpu["alone"][0] * producer.backlog["alone"] + cpu["hostile"][0] * producer.backlog["hostile"]
+        print(
+            f"JOIN CPU PER EVENT (µs), the hostile input alone: {cpu['hostile'][0]:.1f} "
+            f"({producer.backlog['hostile']} messages); mixed / (alone + hostile, apart): "
+            f"{cpu['mixed'][0] * producer.backlog['mixed'] / apart:.2f}"
+        )
     if os.environ.get("TTFT_ISOLATION_STRICT_CPU") == "1":  # issue 27's 20 %: not met yet (see the note)
         assert cpu["mixed"][0] <= 1.2 * cpu["alone"][0], cpu
     assert cpu["mixed"][0] <= 4.0 * cpu["alone"][0], cpu  # no scan over 20,000 tenants per event
