@@ -9,15 +9,15 @@ meets every sample gate. The outbox keeps alerts across an Alertmanager outage a
 from __future__ import annotations
 
 import json
-import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.fixtures.alertmanager import AlertmanagerServer, wait_for
+from tests.fixtures.alertmanager import AlertmanagerServer, FirstArrivals, wait_for
 from tests.support.pipeline import REPO
 from tests.support.scenarios import (
     PipelinePair,
@@ -107,29 +107,25 @@ def test_regression_arrives_once_and_resolves_once(
 ) -> None:
     started = time.monotonic()
     pair = _start(kafka_settings, tmp_path, alertmanager)
-    seen: dict[str, float] = {}
-    watching = threading.Event()
-
-    def watch() -> None:  # wall time of each notification's arrival, while traffic is still produced
-        while not watching.is_set() and len(seen) < 2:
-            for status in ("firing", "resolved"):
-                if status not in seen and _notified(alertmanager, status, tenant=TENANT, stage=STAGE):
-                    seen[status] = time.monotonic() - started
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    arrivals = FirstArrivals(  # wall time of each notification's arrival, while traffic is still produced
+        {
+            status: partial(_notified, alertmanager, status, tenant=TENANT, stage=STAGE)
+            for status in ("firing", "resolved")
+        },
+        started,
+    )
+    seen = arrivals.seen
     try:
         pair.check_event_time_before_traffic(regression.start_ms)
         pair.produce_in_step(regression.chunks, timeout_per_chunk=120)
         produced = time.monotonic() - started
-        assert wait_for(lambda: len(seen) == 2, timeout_s=120, interval_s=0.2), (
+        assert wait_for(arrivals.all_seen, timeout_s=120, interval_s=0.2), (
             f"notifications so far: {alertmanager.webhook.alerts()}\n{pair.writer.log()[-3000:]}"
         )
         time.sleep(QUIET_S)
         pair.stop()
     finally:
-        watching.set()
+        arrivals.stop()
         pair.pipe.stop_all()
     firing = _notified(alertmanager, "firing")
     resolved = _notified(alertmanager, "resolved")

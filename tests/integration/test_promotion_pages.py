@@ -8,14 +8,14 @@ requests the tenants opened in the pool held the writer's windows, and every pag
 
 from __future__ import annotations
 
-import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fixtures.alertmanager import AlertmanagerServer, wait_for
+from tests.fixtures.alertmanager import AlertmanagerServer, FirstArrivals, wait_for
 from tests.integration.test_issue4_acceptance import _notified, _transitions, _window_index
 from tests.support.scenarios import PipelinePair, historical_start_ms, regression_traffic, write_config
 
@@ -69,23 +69,15 @@ def test_three_unlisted_tenants_at_three_rates_each_page_once(
     started = time.monotonic()
     config = write_config(tmp_path / "ttft.yaml", CONFIG)
     pair = PipelinePair.start(kafka_settings, tmp_path, TTFT_ALERTMANAGER_URL=alertmanager.url, TTFT_CONFIG=str(config))
-    seen: dict[str, float] = {}
-    watching = threading.Event()
-
-    def watch() -> None:  # wall time of each tenant's first notification, while traffic is still produced
-        while not watching.is_set() and len(seen) < len(RATES):
-            for tenant in RATES:
-                if tenant not in seen and _notified(alertmanager, "firing", tenant=tenant, stage=STAGE):
-                    seen[tenant] = time.monotonic() - started
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    arrivals = FirstArrivals(  # wall time of each tenant's first notification, while traffic is still produced
+        {tenant: partial(_notified, alertmanager, "firing", tenant=tenant, stage=STAGE) for tenant in RATES}, started
+    )
+    seen = arrivals.seen
     try:
         pair.check_event_time_before_traffic(traffic.start_ms)
         pair.produce_in_step(traffic.chunks, timeout_per_chunk=60)
         produced = time.monotonic() - started
-        arrived = wait_for(lambda: len(seen) == len(RATES), timeout_s=60, interval_s=0.2)
+        arrived = wait_for(arrivals.all_seen, timeout_s=60, interval_s=0.2)
         join_state = {
             name: pair.join.metric(name)
             for name in ("ttft_promoted_tenants", "ttft_pool_open_requests", "ttft_open_requests")
@@ -93,7 +85,7 @@ def test_three_unlisted_tenants_at_three_rates_each_page_once(
         time.sleep(3.0)  # a duplicate notification would show up within Alertmanager's group interval
         pair.stop()
     finally:
-        watching.set()
+        arrivals.stop()
         pair.pipe.stop_all()
     transitions = [t for t in _transitions(kafka_settings) if t["state"] == "firing"]
     fired = {t["labels"].get("tenant"): _window_index(traffic, t["fired_at"]) for t in transitions}
