@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
@@ -116,11 +117,11 @@ def make_dead_letter(
 
     Also used outside decoding (the join dead-letters a ``tenant_mismatch`` with the original bytes).
 
-    Built without validation (``model_construct``): every field is bounded and typed here, and a flood of
-    bad input is where the cost matters (validating cost ~20 µs of a dead letter's ~30, against ~3 µs to
-    decode a good event). tests/unit/test_dead_letter*.py check the result validates the same.
+    Built without validation: every field is bounded and typed here, and a flood of bad input is where the
+    cost matters (validating cost ~20 µs of a dead letter's ~30, against ~3 µs to decode a good event).
+    tests/unit/test_dead_letter*.py check the result validates the same and equals ``model_construct``'s.
     """
-    return DeadLetter.model_construct(
+    return _construct(
         reason_code=reason_code,
         detail=bounded_text(detail, MAX_DETAIL_CHARS),
         original=bytes(raw_value[:max_original_bytes]),
@@ -136,3 +137,33 @@ def make_dead_letter(
         trace_id=None if trace_id is None else bounded_text(trace_id, MAX_ID_CHARS),
         span_id=None if span_id is None else bounded_text(span_id, MAX_ID_CHARS),
     )
+
+
+_object_setattr = object.__setattr__
+
+
+def _construct_fast(**values: Any) -> DeadLetter:
+    """``DeadLetter.model_construct(**values)`` for a call that sets every field: the instance attributes it
+    would set, without its per-field loop (5.5 µs of a flood's dead letter, against ~1.5 µs here)."""
+    letter = DeadLetter.__new__(DeadLetter)
+    _object_setattr(letter, "__dict__", values)
+    _object_setattr(letter, "__pydantic_fields_set__", set(values))
+    _object_setattr(letter, "__pydantic_extra__", None)
+    _object_setattr(letter, "__pydantic_private__", None)
+    return letter
+
+
+def _fast_construct_holds() -> bool:
+    """Whether ``model_construct`` sets nothing more than :func:`_construct_fast` does for this model (no
+    aliases, defaults left to fill, post-init hook, private attributes or root model): else it is used."""
+    fields = DeadLetter.__pydantic_fields__.values()
+    return (
+        not DeadLetter.__pydantic_post_init__
+        and not DeadLetter.__private_attributes__
+        and not DeadLetter.__pydantic_root_model__
+        and DeadLetter.model_config.get("extra") != "allow"
+        and all(f.alias is None and f.validation_alias is None for f in fields)
+    )
+
+
+_construct: Callable[..., DeadLetter] = _construct_fast if _fast_construct_holds() else DeadLetter.model_construct

@@ -43,3 +43,19 @@ def test_a_built_dead_letter_is_what_validation_gives(case: dict[str, Any], reas
     assert isinstance(built.received_at, float) and len(built.detail) <= 512 and len(built.original) <= 64
     # The join writes it with the serializer's bytes (streams/app/join_fold.py): the same JSON.
     assert _dead_letter_json(built) == built.model_dump_json().encode()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_fast_construction_sets_what_model_construct_sets(case: dict[str, Any]) -> None:
+    """make_dead_letter skips model_construct's per-field loop (schemas.dead_letter._construct_fast): the
+    instance must carry the same attributes, fields set, extra and private state."""
+    from schemas import dead_letter
+
+    assert dead_letter._construct is dead_letter._construct_fast, "the model grew what the fast path skips"
+    args = {"topic": "t", "partition": 1, "offset": 2, "received_at_ms": 3.0, "max_original_bytes": 64, **case}
+    raw = args.pop("raw_value")
+    built = make_dead_letter("schema", "d", raw, **args)
+    slow = DeadLetter.model_construct(**built.__dict__)
+    for attribute in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__"):
+        assert getattr(built, attribute) == getattr(slow, attribute), attribute
+    assert built == slow and hash(built) == hash(slow)
