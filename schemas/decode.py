@@ -88,6 +88,7 @@ def decode_stage_event(
     # (size, one-pass validation and its colon count, key, skew), inlined, returning only an event every one
     # of them accepts. Anything else, an exception included, is decided by the full path, which classifies
     # it from the start; only a dead letter pays for both.
+    schema_failed = False
     if type(raw_value) is bytes and raw_key is not None:
         try:
             last_caps, context, max_bytes, skew_limit = _last_bounds
@@ -96,7 +97,13 @@ def decode_stage_event(
             if len(raw_value) <= max_bytes:
                 # The model's field checks without its two Python validators (called back from pydantic-core,
                 # ~0.6 us per event); their rules, events.bound_attrs and events.cross_field_error, run here.
-                event: StageEvent = _validate_unchecked(raw_value)
+                try:
+                    event: StageEvent = _validate_unchecked(raw_value)
+                except ValidationError:
+                    # Both validators left out run after the fields validated: the full validator fails too, so
+                    # the full path need not try the bytes in one pass again (a flood of invalid events).
+                    schema_failed = _unchecked is not None
+                    raise
                 # The field values in one read: every attribute read of a model goes through its __getattr__ hook.
                 fields = event.__dict__
                 attrs = fields["attrs"]
@@ -126,6 +133,7 @@ def decode_stage_event(
         caps,
         received_at_ms,
         append_time_ms,
+        schema_failed,
     )
 
 
@@ -139,8 +147,10 @@ def _decode_in_steps(
     caps: CapsConfig,
     received_at_ms: float,
     append_time_ms: float | None,
+    schema_failed: bool = False,
 ) -> StageEvent | DeadLetter:
-    """:func:`decode_stage_event`, every check in contract order: the first failure names the reason."""
+    """:func:`decode_stage_event`, every check in contract order: the first failure names the reason.
+    ``schema_failed``: the bytes are known to fail the schema (the one-pass attempt is skipped)."""
     parsed: Any = None
 
     def dead(reason: DeadLetterReason, detail: str) -> DeadLetter:
@@ -171,7 +181,7 @@ def _decode_in_steps(
             raw_value = b"" if raw_value is None else bytes(raw_value)
         if len(raw_value) > caps.max_event_bytes:
             return dead("too_large", f"value is {len(raw_value)} bytes, the cap is {caps.max_event_bytes}")
-        parsed = _valid_at_once(raw_value, caps)
+        parsed = None if schema_failed else _valid_at_once(raw_value, caps)
         if parsed is not None:
             return _checked(parsed, raw_key, received_at_ms, append_time_ms, caps, dead)
         try:

@@ -129,7 +129,12 @@ def raw_messages(draw: st.DrawFn) -> Message:
         event.pop("duration_ms")
     if draw(st.integers(0, 4)) == 0:  # past the attrs' key count or byte budget (bounded inline)
         event["attrs"] = {f"k{i}": "v" * draw(st.sampled_from([1, 600])) for i in range(draw(st.sampled_from([3, 40])))}
+    if draw(st.integers(0, 4)) == 0:  # fails the fields' schema (the one-pass attempt is then skipped)
+        field, bad = draw(st.sampled_from([("duration_ms", -1.0), ("ts_ms", "soon"), ("version_id", 7), ("x", 1)]))
+        event[field] = bad
     raw = orjson.dumps(event)
+    if draw(st.integers(0, 8)) == 0:
+        raw = draw(st.sampled_from([raw[:-1], b"\xff" + raw, raw.replace(b"5", b"NaN", 1)]))  # no JSON or UTF-8
     if draw(st.integers(0, 4)) == 0:
         raw = raw.replace(b'"stage"', b'"stage":"x","stage"', 1)  # a repeated key
     if draw(st.integers(0, 6)) == 0:
