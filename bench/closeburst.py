@@ -9,9 +9,11 @@ delay of a trickle record sent while the window was closing (from the heartbeat 
 ``ttft_windows_closed_total`` moved), next to the median delay of those sent before the heartbeat.
 
 The details say where a large delay comes from: when the worst record was sent (seconds after the
-heartbeat), the largest gap between this process's offset polls (a stall of this process or the broker,
-not of the writer), and the writer's mean insert time of ``requests`` before and during the close (the
-close process taking a core slows the trickle's inserts; a blocked event loop does not).
+heartbeat), the largest gap between this process's offset polls (a stall of this process or the broker),
+the longest the writer took to answer ``/metrics`` during the close (served on its event loop: a stall of
+the writer's loop, asked from a thread every 50 ms), and the writer's mean insert time of ``requests``
+before and during the close (the close process taking a core slows the trickle's inserts; a blocked event
+loop does not).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ async def _run(
         later = ws + 30 * WINDOW_MS  # past the heartbeat's watermark: never closes during the run
         state = {"heartbeat_at": 0.0, "closed_at": 0.0, "n": 0}
         inserts: dict[str, tuple[float, float]] = {}  # the writer's insert time so far, at each mark
+        answers: list[tuple[float, float]] = []  # (asked at, seconds) of the writer's /metrics
 
         async def trickle() -> None:
             while not state["closed_at"] or time.time() < state["closed_at"] + 2.0:
@@ -96,7 +99,7 @@ async def _run(
                 futures = []
                 for record in _records(TRICKLE_SIZE, later, f"trickle{state['n']}"):
                     state["n"] += 1
-                    p = state["n"] % len(partitions)
+                    p = int(state["n"]) % len(partitions)
                     futures.append((p, await producer.send(topic, orjson.dumps(record), key=b"t", partition=p)))
                 for p, future in futures:
                     sent.append((at, p, (await future).offset))
@@ -106,13 +109,21 @@ async def _run(
             while not state["closed_at"] or time.time() < state["closed_at"] + 3.0:
                 committed = await offsets.committed(group)
                 commits.append((time.time(), {tp.partition: o for tp, o in committed.items() if tp.topic == topic}))
-                if not state["closed_at"] and writer.metric("ttft_windows_closed_total") > closed0:
+                await asyncio.sleep(0.05)
+
+        async def watch() -> None:
+            """The close's end, from the writer's /metrics (asked from a thread: the polls go on meanwhile)."""
+            while not state["closed_at"]:
+                asked = time.time()
+                closed = await asyncio.to_thread(writer.metric, "ttft_windows_closed_total")
+                answers.append((asked, time.time() - asked))
+                if closed > closed0:
                     state["closed_at"] = time.time()
-                    inserts["closed"] = _inserts(writer)
+                    inserts["closed"] = await asyncio.to_thread(_inserts, writer)
                 await asyncio.sleep(0.05)
 
         async with Offsets(settings.kafka_bootstrap) as offsets:
-            tasks = [asyncio.create_task(trickle()), asyncio.create_task(poll(offsets))]
+            tasks = [asyncio.create_task(trickle()), asyncio.create_task(poll(offsets)), asyncio.create_task(watch())]
             inserts["start"] = _inserts(writer)
             await asyncio.sleep(2.0)  # the baseline: commits before the close
             inserts["heartbeat"] = _inserts(writer)
@@ -125,6 +136,7 @@ async def _run(
     finally:
         await producer.stop()
     delays = _delays(sent, commits)
+    state["metrics_wait_s"] = max((s for t, s in answers if state["heartbeat_at"] <= t), default=math.nan)
     beat_at, closed_at = state["heartbeat_at"], state["closed_at"]
     before = [d for t, d in delays if t < beat_at]
     during = [d for t, d in delays if beat_at <= t <= closed_at]
@@ -150,6 +162,7 @@ async def _run(
             # Where the worst delay comes from (see the module docstring).
             "commit_delay_during_max_sent_after_heartbeat_s": worst_at - beat_at,
             "offset_poll_gap_during_max_ms": poll_gap_s * 1000.0,
+            "writer_metrics_wait_during_max_ms": state["metrics_wait_s"] * 1000.0,
             "insert_requests_before_mean_ms": _mean_ms(inserts["start"], inserts["heartbeat"]),
             "insert_requests_during_mean_ms": _mean_ms(inserts["heartbeat"], inserts["closed"]),
             "close_sources": {

@@ -42,7 +42,14 @@ import orjson
 from streams.app.arms import arms_from_records
 from streams.app.metrics import WorkerMetrics
 from streams.app.shared_windows import RECONCILE_S, RECONCILE_WINDOWS, SharedProgress
-from streams.app.window_memory import Serialised, WindowMemory, aggregate_held, close_process_init
+from streams.app.window_handoff import release, spool
+from streams.app.window_memory import (
+    Serialised,
+    WindowMemory,
+    aggregate_held,
+    aggregate_spooled,
+    close_process_init,
+)
 from streams.core.series import SeriesAdmission
 from streams.core.tenancy import SteadyLedger
 from streams.core.watermarks import SourceWatermarks
@@ -122,6 +129,8 @@ class WindowCloser:
         self.background = background
         self._cpu_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttft-windows")
         self._close_process: ProcessPoolExecutor | None = None
+        #: Hand a window's held records to the close process in a spooled file (until that fails once).
+        self._spool = True
         self._queue: asyncio.Queue[Job] | None = None
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
@@ -439,12 +448,11 @@ class WindowCloser:
         amendments = self.closed.get(ws, 0)
         blobs = await self._held_blobs(ws, first_close)
         if blobs is not None:
-            args = (blobs, ws, self.settings, self.admission, dead, amendments, pinned)
+            args = (ws, self.settings, self.admission, dead, amendments, pinned)
             if self.background:  # another process: the writer's event loop and GIL stay free
-                loop = asyncio.get_running_loop()
-                agg, arms = await loop.run_in_executor(self._process_pool(), aggregate_held, *args)
+                agg, arms = await self._in_close_process(blobs, args)
             else:
-                agg, arms = aggregate_held(*args)
+                agg, arms = aggregate_held(blobs, *args)
             return agg, arms, "memory"
         records = await self.store_call(fetch_window_records, self.db, ws, self.window_ms)
         agg = await self._cpu(
@@ -458,6 +466,22 @@ class WindowCloser:
             pinned_series=pinned,
         )
         return agg, await self._cpu(arms_from_records, records, self.settings), "store"
+
+    async def _in_close_process(self, blobs: list[bytes], args: tuple[Any, ...]) -> tuple[WindowAggregates, Any]:
+        """:func:`aggregate_held` in the close process, the records handed over in a spooled file
+        (:mod:`streams.app.window_handoff`), or pickled with the call where that is not possible."""
+        loop = asyncio.get_running_loop()
+        spooled = await loop.run_in_executor(self._cpu_pool, spool, blobs) if self._spool else None
+        if spooled is not None:
+            fd, handle = spooled
+            try:
+                return await loop.run_in_executor(self._process_pool(), aggregate_spooled, handle, *args)
+            except OSError:  # the close process could not open the writer's file: pickle from now on
+                log.warning("the close process cannot read spooled window records; passing them pickled", exc_info=True)
+                self._spool = False
+            finally:
+                release(fd)
+        return await loop.run_in_executor(self._process_pool(), aggregate_held, blobs, *args)
 
     def _process_pool(self) -> ProcessPoolExecutor:
         if self._close_process is None:

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from streams.app.arms import arms_from_records
+from streams.app.window_handoff import Spooled, read_spooled
 from streams.core.series import Series, SeriesAdmission
 from streams.core.windows import WindowAggregates, aggregate_window
 from streams.settings import Settings
@@ -115,14 +116,14 @@ class WindowMemory:
         return set(self._windows) | self._spilled
 
 
-def decode_held(blobs: Sequence[bytes]) -> list[dict[str, Any]]:
+def decode_held(blobs: Sequence[bytes | memoryview]) -> list[dict[str, Any]]:
     """The held records as the store returns them (times rounded to the millisecond, defaults filled):
     the same input :func:`streams.core.windows.aggregate_window` gets from ``requests FINAL``."""
     return [store_form(orjson.loads(blob)) for blob in blobs]
 
 
 def aggregate_held(
-    blobs: Sequence[bytes],
+    blobs: Sequence[bytes | memoryview],
     ws: int,
     settings: Settings,
     admission: SeriesAdmission,
@@ -143,6 +144,11 @@ def aggregate_held(
         pinned_series=pinned,
     )
     return agg, arms_from_records(records, settings)
+
+
+def aggregate_spooled(spooled: Spooled, *args: Any) -> tuple[WindowAggregates, dict[Any, str]]:
+    """:func:`aggregate_held` of records the writer spooled (:mod:`streams.app.window_handoff`)."""
+    return aggregate_held(read_spooled(spooled), *args)
 
 
 _PR_SET_PDEATHSIG = 1
