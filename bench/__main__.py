@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=None, help="stage events of the throughput traffic")
     p.add_argument("--requests", type=int, default=None, help="or: requests of the throughput traffic")
     p.add_argument("--naive-requests", type=int, default=None, help="requests baseline B runs over")
-    p.add_argument("--scale-events", type=int, default=200_000, help="events of each scale-out configuration")
+    p.add_argument("--scale-events", type=int, default=600_000, help="events of each scale-out configuration")
     p.add_argument("--scale-rounds", type=int, default=3, help="rounds of 1 then 2 join workers (median reported)")
     p.add_argument("--open-requests", type=int, default=100_000, help="open requests of the memory phase")
     p.add_argument("--close-records", type=int, default=160_000, help="records of the close-burst window")
