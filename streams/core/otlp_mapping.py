@@ -291,11 +291,38 @@ def derived_prompt_assemble(notes: Iterable[SpanNote], ctx: TraceContext) -> tup
     ends = [n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT and n.end_ns <= llm.start_ns]
     if not ends:
         return None
-    last = max(ends)
-    gap_ms = (llm.start_ns - last) / 1e6
-    event = _event(llm, ctx, "prompt_assemble", ns_to_ms(last), gap_ms, {"derived": True}, own=False)
+    return llm, derived_prompt_at(prompt_template(llm, ctx), llm.start_ns, max(ends))
+
+
+def pending_prompt(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[int, dict[str, Any]] | None:
+    """For a trace :func:`derived_prompt_assemble` derives nothing from because no retrieval or rerank span
+    ended before its LLM span (yet): the LLM span's start (ns) and the event to fill in when a late one comes
+    (:func:`derived_prompt_at`). None when it has a prompt span or no LLM span. Raises :class:`Unmappable`."""
+    staged = [(stage_of(n, ctx), n) for n in notes]
+    if any(stage == "prompt_assemble" for stage, _ in staged):
+        return None
+    llms = [n for stage, n in staged if stage == "llm_ttft"]
+    if not llms:
+        return None
+    llm = min(llms, key=lambda n: (n.start_ns, n.span_id))
+    return llm.start_ns, prompt_template(llm, ctx)
+
+
+def prompt_template(llm: SpanNote, ctx: TraceContext) -> dict[str, Any]:
+    """The derived ``prompt_assemble`` event of the LLM span ``llm``, its time and duration not set yet."""
+    event = _event(llm, ctx, "prompt_assemble", 0.0, 0.0, {"derived": True}, own=False)
     event["event_id"] = f"{llm.span_id}/prompt_assemble"
-    return llm, event
+    return event
+
+
+def derived_prompt_at(template: dict[str, Any], llm_start_ns: int, retrieved_ns: int) -> dict[str, Any]:
+    """The derived event from ``retrieved_ns`` (the last retrieval or rerank end) to the LLM span's start."""
+    return {**template, "ts_ms": ns_to_ms(retrieved_ns), "duration_ms": (llm_start_ns - retrieved_ns) / 1e6}
+
+
+def prompts_before(stage: str | None) -> bool:
+    """A span of ``stage`` ends where a derived prompt assembly starts (retrieval, rerank)."""
+    return stage in _BEFORE_PROMPT
 
 
 def request_start_event(note: SpanNote, ctx: TraceContext) -> dict[str, Any]:

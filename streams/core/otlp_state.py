@@ -24,7 +24,8 @@ import orjson
 from schemas.otlp import AttrValue
 from streams.core.otlp_mapping import SpanNote, TraceContext, own_tenant
 
-#: Serialised-form version: bump it when :meth:`TraceState.pack` changes (2: the tenant, last).
+#: Serialised-form version: bump it when :meth:`TraceState.pack` changes in a way older readers cannot skip
+#: (2: the tenant, last; a 17th element, the pending derived prompt, is optional and ignored by them).
 STATE_FORMAT: Final = 2
 _READABLE_FORMATS: Final = (1, 2)
 #: A context value's rank: (0 for the root span, else 1; start ns; span id); the smallest wins.
@@ -60,6 +61,9 @@ class TraceState:
     started: bool = False
     #: A bound on the packed size, kept as spans are added (not packed; a restore starts from the value's).
     size_bytes: int = 0
+    #: Resolved with an LLM span but no prompt span and nothing retrieved before it: the LLM span's start (ns)
+    #: and its derived ``prompt_assemble`` event, filled in once by a late retrieval or rerank span.
+    prompt_due: tuple[int, dict[str, Any]] | None = None
 
     @property
     def key(self) -> str:
@@ -127,6 +131,7 @@ class TraceState:
                 self.started,
                 self.first_start_ns,
                 self.tenant,
+                None if self.prompt_due is None else list(self.prompt_due),
             ]
         )
 
@@ -158,6 +163,7 @@ class TraceState:
                 # Format 1 kept every tenant's spans of a trace id together: the trace's best-ranked tenant.
                 tenant=row[15] if row[0] >= 2 else own_tenant({n: v for n, (_, v) in context.items()}),
                 size_bytes=len(packed),
+                prompt_due=_prompt_due(row[16]) if len(row) > 16 else None,
             )
         except (IndexError, KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"unreadable trace state: {exc}") from None
@@ -182,6 +188,15 @@ class TraceState:
         if other.first_start_ns:
             self.first_start_ns = min(self.first_start_ns or other.first_start_ns, other.first_start_ns)
         self.size_bytes += other.size_bytes
+
+
+def _prompt_due(value: Any) -> tuple[int, dict[str, Any]] | None:
+    if value is None:
+        return None
+    start, event = value
+    if not isinstance(start, int) or not isinstance(event, dict):
+        raise ValueError("unreadable pending prompt")
+    return start, event
 
 
 def trace_key(tenant: str, trace_id: str) -> str:

@@ -62,9 +62,12 @@ from streams.core.otlp_mapping import (
     TraceContext,
     Unmappable,
     derived_prompt_assemble,
+    derived_prompt_at,
     is_unmeasured,
     note_span,
     own_tenant,
+    pending_prompt,
+    prompts_before,
     stage_events,
     stage_of,
 )
@@ -206,6 +209,8 @@ class TraceAssembler:
                 state.learn(note, is_root)
         for state, note, is_root in late:
             out.extend(self._guarded(state, note, now_ms, partial(self._late, state, note, is_root, now_ms)))
+        if late:
+            out.extend(self._late_prompts(late, now_ms))
         for key in roots:
             rooted = self._traces.get(key)
             if rooted is not None and not rooted.resolved:
@@ -397,6 +402,8 @@ class TraceAssembler:
         state.notes.clear()
         state.root = None
         state.size_bytes = SPAN_LINK_BYTES * (len(state.handled) + len(state.parents))
+        if state.prompt_due is not None:
+            state.size_bytes += len(orjson.dumps(state.prompt_due[1]))
         clock = self._partition(state.partition).clock(state.tenant)
         state.deadline_ns = max(state.last_end_ns, clock.watermark_ns) + self.join.forget_after_ms * _NS_PER_MS
         heapq.heappush(clock.deadlines, (state.deadline_ns, state.key))
@@ -468,12 +475,43 @@ class TraceAssembler:
         as one; a trace without a tenant has its spans dead-lettered already)."""
         try:
             derived = derived_prompt_assemble(state.notes.values(), ctx)
+            if derived is None:  # an LLM span with nothing retrieved before it yet: a late span may bring it
+                state.prompt_due = pending_prompt(state.notes.values(), ctx)
         except Unmappable:
             return []
         if derived is None:
             return []
         llm, event = derived
         return self._validated(state, llm, [event], ctx, now_ms, span=False)
+
+    def _late_prompts(self, late: list[tuple[TraceState, SpanNote, bool]], now_ms: float) -> list[Output]:
+        """The derived ``prompt_assemble`` of resolved traces that were waiting for a retrieval or rerank span
+        (a retrieval service exporting after the root's service): from the latest such end of this message
+        before the LLM span's start; once per trace (a late prompt span cancels it)."""
+        out: list[Output] = []
+        for state in {id(s): s for s, _, _ in late if s.prompt_due is not None}.values():
+            try:
+                out.extend(self._late_prompt(state, [n for s, n, _ in late if s is state], now_ms))
+            except Exception:
+                log.exception("OTLP trace %s: deriving prompt_assemble failed; none derived", state.trace_id)
+        return out
+
+    def _late_prompt(self, state: TraceState, notes: list[SpanNote], now_ms: float) -> list[Output]:
+        due = state.prompt_due
+        if due is None:
+            return []
+        ctx = state.trace_context()
+        stages = [(stage_of(n, ctx), n) for n in notes if n.span_id in state.handled]
+        if any(stage == "prompt_assemble" for stage, _ in stages):
+            state.prompt_due = None
+            return []
+        ends = [(n.end_ns, n.span_id, n) for stage, n in stages if prompts_before(stage) and n.end_ns <= due[0]]
+        if not ends:
+            return []
+        end, _, note = max(ends, key=lambda e: (e[0], e[1]))
+        state.prompt_due = None
+        self._touch(state, self._partition(state.partition).clock(state.tenant))
+        return self._validated(state, note, [derived_prompt_at(due[1], due[0], end)], ctx, now_ms, span=False)
 
     def _map(self, state: TraceState, note: SpanNote, ctx: TraceContext, now_ms: float) -> list[Output]:
         """The events of one held or late span (nothing for a span that turns out to be no stage)."""

@@ -300,3 +300,53 @@ def test_scopes_counted_apart_are_bounded() -> None:
         asm.counters.count_no_first_chunk(f"lib-{i}", "1")
     assert len(asm.counters.no_first_chunk) == MAX_SCOPES + 1
     assert asm.counters.no_first_chunk[OTHER_SCOPE] == 5
+
+
+# --- the derived prompt assembly when the retrieval span comes after the trace was resolved ---------------------
+
+RETRIEVER = {"openinference.span.kind": "RETRIEVER"}
+
+
+def _late_trace(asm: TraceAssembler | None = None) -> tuple[TraceAssembler, list[Output]]:
+    """Root and LLM span in one message (the trace resolves without a retrieval before its LLM span)."""
+    asm = asm or TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+    return asm, asm.add_message([_llm(events=(("gen_ai.first_chunk", 700.0),)), _root()], 0, 0, NOW_MS)
+
+
+def test_a_retrieval_span_after_the_root_still_derives_the_prompt_assembly_once() -> None:
+    """A retrieval service whose export comes after the root's: the trace resolved with nothing retrieved before
+    its LLM span, so no prompt assembly; the late retrieval spans bring it (from the latest of their ends)."""
+    asm, first = _late_trace()
+    assert _events(first, "prompt_assemble") == []
+    spans = [_span("0a" * 8, 10.0, 150.0, RETRIEVER), _span("0b" * 8, 160.0, 320.0, RETRIEVER)]
+    later = asm.add_message(spans, 0, 1, NOW_MS)
+    (prompt,) = _events(later, "prompt_assemble")
+    assert prompt["ts_ms"] == pytest.approx(T0 / MS + 320.0) and prompt["duration_ms"] == pytest.approx(80.0)
+    assert prompt["attrs"] == {"derived": True, "trace_id": TRACE}
+    assert prompt["event_id"] == "0c" * 8 + "/prompt_assemble"
+    assert prompt["tenant_id"] == "acme" and len(_events(later, "retrieval")) == 2
+    # A replay of that message, or another retrieval later still, derives nothing more.
+    assert _events(asm.add_message(spans, 0, 1, NOW_MS), "prompt_assemble") == []
+    assert _events(asm.add_message([_span("0d" * 8, 330.0, 390.0, RETRIEVER)], 0, 2, NOW_MS), "prompt_assemble") == []
+
+
+def test_the_pending_prompt_assembly_survives_a_restart() -> None:
+    asm, _ = _late_trace()
+    states = asm.dirty()
+    restarted = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+    for key, (partition, packed) in states.items():
+        assert packed is not None
+        restarted.restore(key, packed, partition)
+    later = restarted.add_message([_span("0a" * 8, 10.0, 300.0, RETRIEVER)], 0, 1, NOW_MS)
+    (prompt,) = _events(later, "prompt_assemble")
+    assert prompt["duration_ms"] == pytest.approx(100.0)
+
+
+def test_a_late_prompt_span_or_a_retrieval_after_the_llm_start_derives_nothing() -> None:
+    asm, _ = _late_trace()
+    after_llm = asm.add_message([_span("0a" * 8, 10.0, 450.0, RETRIEVER)], 0, 1, NOW_MS)
+    assert _events(after_llm, "prompt_assemble") == []  # ended after the LLM span started
+    prompt_span = _span("0f" * 8, 320.0, 380.0, {"openinference.span.kind": "PROMPT"})
+    with_prompt = asm.add_message([prompt_span, _span("0b" * 8, 10.0, 300.0, RETRIEVER)], 0, 2, NOW_MS)
+    (prompt,) = _events(with_prompt, "prompt_assemble")  # the span's own, nothing derived
+    assert prompt["event_id"] == "0f" * 8 and "derived" not in prompt["attrs"]

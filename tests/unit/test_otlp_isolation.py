@@ -271,8 +271,8 @@ def test_a_format_1_state_keyed_by_trace_id_restores_under_its_tenant() -> None:
     ((key, (partition, packed)),) = asm.dirty().items()
     assert key == trace_key("acme", spec.trace_id.hex()) and packed is not None
     row = orjson.loads(packed)
-    assert row[0] == 2 and row[-1] == "acme"
-    old = orjson.dumps([1, *row[1:-1]])  # what format 1 wrote, under the bare trace id
+    assert row[0] == 2 and row[15] == "acme"
+    old = orjson.dumps([1, *row[1:15]])  # what format 1 wrote, under the bare trace id
     restored = _assembler()
     restored.restore(spec.trace_id.hex(), old, partition)
     state = restored.trace("acme", spec.trace_id.hex())
@@ -313,3 +313,17 @@ def test_spans_without_a_tenant_claimed_by_two_tenants_are_dead_lettered_missing
     dead = {d.span_id for d in _dead(out) if d.reason_code == "missing_tenant"}
     assert stage_children <= dead
     assert not [e for e in _events(out) if e["event_id"] in stage_children]
+
+
+def test_a_state_without_the_pending_prompt_element_restores() -> None:
+    """Values written before the 17th element (the pending derived prompt) restore as they were."""
+    spec = _spec(i=2, tenant="acme", on_resource=True)
+    asm = _assembler()
+    _feed(asm, spec, [spec.spans])
+    ((key, (partition, packed)),) = asm.dirty().items()
+    assert packed is not None
+    row = orjson.loads(packed)
+    restored = _assembler()
+    restored.restore(key, orjson.dumps(row[:16]), partition)
+    state = restored.trace("acme", spec.trace_id.hex())
+    assert isinstance(state, TraceState) and state.resolved and state.prompt_due is None
