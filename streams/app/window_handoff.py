@@ -34,14 +34,20 @@ class Spooled:
 
 def spool(blobs: Sequence[bytes]) -> tuple[int, Spooled] | None:
     """Write ``blobs`` to a new in-memory file; its descriptor (close it once read) and a handle, or None
-    where this host has no ``memfd_create`` or ``/proc``."""
+    where this host has no ``memfd_create`` or ``/proc``, or refuses the file (a sandbox, a memory limit)."""
     if not hasattr(os, "memfd_create") or not os.path.isdir("/proc/self/fd"):
         return None
-    fd = os.memfd_create("ttft-window-records")
+    try:
+        fd = os.memfd_create("ttft-window-records")
+    except OSError:
+        return None
     try:
         with open(fd, "wb", closefd=False) as out:
             for start in range(0, len(blobs), SPOOL_CHUNK):
                 out.write(b"".join(blobs[start : start + SPOOL_CHUNK]))
+    except OSError:
+        os.close(fd)
+        return None
     except BaseException:
         os.close(fd)
         raise

@@ -63,3 +63,11 @@ def test_a_close_process_that_cannot_open_the_file_gets_the_records_pickled(monk
 def test_spool_steps_aside_without_memfd(monkeypatch: Any) -> None:
     monkeypatch.delattr(os, "memfd_create")
     assert spool([b"x"]) is None
+
+
+def test_spool_steps_aside_when_the_host_refuses_the_file(monkeypatch: Any) -> None:
+    def refused(name: str, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    assert spool([b"x"]) is None
