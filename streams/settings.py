@@ -604,7 +604,8 @@ def _split_credentials(url: str) -> tuple[str, str, str] | None:
     ``user:password`` rather than ``host:port`` (a password holding a ``/``, ``?`` or ``#``); then the
     userinfo runs to the last ``@`` of the URL. A numeric "port" (``user:2024/Secret@host``, a password
     starting with digits) is read the same way unless the ``@`` sits in a ``key=value`` query string
-    (``host:8443/?ca_cert=/a@b.pem``): when in doubt, redact.
+    (``host:8443/?ca_cert=/a@b.pem``), or there is no host before it (``:12?secret=@host``): when in
+    doubt, redact.
     """
     scheme, sep, rest = url.partition("://")
     if not sep or not rest or rest[0] in "/?#":  # no authority, e.g. chdb:///abs/dir
@@ -634,7 +635,8 @@ def _userinfo_end(authority: str, rest: str) -> int:
         _, question, query = rest[:i].partition("?")
         if not (question and "=" in query):
             return i
-    return -1
+    # No host before the colon (``:12?secret=@host``) is no host:port: an empty user's password, to the last @.
+    return rest.rfind("@") if authority.startswith(":") else -1
 
 
 def _looks_like_userinfo(authority: str) -> bool:
