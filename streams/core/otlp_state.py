@@ -62,8 +62,9 @@ class TraceState:
     #: A bound on the packed size, kept as spans are added (not packed; a restore starts from the value's).
     size_bytes: int = 0
     #: Resolved with an LLM span but no prompt span and nothing retrieved before it: the LLM span's start (ns)
-    #: and its derived ``prompt_assemble`` event, filled in once by a late retrieval or rerank span.
-    prompt_due: tuple[int, dict[str, Any]] | None = None
+    #: and its derived ``prompt_assemble`` event (JSON text: a few hundred bytes per remembered trace),
+    #: filled in once by a late retrieval or rerank span.
+    prompt_due: tuple[int, str] | None = None
 
     @property
     def key(self) -> str:
@@ -190,11 +191,11 @@ class TraceState:
         self.size_bytes += other.size_bytes
 
 
-def _prompt_due(value: Any) -> tuple[int, dict[str, Any]] | None:
+def _prompt_due(value: Any) -> tuple[int, str] | None:
     if value is None:
         return None
     start, event = value
-    if not isinstance(start, int) or not isinstance(event, dict):
+    if not isinstance(start, int) or not isinstance(event, str):
         raise ValueError("unreadable pending prompt")
     return start, event
 

@@ -403,7 +403,7 @@ class TraceAssembler:
         state.root = None
         state.size_bytes = SPAN_LINK_BYTES * (len(state.handled) + len(state.parents))
         if state.prompt_due is not None:
-            state.size_bytes += len(orjson.dumps(state.prompt_due[1]))
+            state.size_bytes += len(state.prompt_due[1])
         clock = self._partition(state.partition).clock(state.tenant)
         state.deadline_ns = max(state.last_end_ns, clock.watermark_ns) + self.join.forget_after_ms * _NS_PER_MS
         heapq.heappush(clock.deadlines, (state.deadline_ns, state.key))
@@ -476,7 +476,9 @@ class TraceAssembler:
         try:
             derived = derived_prompt_assemble(state.notes.values(), ctx)
             if derived is None:  # an LLM span with nothing retrieved before it yet: a late span may bring it
-                state.prompt_due = pending_prompt(state.notes.values(), ctx)
+                pending = pending_prompt(state.notes.values(), ctx)
+                if pending is not None:
+                    state.prompt_due = pending[0], orjson.dumps(pending[1]).decode()
         except Unmappable:
             return []
         if derived is None:
@@ -511,7 +513,8 @@ class TraceAssembler:
         end, _, note = max(ends, key=lambda e: (e[0], e[1]))
         state.prompt_due = None
         self._touch(state, self._partition(state.partition).clock(state.tenant))
-        return self._validated(state, note, [derived_prompt_at(due[1], due[0], end)], ctx, now_ms, span=False)
+        event = derived_prompt_at(orjson.loads(due[1]), due[0], end)
+        return self._validated(state, note, [event], ctx, now_ms, span=False)
 
     def _map(self, state: TraceState, note: SpanNote, ctx: TraceContext, now_ms: float) -> list[Output]:
         """The events of one held or late span (nothing for a span that turns out to be no stage)."""
