@@ -167,6 +167,7 @@ class AlertmanagerOutage(Fault):
         self.am.start()
         self.restarted = threading.Event()
         self.cancelled = threading.Event()
+        self.failed: Exception | None = None
         return {"TTFT_ALERTMANAGER_URL": self.am.url}
 
     def armed(self, ctx: RunContext, join: dict[str, float], writer: dict[str, float]) -> bool:
@@ -174,19 +175,23 @@ class AlertmanagerOutage(Fault):
 
     def inject(self, ctx: RunContext) -> None:
         self.am.stop()
+        self.am.reserve()  # refused connections, and the port still ours when it comes back
         stopped_at = time.monotonic()
         ctx.observed["payloads_before_stop"] = len(self.am.received)
 
         def bring_back() -> None:
-            self.cancelled.wait(self.outage_s)
-            while not self.cancelled.is_set() and _firing(ctx) == 0:
-                time.sleep(0.5)
-            self.cancelled.wait(2.0)  # let the delivery loop fail on what just fired
-            ctx.observed["firing_during_outage"] = _firing(ctx)
-            ctx.observed["payloads_during_outage"] = len(self.am.received) - ctx.observed["payloads_before_stop"]
-            ctx.observed["outage_s"] = round(time.monotonic() - stopped_at, 1)
-            if not self.cancelled.is_set():
-                self.am.start()
+            try:
+                self.cancelled.wait(self.outage_s)
+                while not self.cancelled.is_set() and _firing(ctx) == 0:
+                    time.sleep(0.5)
+                self.cancelled.wait(2.0)  # let the delivery loop fail on what just fired
+                ctx.observed["firing_during_outage"] = _firing(ctx)
+                ctx.observed["payloads_during_outage"] = len(self.am.received) - ctx.observed["payloads_before_stop"]
+                ctx.observed["outage_s"] = round(time.monotonic() - stopped_at, 1)
+                if not self.cancelled.is_set():
+                    self.am.start()
+            except Exception as exc:  # reported by before_stop, not a silent wait until the test's timeout
+                self.failed = exc
             self.back_at = time.monotonic()
             self.restarted.set()
 
@@ -195,6 +200,7 @@ class AlertmanagerOutage(Fault):
 
     def before_stop(self, ctx: RunContext) -> None:
         assert self.restarted.wait(900), "alertmanager did not come back"
+        assert self.failed is None, f"alertmanager did not come back: {self.failed!r}"
         deadline = time.monotonic() + 120
         while not self.am.webhook.alerts("firing") and time.monotonic() < deadline:
             time.sleep(0.2)

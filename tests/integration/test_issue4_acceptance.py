@@ -171,6 +171,7 @@ def test_firing_alert_survives_alertmanager_outage_and_writer_restart(
     regression: RegressionTraffic,
 ) -> None:
     am = alertmanager_server  # not started: Alertmanager is down while the alert fires
+    am.reserve()  # its port refuses connections until it starts, and no other server takes it meanwhile
     started = time.monotonic()
     pair = _start(kafka_settings, tmp_path, am)
     try:
