@@ -603,9 +603,9 @@ def _split_credentials(url: str) -> tuple[str, str, str] | None:
     With no ``@`` there, an ``@`` further on still ends a userinfo if the authority looks like
     ``user:password`` rather than ``host:port`` (a password holding a ``/``, ``?`` or ``#``); then the
     userinfo runs to the last ``@`` of the URL. A numeric "port" (``user:2024/Secret@host``, a password
-    starting with digits) is read the same way unless the ``@`` sits in a ``key=value`` query string
-    (``host:8443/?ca_cert=/a@b.pem``), or there is no host before it (``:12?secret=@host``): when in
-    doubt, redact.
+    starting with digits) is read the same way unless the ``@`` sits in a ``key=value`` query string after
+    a path (``host:8443/?ca_cert=/a@b.pem``; not ``user:12?secret=@host``), or there is no host before it
+    (``:12?secret=@host``): when in doubt, redact.
     """
     scheme, sep, rest = url.partition("://")
     if not sep or not rest or rest[0] in "/?#":  # no authority, e.g. chdb:///abs/dir
@@ -632,8 +632,10 @@ def _userinfo_end(authority: str, rest: str) -> int:
     if _looks_like_userinfo(authority):
         return rest.rfind("@")
     for i in reversed([i for i, ch in enumerate(rest) if ch == "@"]):
-        _, question, query = rest[:i].partition("?")
-        if not (question and "=" in query):
+        before, question, query = rest[:i].partition("?")
+        # A query of settings follows a path (``host:8443/?ca_cert=/a@b.pem``); straight after the digits
+        # (``user:12?secret=@host``) the "query" is more likely the password's.
+        if not (question and "=" in query and "/" in before):
             return i
     # No host before the colon (``:12?secret=@host``) is no host:port: an empty user's password, to the last @.
     return rest.rfind("@") if authority.startswith(":") else -1

@@ -134,6 +134,7 @@ def test_alertmanager_invalid_url_errors_hide_credentials(caplog: pytest.LogCapt
         (f"http://:2024/{URL_SECRET}@db.example/?ca_cert=/a@b.pem", "http://***@db.example/?ca_cert=/a@b.pem"),
         # No host before the colon: the "query" is the password's (found by the property test in CI).
         (f"http://:12?{URL_SECRET}=@127.0.0.1", "http://***@127.0.0.1"),
+        (f"chdb://writer:12?{URL_SECRET}=@127.0.0.1", "chdb://writer:***@127.0.0.1"),
         ("http://db.example:8123", "http://db.example:8123"),
         ("https://db.example:8443/?ca_cert=/etc/certs/a@b.pem", "https://db.example:8443/?ca_cert=/etc/certs/a@b.pem"),
         ("http://[::1]/?x=a@b", "http://[::1]/?x=a@b"),
