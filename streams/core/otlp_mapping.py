@@ -276,11 +276,11 @@ def unmeasured_attrs(note: SpanNote) -> dict[str, AttrValue]:
     return out
 
 
-def derived_prompt_assemble(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[SpanNote, dict[str, Any]] | None:
-    """A ``prompt_assemble`` event for a trace that has none: from the end of its last retrieval or rerank
-    span to the start of its (first) LLM span, marked ``derived = true``; its event id is the LLM span's id
-    plus ``/prompt_assemble``, so a replay dedups. ``None`` when the trace has a prompt span, no LLM span or
-    nothing retrieved before it. Raises :class:`Unmappable` (no tenant), like every event."""
+def prompt_plan(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[SpanNote, int | None] | None:
+    """Where a trace's derived ``prompt_assemble`` goes: its (first) LLM span and the end (ns) of its last
+    retrieval or rerank span before that span's start (None: nothing retrieved before it yet, a late span may
+    bring it). ``None`` when the trace has a prompt span or no LLM span: nothing is derived. The event runs
+    from that end to the LLM span's start (:func:`derived_prompt_at` of :func:`prompt_template`)."""
     staged = [(stage_of(n, ctx), n) for n in notes]
     if any(stage == "prompt_assemble" for stage, _ in staged):
         return None
@@ -289,27 +289,13 @@ def derived_prompt_assemble(notes: Iterable[SpanNote], ctx: TraceContext) -> tup
         return None
     llm = min(llms, key=lambda n: (n.start_ns, n.span_id))
     ends = [n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT and n.end_ns <= llm.start_ns]
-    if not ends:
-        return None
-    return llm, derived_prompt_at(prompt_template(llm, ctx), llm.start_ns, max(ends))
-
-
-def pending_prompt(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[int, dict[str, Any]] | None:
-    """For a trace :func:`derived_prompt_assemble` derives nothing from because no retrieval or rerank span
-    ended before its LLM span (yet): the LLM span's start (ns) and the event to fill in when a late one comes
-    (:func:`derived_prompt_at`). None when it has a prompt span or no LLM span. Raises :class:`Unmappable`."""
-    staged = [(stage_of(n, ctx), n) for n in notes]
-    if any(stage == "prompt_assemble" for stage, _ in staged):
-        return None
-    llms = [n for stage, n in staged if stage == "llm_ttft"]
-    if not llms:
-        return None
-    llm = min(llms, key=lambda n: (n.start_ns, n.span_id))
-    return llm.start_ns, prompt_template(llm, ctx)
+    return llm, max(ends) if ends else None
 
 
 def prompt_template(llm: SpanNote, ctx: TraceContext) -> dict[str, Any]:
-    """The derived ``prompt_assemble`` event of the LLM span ``llm``, its time and duration not set yet."""
+    """The derived ``prompt_assemble`` event of the LLM span ``llm``, its time and duration not set yet:
+    marked ``derived = true``, its event id the LLM span's id plus ``/prompt_assemble`` (a replay dedups).
+    Raises :class:`Unmappable` (no tenant), like every event."""
     event = _event(llm, ctx, "prompt_assemble", 0.0, 0.0, {"derived": True}, own=False)
     event["event_id"] = f"{llm.span_id}/prompt_assemble"
     return event

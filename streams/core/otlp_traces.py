@@ -61,12 +61,12 @@ from streams.core.otlp_mapping import (
     SpanNote,
     TraceContext,
     Unmappable,
-    derived_prompt_assemble,
     derived_prompt_at,
     is_unmeasured,
     note_span,
     own_tenant,
-    pending_prompt,
+    prompt_plan,
+    prompt_template,
     prompts_before,
     stage_events,
     stage_of,
@@ -474,16 +474,17 @@ class TraceAssembler:
         """The derived ``prompt_assemble`` of a trace without a prompt span (no span of its own: not counted
         as one; a trace without a tenant has its spans dead-lettered already)."""
         try:
-            derived = derived_prompt_assemble(state.notes.values(), ctx)
-            if derived is None:  # an LLM span with nothing retrieved before it yet: a late span may bring it
-                pending = pending_prompt(state.notes.values(), ctx)
-                if pending is not None:
-                    state.prompt_due = pending[0], orjson.dumps(pending[1]).decode()
+            plan = prompt_plan(state.notes.values(), ctx)
+            if plan is None:
+                return []
+            llm, retrieved_ns = plan
+            template = prompt_template(llm, ctx)
         except Unmappable:
             return []
-        if derived is None:
+        if retrieved_ns is None:  # an LLM span with nothing retrieved before it yet: a late span may bring it
+            state.prompt_due = llm.start_ns, orjson.dumps(template).decode()
             return []
-        llm, event = derived
+        event = derived_prompt_at(template, llm.start_ns, retrieved_ns)
         return self._validated(state, llm, [event], ctx, now_ms, span=False)
 
     def _late_prompts(self, late: list[tuple[TraceState, SpanNote, bool]], now_ms: float) -> list[Output]:
