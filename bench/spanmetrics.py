@@ -44,7 +44,8 @@ import orjson
 
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import OtlpEncoding, parse_spans
-from streams.core.otlp_traces import ForwardedEvent, TraceAssembler
+from streams.core.otlp_outputs import ForwardedEvent
+from streams.core.otlp_traces import TraceAssembler
 from streams.core.sketch import LatencySketch
 from streams.settings import OtelCollectorConfig, Settings
 

@@ -29,7 +29,8 @@ from schemas.dead_letter import DeadLetter, make_dead_letter
 from schemas.otlp import decode_otlp_message
 from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics, sync_counter
-from streams.core.otlp_traces import SPAN_OUTCOMES, ForwardedEvent, Output, TraceAssembler
+from streams.core.otlp_outputs import SPAN_OUTCOMES, ForwardedEvent, Output
+from streams.core.otlp_traces import TraceAssembler
 from streams.kafka.batches import Emit, PartitionView, Records, RunnerConfig, RunnerMetrics, by_key
 from streams.settings import Settings
 

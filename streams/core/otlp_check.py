@@ -25,7 +25,8 @@ from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED
 from streams.core.join import RequestJoin
 from streams.core.otlp_conventions import FIRST_CHUNK_ATTRS, stage_and_source
 from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, note_span
-from streams.core.otlp_traces import ForwardedEvent, TraceAssembler
+from streams.core.otlp_outputs import ForwardedEvent
+from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 
 _TOPIC: Final = "otlp_spans"

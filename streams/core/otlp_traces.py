@@ -45,15 +45,13 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Final
 
 import orjson
 
-from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
+from schemas.dead_letter import DeadLetter, DeadLetterReason
 from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
 from streams.core.otlp_bounds import FIXED_TRACE_BYTES, SPAN_LINK_BYTES, note_bytes, note_problem, span_problem
@@ -72,6 +70,14 @@ from streams.core.otlp_mapping import (
     stage_of,
 )
 from streams.core.otlp_mapping import request_start_event as root_event
+from streams.core.otlp_outputs import (
+    AssemblerCounters,
+    ForwardedEvent,
+    Output,
+    SpanLetters,
+    exc_text,
+    unmappable_reason,
+)
 from streams.core.otlp_state import TraceState, trace_key
 from streams.core.otlp_tenants import PartitionClocks, TenantClock, TraceCounts
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
@@ -79,47 +85,11 @@ from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 log = logging.getLogger("ttft.otlp")
 
 _NS_PER_MS: Final = 1_000_000
-#: Span outcomes counted by :attr:`AssemblerCounters.spans`.
-SPAN_OUTCOMES: Final = ("stage", "not_stage", "dead_letter", "replayed")
-#: Instrumentation scopes counted apart in :attr:`AssemblerCounters.no_first_chunk` (scope names come from the
-#: input: the rest are counted as one, :data:`OTHER_SCOPE`, so a metric label cannot grow without bound).
-MAX_SCOPES: Final = 64
-OTHER_SCOPE: Final = ("__other__", "")
-_SCOPE_CHARS: Final = 128
 _OVER_SPAN_CAP: Final = "trace over otlp.max_spans_per_trace"
 _OVER_STATE_BYTES: Final = "trace over otlp.max_trace_state_bytes"
 #: A changelog value past this is never produced (the producer's batch is 1 MiB): the trace is dropped,
 #: counted and logged instead. The byte budget keeps every trace far below it; this is the last guard.
 _MAX_PACKED_BYTES: Final = 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardedEvent:
-    """A validated stage event for ``ttft.stage-events``: Kafka key = ``request_id``, value = ``value``."""
-
-    request_id: str
-    value: bytes
-
-
-Output = ForwardedEvent | DeadLetter
-
-
-@dataclass(slots=True)
-class AssemblerCounters:
-    """Monotonic counts: spans by outcome, tripped caps, and LLM spans without a first chunk (forwarded as
-    ``llm_unmeasured``) per instrumentation scope ``(name, version)``: what a team must fix, and in which
-    library."""
-
-    spans: Counter[str] = field(default_factory=Counter)
-    caps: Counter[str] = field(default_factory=Counter)
-    no_first_chunk: Counter[tuple[str, str]] = field(default_factory=Counter)
-
-    def count_no_first_chunk(self, scope_name: str, scope_version: str) -> None:
-        """One more LLM span of this scope without a first chunk (past :data:`MAX_SCOPES`: :data:`OTHER_SCOPE`)."""
-        scope = (scope_name[:_SCOPE_CHARS], scope_version[:_SCOPE_CHARS])
-        if scope not in self.no_first_chunk and len(self.no_first_chunk) >= MAX_SCOPES:
-            scope = OTHER_SCOPE
-        self.no_first_chunk[scope] += 1
 
 
 class TraceAssembler:
@@ -128,6 +98,7 @@ class TraceAssembler:
     def __init__(self, otlp: OtlpConfig, join: JoinConfig, caps: CapsConfig, topic: str) -> None:
         self.otlp, self.join, self.caps, self.topic = otlp, join, caps, topic
         self.counters = AssemblerCounters()
+        self._letters = SpanLetters(topic, caps)
         self._traces: dict[str, TraceState] = {}
         self._partitions: dict[int, PartitionClocks] = {}
         self._counts = TraceCounts()
@@ -263,7 +234,7 @@ class TraceAssembler:
             problem = note_problem(note, self.caps)
         if problem is not None:
             self.counters.spans["dead_letter"] += 1
-            out.append(self._refused(span, partition, offset, now_ms, *problem))
+            out.append(self._letters.of_span(span, partition, offset, now_ms, *problem))
             return
         tenant = own_tenant(note.context)
         # A span moves its own tenant's clock only (spans without a tenant: theirs, never past the clock).
@@ -346,7 +317,7 @@ class TraceAssembler:
             self.counters.caps[cap] += 1
             if note.stage is not None:
                 self.counters.spans["dead_letter"] += 1
-                out.append(self._dead_letter(state, note, "too_many_events", detail, now_ms))
+                out.append(self._note_letter(state, note, "too_many_events", detail, now_ms))
             else:
                 self.counters.spans["not_stage"] += 1
             return False
@@ -422,7 +393,7 @@ class TraceAssembler:
             state.handled.add(note.span_id)
             self.counters.spans["dead_letter"] += 1
             self.counters.caps["otlp_span_errors"] += 1
-            return [self._dead_letter(state, note, "schema", f"the mapping failed: {_exc_text(exc)}", now_ms)]
+            return [self._note_letter(state, note, "schema", f"the mapping failed: {exc_text(exc)}", now_ms)]
 
     def _late_fits(self, state: TraceState) -> bool:
         """One more late span fits the trace's caps (spans, bytes)."""
@@ -443,7 +414,7 @@ class TraceAssembler:
                 self.counters.spans["not_stage"] += 1
                 return []
             self.counters.spans["dead_letter"] += 1
-            return [self._dead_letter(state, note, "too_many_events", detail, now_ms)]
+            return [self._note_letter(state, note, "too_many_events", detail, now_ms)]
         state.size_bytes += SPAN_LINK_BYTES
         state.learn(note, is_root)
         ctx = state.trace_context()
@@ -467,7 +438,7 @@ class TraceAssembler:
             event = root_event(note, ctx)
         except Unmappable as exc:
             self.counters.spans["dead_letter"] += 1
-            return [self._dead_letter(state, note, _reason(exc.reason), str(exc), now_ms, ctx)]
+            return [self._note_letter(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, [event], ctx, now_ms)
 
     def _derived_prompt(self, state: TraceState, ctx: TraceContext, now_ms: float) -> list[Output]:
@@ -532,7 +503,7 @@ class TraceAssembler:
             events = stage_events(note, stage, ctx)
         except Unmappable as exc:
             self.counters.spans["dead_letter"] += 1
-            return [self._dead_letter(state, note, _reason(exc.reason), str(exc), now_ms, ctx)]
+            return [self._note_letter(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, events, ctx, now_ms)
 
     def _validated(
@@ -562,7 +533,13 @@ class TraceAssembler:
             self.counters.spans["dead_letter" if failed else "stage"] += 1
         return out
 
-    def _dead_letter(
+    def _span_failed(self, span: OtlpSpan, partition: int, offset: int, now_ms: float, exc: Exception) -> DeadLetter:
+        log.exception("OTLP trace %s span %s: folding failed; dead-lettered", span.trace_id, span.span_id)
+        self.counters.spans["dead_letter"] += 1
+        self.counters.caps["otlp_span_errors"] += 1
+        return self._letters.of_span(span, partition, offset, now_ms, "schema", f"the mapping failed: {exc_text(exc)}")
+
+    def _note_letter(
         self,
         state: TraceState,
         note: SpanNote,
@@ -571,79 +548,7 @@ class TraceAssembler:
         now_ms: float,
         ctx: TraceContext | None = None,
     ) -> DeadLetter:
-        """A dead letter for one span; its ``original`` is the span as the mapping read it (JSON)."""
-        tenant = None if ctx is None else ctx.tenant_of(note)
-        original = orjson.dumps(
-            {
-                "trace_id": state.trace_id,
-                "span_id": note.span_id,
-                "parent_span_id": note.parent,
-                "start_time_unix_nano": note.start_ns,
-                "end_time_unix_nano": note.end_ns,
-                "stage": note.stage,
-                "first_chunk_unix_nano": note.first_chunk_ns,
-                "streaming": note.streaming,
-                "scope": [note.scope_name, note.scope_version],
-                "context_attributes": note.context,
-                "attrs": note.attrs,
-            }
-        )
-        return make_dead_letter(
-            reason,
-            f"trace {state.trace_id} span {note.span_id}: {detail}",
-            original,
-            topic=self.topic,
-            partition=state.partition,
-            offset=note.offset,
-            kafka_timestamp_ms=None,
-            max_original_bytes=self.caps.dead_letter_bytes,
-            received_at_ms=now_ms,
-            request_id=None if ctx is None else ctx.request_id,
-            tenant_id=tenant if isinstance(tenant, str) else None,
-            trace_id=state.trace_id,
-            span_id=note.span_id,
-        )
-
-    def _refused(
-        self, span: OtlpSpan, partition: int, offset: int, now_ms: float, reason: DeadLetterReason, detail: str
-    ) -> DeadLetter:
-        """A dead letter for a span refused on arrival; its ``original`` is the span as decoded (JSON)."""
-        try:
-            original = orjson.dumps(
-                {
-                    "trace_id": span.trace_id,
-                    "span_id": span.span_id,
-                    "parent_span_id": span.parent_span_id,
-                    "name": span.name[:256],
-                    "start_time_unix_nano": span.start_ns,
-                    "end_time_unix_nano": span.end_ns,
-                    "scope": [span.scope_name[:256], span.scope_version[:256]],
-                    "attributes": span.attributes,
-                }
-            )
-        except Exception:
-            original = b""
-        tenant = own_tenant(span.attributes)
-        return make_dead_letter(
-            reason,
-            f"trace {span.trace_id} span {span.span_id}: {detail}",
-            original,
-            topic=self.topic,
-            partition=partition,
-            offset=offset,
-            kafka_timestamp_ms=None,
-            max_original_bytes=self.caps.dead_letter_bytes,
-            received_at_ms=now_ms,
-            tenant_id=tenant or None,
-            trace_id=span.trace_id,
-            span_id=span.span_id,
-        )
-
-    def _span_failed(self, span: OtlpSpan, partition: int, offset: int, now_ms: float, exc: Exception) -> DeadLetter:
-        log.exception("OTLP trace %s span %s: folding failed; dead-lettered", span.trace_id, span.span_id)
-        self.counters.spans["dead_letter"] += 1
-        self.counters.caps["otlp_span_errors"] += 1
-        return self._refused(span, partition, offset, now_ms, "schema", f"the mapping failed: {_exc_text(exc)}")
+        return self._letters.of_note(state.trace_id, state.partition, note, reason, detail, now_ms, ctx)
 
     def _forget(self, key: str) -> None:
         state = self._drop(key)
@@ -675,7 +580,7 @@ class TraceAssembler:
         except ValueError:
             raise
         except Exception as exc:
-            raise ValueError(f"unreadable trace state: {_exc_text(exc)}") from None
+            raise ValueError(f"unreadable trace state: {exc_text(exc)}") from None
         new_key = state.key
         if new_key != key and new_key in self._traces:  # restored under its new key already: that one is newer
             self._dirty[key] = partition  # the old key's tombstone
@@ -711,14 +616,3 @@ def resolve_due_ns(first_start_ns: int, last_end_ns: int, first_token_known: boo
     if first_token_known:
         return due
     return max(due, first_start_ns + join.request_timeout_ms * _NS_PER_MS)
-
-
-def _reason(code: str) -> DeadLetterReason:
-    """A reason code of :class:`streams.core.otlp_mapping.Unmappable` as the dead letter's type."""
-    if code == "missing_tenant":
-        return "missing_tenant"
-    raise ValueError(f"unknown unmappable reason {code!r}")
-
-
-def _exc_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -13,7 +13,8 @@ import pytest
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import AttrValue, OtlpSpan, OtlpSpanEvent
 from streams.core.otlp_conventions import EMBEDDING, first_chunk, span_stage, streaming, token_attrs
-from streams.core.otlp_traces import MAX_SCOPES, OTHER_SCOPE, ForwardedEvent, Output, TraceAssembler
+from streams.core.otlp_outputs import MAX_SCOPES, OTHER_SCOPE, ForwardedEvent, Output
+from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 
 T0 = 1_764_000_000_000_000_000  # ns

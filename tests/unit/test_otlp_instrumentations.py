@@ -15,7 +15,8 @@ import pytest
 
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import OtlpSpan, parse_spans
-from streams.core.otlp_traces import ForwardedEvent, Output, TraceAssembler
+from streams.core.otlp_outputs import ForwardedEvent, Output
+from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "otel_instrumentations"

@@ -16,8 +16,9 @@ import pytest
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import OtlpSpan, parse_spans
 from streams.core import otlp_traces
+from streams.core.otlp_outputs import ForwardedEvent, Output
 from streams.core.otlp_state import TraceState, trace_key
-from streams.core.otlp_traces import ForwardedEvent, Output, TraceAssembler
+from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 from tests.support.otlp_traffic import SpanSpec, TraceSpec, build_trace, emitter_events, exports, request_message
 

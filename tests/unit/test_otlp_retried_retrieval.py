@@ -17,7 +17,8 @@ from schemas.decode import decode_stage_event
 from schemas.events import StageEvent
 from schemas.otlp import AttrValue, OtlpSpan, OtlpSpanEvent
 from streams.core.join import RequestJoin, merge_records
-from streams.core.otlp_traces import ForwardedEvent, Output, TraceAssembler
+from streams.core.otlp_outputs import ForwardedEvent, Output
+from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 
 T0 = 1_764_000_000_000_000_000  # ns

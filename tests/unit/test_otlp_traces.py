@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import OtlpSpan, parse_spans
+from streams.core.otlp_outputs import ForwardedEvent, Output
 from streams.core.otlp_state import trace_key
-from streams.core.otlp_traces import ForwardedEvent, Output, TraceAssembler
+from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 from tests.support.otlp_traffic import (
     SpanSpec,
