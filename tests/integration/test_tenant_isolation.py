@@ -252,11 +252,11 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
         + hostile_mix.laggard(start_ms, start_ms + windows * 60_000)
     )
     sends = {"alone": good, "mixed": mixed_events + attacks}
+    if os.environ.get("TTFT_ISOLATION_ISSUE14_RUN") == "1":  # the test as issue 14 left it: without the attacks
+        sends["issue14"] = mixed_events
     if os.environ.get("TTFT_ISOLATION_HOSTILE_ONLY") == "1":  # a third pipeline: the hostile input alone
         good_messages = {(m.key, m.value) for m in good}
         sends["hostile"] = [m for m in mixed_events if (m.key, m.value) not in good_messages] + attacks
-    if os.environ.get("TTFT_ISOLATION_ISSUE14_RUN") == "1":  # issue 14's test: good traffic and its hostile tenant
-        sends["issue14"] = mixed_events
     runs: dict[str, PipelinePair] = {}
     topics: dict[str, dict[str, str]] = {}
     try:
@@ -345,11 +345,19 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
     )
     assert p90 <= GRACE_S + 5, behind
 
-    # 3. The join's CPU per event.
-    print(
-        f"JOIN CPU PER EVENT (µs) through the backlog: alone {cpu['alone'][0]:.1f} "
-        f"({producer.backlog['alone']} messages), mixed {cpu['mixed'][0]:.1f} ({producer.backlog['mixed']})"
-    )
+    # 3. The join's CPU per event. Printed against the good traffic alone (and, with
+    # TTFT_ISOLATION_ISSUE14_RUN=1, against issue 14's mixed run, the run without this issue's attacks);
+    # bounded at 4x the good traffic's (no scan over 20,000 tenants per event). Each hostile message must
+    # produce about two outputs (a dead letter, or a timed-out request's record, changelog write and
+    # tombstone) where a good one produces a third of one: issue 27's 20 % is not met (see the note).
+    line = f"alone {cpu['alone'][0]:.1f} ({producer.backlog['alone']} messages)"
+    if "issue14" in cpu:
+        line += f", issue 14's mixed run {cpu['issue14'][0]:.1f} ({producer.backlog['issue14']})"
+    line += f", mixed {cpu['mixed'][0]:.1f} ({producer.backlog['mixed']}); mixed / alone "
+    line += f"{cpu['mixed'][0] / cpu['alone'][0]:.2f}"
+    if "issue14" in cpu:
+        line += f", mixed / issue 14's {cpu['mixed'][0] / cpu['issue14'][0]:.2f}"
+    print(f"JOIN CPU PER EVENT (µs) through the backlog: {line}")
     if "hostile" in cpu:  # what the mixed run's CPU would be if the two inputs cost what they cost apart
         apart = cpu["alone"][0] * producer.backlog["alone"] + cpu["hostile"][0] * producer.backlog["hostile"]
         print(
@@ -357,14 +365,9 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
             f"({producer.backlog['hostile']} messages); mixed / (alone + hostile, apart): "
             f"{cpu['mixed'][0] * producer.backlog['mixed'] / apart:.2f}"
         )
-    if "issue14" in cpu:  # the isolation test before this issue's attacks were added to it
-        print(
-            f"JOIN CPU PER EVENT (µs), issue 14's mixed run: {cpu['issue14'][0]:.1f} "
-            f"({producer.backlog['issue14']} messages); mixed / issue 14's: {cpu['mixed'][0] / cpu['issue14'][0]:.2f}"
-        )
-    if os.environ.get("TTFT_ISOLATION_STRICT_CPU") == "1":  # issue 27's 20 %: not met yet (see the note)
+    if os.environ.get("TTFT_ISOLATION_STRICT_CPU") == "1":  # issue 27's 20 %, against the good traffic alone
         assert cpu["mixed"][0] <= 1.2 * cpu["alone"][0], cpu
-    assert cpu["mixed"][0] <= 4.0 * cpu["alone"][0], cpu  # no scan over 20,000 tenants per event
+    assert cpu["mixed"][0] <= 4.0 * cpu["alone"][0], cpu
 
     # 4. Every attack landed where it belongs, and nothing was lost.
     mixed = runs["mixed"]
