@@ -42,6 +42,7 @@ PHASES = (
     "spanmetrics",
     "otlpbridge",
     "whatif",
+    "isolation",
 )
 #: Phases that read the generated traffic; when all are skipped, only a token amount is generated.
 TRAFFIC_PHASES = frozenset({"raw", "pipeline", "lag", "naive", "memory", "scaleout"})
@@ -167,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.whatif import measure_whatif
 
         run.phase("whatif", lambda: measure_whatif(args.whatif_requests))
+    if "isolation" not in args.skip:  # no broker: the join's fold over the isolation test's inputs
+        from bench.isolation import measure_isolation
+
+        run.phase("isolation", lambda: measure_isolation(1 if args.quick else 3))
     root = Path(tempfile.mkdtemp(prefix="ttft-bench-"))
     broker = LocalBroker(root / "broker")
     traffic_box: list[Traffic] = []

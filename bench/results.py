@@ -124,6 +124,15 @@ ROWS: tuple[Row, ...] = (
     Row(
         "otlp bridge", "spanmetrics connectors' CPU per span (difference)", "otel_spanmetrics_cpu_us_per_span", "us", 2
     ),
+    Row("isolation", "join CPU per message, good tenants alone (offline fold)", "isolation_alone_cpu_us", "us", 1),
+    Row("isolation", "with issue 14's hostile tenant", "isolation_issue14_cpu_us", "us", 1),
+    Row("isolation", "with it and issue 27's attacks (mixed)", "isolation_mixed_cpu_us", "us", 1),
+    Row("isolation", "the hostile messages alone", "isolation_hostile_cpu_us", "us", 1),
+    Row("isolation", "outputs per message, good alone", "isolation_alone_outputs_per_msg", "", 2),
+    Row("isolation", "outputs per message, hostile alone", "isolation_hostile_outputs_per_msg", "", 2),
+    Row("isolation", "mixed / alone", "isolation_mixed_over_alone", "x", 2),
+    Row("isolation", "mixed / issue 14's", "isolation_mixed_over_issue14", "x", 2),
+    Row("isolation", "mixed / (alone + hostile, apart), total CPU", "isolation_interaction", "x", 2),
     Row("what-if", "stored requests replayed", "whatif_requests", ""),
     Row("what-if", "ttft whatif, one lever, 200 resamples: process wall (median)", "whatif_seconds", "s", 2),
     Row("what-if", "ttft whatif: peak RSS", "whatif_rss_peak_mb", "MiB", 1),
@@ -228,6 +237,13 @@ def evaluate_targets(figures: Mapping[str, float | None]) -> list[TargetResult]:
         v,
         v is not None and v <= 10.0 and (n or 0) >= 1_000_000,
         f"{v or 0:.1f} s over {n or 0:,.0f} requests, peak RSS {rss or 0:,.0f} MiB",
+    )
+    v = f.get("isolation_mixed_over_alone")
+    add(
+        "issue 27: join CPU per message with the hostile mix <= 1.2x the good traffic's (offline fold)",
+        v,
+        v is not None and v <= 1.2,
+        f"{v or 0:.2f}x (interaction {f.get('isolation_interaction') or 0:.2f}x)",
     )
     errs = [f.get(f"otel_{stage}_p95_ours_err") for stage in ("retrieval", "llm_ttft")]
     worst = None if any(e is None for e in errs) else max(e for e in errs if e is not None)

@@ -24,36 +24,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from streams.kafka.topics import ensure_topics
 from streams.settings import Settings, load_settings
 from tests.support import hostile_mix
-from tests.support.scenarios import (
-    PipelinePair,
-    RegressionTraffic,
-    regression_traffic,
-    write_config,
-)
+from tests.support.isolation_traffic import GOOD, GRACE_S, HOSTILE, LIVE_TAIL_S, config_27, isolation_inputs
+from tests.support.scenarios import PipelinePair, write_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(600)]
 
-GOOD = {"acme": 6.0, "globex": 2.0, "initech": 1.0}
-HOSTILE = "mallory"
 GOOD_SQL = ", ".join(f"'{t}'" for t in GOOD)
-CONFIG: dict[str, Any] = {
-    "rules": {"stale_windows": 2_000, "tenant_silence": {"enabled": False}},
-    "join": {"max_open_requests_per_tenant": 1_000},
-}
-Msg = tuple[bytes, bytes]
 
 
 def _settings(bootstrap: str, home: Path) -> Settings:
@@ -61,75 +48,6 @@ def _settings(bootstrap: str, home: Path) -> Settings:
     settings = load_settings(kafka_bootstrap=bootstrap, home=home, topic_prefix=prefix, app_id=prefix)
     asyncio.run(ensure_topics(settings))
     return settings
-
-
-def _event(rid: str, stage: str, ts: float, **extra: Any) -> dict[str, Any]:
-    return {"request_id": rid, "tenant_id": HOSTILE, "version_id": "h1", "stage": stage, "ts_ms": ts, **extra}
-
-
-def _request(rid: str, t: float, version: str, route: str, custom: str) -> list[dict[str, Any]]:
-    """A complete request of the hostile tenant, with its own version, route and custom stage (item 5)."""
-    base = {"version_id": version, "route": route}
-    return [
-        _event(rid, "request_start", t, **base),
-        _event(rid, "retrieval", t + 5, duration_ms=90.0, **base),
-        _event(rid, custom, t + 96, duration_ms=3.0, **base),
-        _event(rid, "prompt_assemble", t + 100, duration_ms=30.0, **base),
-        _event(rid, "llm_ttft", t + 131, duration_ms=400.0, **base),
-        _event(rid, "first_token", t + 532, **base),
-    ]
-
-
-def _hostile_window(
-    index: int, last: int, start: float, good_ids: list[str], rng: random.Random
-) -> list[tuple[float, Msg]]:
-    """The hostile tenant's events of one window, each with the event time it is produced at."""
-    events: list[dict[str, Any]] = []
-    raw: list[tuple[float, Msg]] = []
-    for k, rid in enumerate(good_ids[:60]):  # 4: the good tenants' request ids; 5: a version per request
-        events += _request(rid, start + 500 + k * 400, f"v{index}-{k}", f"route-{index}-{k}", f"hx_{index}_{k}")
-    for k in range(1_600):  # 5: open requests past the per-tenant cap (evicted: the tenant's own)
-        events.append(_event(f"open-{index}-{k}", "request_start", start + k * 30.0))
-    for k in range(10):  # 8: conflicting duplicates (same event id, another duration) and duplicate keys
-        t = start + 20_000 + k * 100
-        first = _event(f"conflict-{index}-{k}", "retrieval", t, duration_ms=50.0, event_id=f"e{index}-{k}")
-        events += [first, {**first, "duration_ms": 70.0}]
-        dup = orjson.dumps(_event(f"dupkey-{index}-{k}", "request_start", t))[:-1] + b',"version_id":"h2"}'
-        raw.append((t, (f"dupkey-{index}-{k}".encode(), dup)))
-    for k in range(5):  # 2: 24 h ahead of the clock (dead-lettered)
-        events.append(_event(f"skew-{index}-{k}", "retrieval", start + 86_400_000, duration_ms=5.0))
-    if index == last:  # 2: 12 min ahead of its own watermark, which one event moves by 10 min at most
-        for k in range(40):
-            events.append(_event(f"ahead-{index}-{k}", "retrieval", start + 40_000 + 720_000, duration_ms=5.0))
-    if index == 2:  # 3: a constant request id, 20,000 events
-        for k in range(20_000):
-            stage = ("request_start", "retrieval", "llm_ttft", "first_token")[k % 4]
-            extra = {"duration_ms": 2.0} if stage in ("retrieval", "llm_ttft") else {}
-            events.append(_event("unknown", stage, start + 1_000 + k * 2.0, **extra))
-    if index == 4:  # 7: a bad deploy, every event invalid (negative duration), 8,000 in 20 s
-        for k in range(8_000):
-            events.append(_event(f"bad-{index}-{k}", "retrieval", start + 1_000 + k * 2.5, duration_ms=-1.0))
-    rng.shuffle(events)  # arrival order within a window is not event-time order
-    out = [(e["ts_ms"], (e["request_id"].encode(), orjson.dumps(e))) for e in events]
-    return out + raw
-
-
-def _mixed(traffic: RegressionTraffic, seed: int) -> tuple[list[list[Msg]], int]:
-    """The good chunks with the hostile events interleaved (by event time within each window)."""
-    rng = random.Random(seed)
-    chunks: list[list[Msg]] = []
-    total = 0
-    for index, chunk in enumerate(traffic.chunks):
-        start = traffic.start_ms + index * traffic.window_ms
-        good = [(orjson.loads(v)["ts_ms"], (k, v)) for k, v in chunk]
-        good_ids = list(dict.fromkeys(k.decode() for _, (k, _) in good))
-        hostile = _hostile_window(index, len(traffic.chunks) - 1, start, good_ids, rng)
-        total += len(hostile)
-        merged = sorted(
-            [(t, 0, i, m) for i, (t, m) in enumerate(good)] + [(t, 1, i, m) for i, (t, m) in enumerate(hostile)]
-        )
-        chunks.append([m for *_, m in merged])
-    return chunks, total
 
 
 def _tables(pair: PipelinePair) -> dict[str, list[dict[str, Any]]]:
@@ -154,20 +72,6 @@ def _tables(pair: PipelinePair) -> dict[str, list[dict[str, Any]]]:
 
 
 # --- issue 27: the hostile mix, live ------------------------------------------------------------------------
-
-REGISTERED = [*GOOD, HOSTILE, hostile_mix.LAGGARD]
-#: The good traffic's last seconds are played live (sent when the clock reaches them), the rest is a backlog.
-LIVE_TAIL_S = 150.0
-GRACE_S = 10
-
-
-def _config_27(prefix: str) -> dict[str, Any]:
-    return {
-        **CONFIG,
-        "windows": {"grace_s": GRACE_S},
-        "tenancy": {"registered": REGISTERED},
-        "otlp": {"topic": f"{prefix}-otlp_spans"},
-    }
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -222,41 +126,13 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
     Infinity and 2^64 times and 300 held 4 KB spans, 20,000 sprayed tenant ids, 2,000 unparseable messages
     on one partition and a tenant 14 minutes late."""
     kafka_broker.ensure_running()
-    windows = 13
-    now_ms = time.time() * 1000.0
-    start_ms = int(now_ms - windows * 60_000 + LIVE_TAIL_S * 1000)
-    traffic = regression_traffic(
-        start_ms,
-        tenants=GOOD,
-        incident_tenant="acme",
-        slowdown=1.5,
-        windows_before=5,
-        windows_incident=5,
-        windows_after=3,
-        seed=14,
-    )
-    good = [
-        m
-        for i, chunk in enumerate(traffic.chunks)
-        for m in hostile_mix.placed(chunk, start_ms + (i + 1) * 60_000 + 5_000)
-    ]
-    chunks, hostile_sent = _mixed(traffic, seed=41)
-    mixed_events = [
-        m for i, chunk in enumerate(chunks) for m in hostile_mix.placed(chunk, start_ms + (i + 1) * 60_000 + 5_000)
-    ]
-    window_starts = [start_ms + i * 60_000 for i in range(windows - 2)]
-    attacks = (
-        hostile_mix.otlp_attacks(window_starts[1:4])
-        + hostile_mix.sprayed_tenants(window_starts)
-        + hostile_mix.unparseable(window_starts[3])
-        + hostile_mix.laggard(start_ms, start_ms + windows * 60_000)
-    )
-    sends = {"alone": good, "mixed": mixed_events + attacks}
+    inputs = isolation_inputs(time.time() * 1000.0)
+    attacks, hostile_sent = inputs.attacks, inputs.hostile_sent
+    sends = {"alone": inputs.good, "mixed": inputs.mixed}
     if os.environ.get("TTFT_ISOLATION_ISSUE14_RUN") == "1":  # the test as issue 14 left it: without the attacks
-        sends["issue14"] = mixed_events
+        sends["issue14"] = inputs.issue14
     if os.environ.get("TTFT_ISOLATION_HOSTILE_ONLY") == "1":  # a third pipeline: the hostile input alone
-        good_messages = {(m.key, m.value) for m in good}
-        sends["hostile"] = [m for m in mixed_events if (m.key, m.value) not in good_messages] + attacks
+        sends["hostile"] = inputs.hostile()
     runs: dict[str, PipelinePair] = {}
     topics: dict[str, dict[str, str]] = {}
     try:
@@ -266,7 +142,7 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
             settings = _settings(kafka_broker.bootstrap, home)
             otlp = f"{settings.topic_prefix}-otlp_spans"
             asyncio.run(_create_topic(settings, otlp))
-            config = write_config(home / "ttft.yaml", _config_27(settings.topic_prefix))
+            config = write_config(home / "ttft.yaml", config_27(settings.topic_prefix))
             topics[name] = {"stage-events": settings.topic("stage-events"), "otlp": otlp}
             runs[name] = PipelinePair.start(settings, home, TTFT_CONFIG=str(config))
         pids = {name: (p.join.proc.pid, p.writer.proc.pid) for name, p in runs.items()}
