@@ -31,6 +31,7 @@ from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics, sync_counter
 from streams.core.guard import DeadLetterGuard
 from streams.core.join import RequestJoin
+from streams.core.join_state import exact_bytes
 from streams.core.tenancy import TenantBudgets
 from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka.batches import (
@@ -306,7 +307,7 @@ class JoinFold(KeyedStateFold):
     def _add_record(self, emit: Emit, source: int, record: dict[str, Any]) -> None:
         status = record["status"]
         self._emitted_by_status[status] = self._emitted_by_status.get(status, 0) + 1
-        emit(self.requests_topic, record["request_id"].encode(), orjson.dumps(record), source)
+        emit(self.requests_topic, record["request_id"].encode(), exact_bytes(record), source)
 
     def _add_dead_letter(self, emit: Emit, source: int, dl: DeadLetter) -> None:
         reason = dl.reason_code

