@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
-from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 
 from streams.app.join_fold import JoinFold, input_topics, join_runner_config
 from streams.app.metrics import WorkerMetrics
 from streams.app.runner import tune_collector
-from streams.kafka.batches import Emit, Outputs
+from streams.kafka.batches import Emit, Outputs, by_key
 from streams.settings import Settings, load_settings
 from tests.support.hostile_mix import Placed
 from tests.support.isolation_traffic import config_27, isolation_inputs
@@ -65,8 +64,7 @@ class _Backlog:
 def consumer_records(messages: Sequence[Placed], topic: str, partitions: int, now_ms: float) -> list[Any]:
     """The backlog's stage-event messages (sent by ``now_ms``) as a consumer reads them, in send order, on the
     partition their key hashes to (their own, if placed on one; round robin without a key)."""
-    partitioner = DefaultPartitioner()
-    every = list(range(partitions))
+    every = tuple(range(partitions))
     due = sorted(
         (m for m in messages if m.role == "stage-events" and m.send_at_ms <= now_ms), key=lambda m: m.send_at_ms
     )
@@ -78,7 +76,7 @@ def consumer_records(messages: Sequence[Placed], topic: str, partitions: int, no
         elif m.key is None:
             part = n % partitions
         else:
-            part = partitioner(m.key, every, every)
+            part = by_key(m.key, 0, every)  # as a keyed producer picks
         offset = offsets[part]
         offsets[part] += 1
         out.append(

@@ -16,6 +16,7 @@ import orjson
 from schemas.dead_letter import DeadLetter, DeadLetterReason, make_dead_letter
 from schemas.otlp import OtlpSpan
 from streams.core.otlp_mapping import SpanNote, TraceContext, own_tenant
+from streams.core.otlp_state import TraceState
 from streams.settings import CapsConfig
 
 #: Span outcomes counted by :attr:`AssemblerCounters.spans`.
@@ -65,15 +66,16 @@ class SpanLetters:
 
     def of_note(
         self,
-        trace_id: str,
-        partition: int,
+        state: TraceState,
         note: SpanNote,
         reason: DeadLetterReason,
         detail: str,
         now_ms: float,
         ctx: TraceContext | None = None,
     ) -> DeadLetter:
-        """A dead letter for a held or late span; its ``original`` is the span as the mapping read it (JSON)."""
+        """A dead letter for a held or late span of ``state``; its ``original`` is the span as the mapping read
+        it (JSON)."""
+        trace_id = state.trace_id
         tenant = None if ctx is None else ctx.tenant_of(note)
         original = orjson.dumps(
             {
@@ -95,7 +97,7 @@ class SpanLetters:
             f"trace {trace_id} span {note.span_id}: {detail}",
             original,
             topic=self.topic,
-            partition=partition,
+            partition=state.partition,
             offset=note.offset,
             kafka_timestamp_ms=None,
             max_original_bytes=self.caps.dead_letter_bytes,

@@ -51,7 +51,7 @@ from typing import Final
 
 import orjson
 
-from schemas.dead_letter import DeadLetter, DeadLetterReason
+from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
 from streams.core.otlp_bounds import FIXED_TRACE_BYTES, SPAN_LINK_BYTES, note_bytes, note_problem, span_problem
@@ -317,7 +317,7 @@ class TraceAssembler:
             self.counters.caps[cap] += 1
             if note.stage is not None:
                 self.counters.spans["dead_letter"] += 1
-                out.append(self._note_letter(state, note, "too_many_events", detail, now_ms))
+                out.append(self._letters.of_note(state, note, "too_many_events", detail, now_ms))
             else:
                 self.counters.spans["not_stage"] += 1
             return False
@@ -393,7 +393,7 @@ class TraceAssembler:
             state.handled.add(note.span_id)
             self.counters.spans["dead_letter"] += 1
             self.counters.caps["otlp_span_errors"] += 1
-            return [self._note_letter(state, note, "schema", f"the mapping failed: {exc_text(exc)}", now_ms)]
+            return [self._letters.of_note(state, note, "schema", f"the mapping failed: {exc_text(exc)}", now_ms)]
 
     def _late_fits(self, state: TraceState) -> bool:
         """One more late span fits the trace's caps (spans, bytes)."""
@@ -414,7 +414,7 @@ class TraceAssembler:
                 self.counters.spans["not_stage"] += 1
                 return []
             self.counters.spans["dead_letter"] += 1
-            return [self._note_letter(state, note, "too_many_events", detail, now_ms)]
+            return [self._letters.of_note(state, note, "too_many_events", detail, now_ms)]
         state.size_bytes += SPAN_LINK_BYTES
         state.learn(note, is_root)
         ctx = state.trace_context()
@@ -438,7 +438,7 @@ class TraceAssembler:
             event = root_event(note, ctx)
         except Unmappable as exc:
             self.counters.spans["dead_letter"] += 1
-            return [self._note_letter(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
+            return [self._letters.of_note(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, [event], ctx, now_ms)
 
     def _derived_prompt(self, state: TraceState, ctx: TraceContext, now_ms: float) -> list[Output]:
@@ -503,7 +503,7 @@ class TraceAssembler:
             events = stage_events(note, stage, ctx)
         except Unmappable as exc:
             self.counters.spans["dead_letter"] += 1
-            return [self._note_letter(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
+            return [self._letters.of_note(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, events, ctx, now_ms)
 
     def _validated(
@@ -538,17 +538,6 @@ class TraceAssembler:
         self.counters.spans["dead_letter"] += 1
         self.counters.caps["otlp_span_errors"] += 1
         return self._letters.of_span(span, partition, offset, now_ms, "schema", f"the mapping failed: {exc_text(exc)}")
-
-    def _note_letter(
-        self,
-        state: TraceState,
-        note: SpanNote,
-        reason: DeadLetterReason,
-        detail: str,
-        now_ms: float,
-        ctx: TraceContext | None = None,
-    ) -> DeadLetter:
-        return self._letters.of_note(state.trace_id, state.partition, note, reason, detail, now_ms, ctx)
 
     def _forget(self, key: str) -> None:
         state = self._drop(key)
