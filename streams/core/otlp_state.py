@@ -22,6 +22,7 @@ from typing import Any, Final
 import orjson
 
 from schemas.otlp import AttrValue
+from streams.core.join_state import exact_bytes
 from streams.core.otlp_mapping import SpanNote, TraceContext, own_tenant
 
 #: Serialised-form version: bump it when :meth:`TraceState.pack` changes in a way older readers cannot skip
@@ -113,8 +114,8 @@ class TraceState:
         )
 
     def pack(self) -> bytes:
-        """The changelog value of this trace."""
-        return orjson.dumps(
+        """The changelog value of this trace (held until the checkpoint: see ``exact_bytes``)."""
+        return exact_bytes(
             [
                 STATE_FORMAT,
                 self.trace_id,

@@ -54,6 +54,7 @@ import orjson
 from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
+from streams.core.join_state import exact_bytes
 from streams.core.otlp_bounds import FIXED_TRACE_BYTES, SPAN_LINK_BYTES, note_bytes, note_problem, span_problem
 from streams.core.otlp_mapping import (
     SpanNote,
@@ -521,7 +522,7 @@ class TraceAssembler:
         events are derived from the trace, and count as no span)."""
         out: list[Output] = []
         for event in events:
-            value = orjson.dumps(event)
+            value = exact_bytes(event)  # held until the batch is produced
             key = ctx.request_id.encode()
             decoded = decode_stage_event(value, key, self.topic, state.partition, note.offset, None, self.caps, now_ms)
             if isinstance(decoded, DeadLetter):
