@@ -20,7 +20,6 @@ its reason, its exact bytes and its offset.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import subprocess
 import time
@@ -43,16 +42,6 @@ KCAT_TIMEOUT_S = 60.0
 MISSING_KEY = "Kafka key is missing; it must be the request_id in UTF-8"
 
 Message = tuple[bytes | None, bytes]
-
-
-@pytest.fixture(scope="session")
-def kcat() -> str:
-    """The kcat binary; a missing one fails the test (a broken set-up), never skips it. Session-scoped and
-    requested first, so it fails before the broker fixture starts (or skips for want of java)."""
-    path = shutil.which("kcat")
-    if path is None:
-        pytest.fail("kcat not installed: run `make kcat` (deploy/kcat/install.sh, Debian package kcat)", pytrace=False)
-    return path
 
 
 def _free_port() -> int:
