@@ -137,6 +137,21 @@ def decode_stage_event(
     )
 
 
+#: Confluent's Schema Registry serializers prefix the JSON with a magic byte 0 and a 4-byte schema id.
+_REGISTRY_MAGIC = 0
+
+
+def _framing_hint(value: bytes) -> str:
+    """What a value that is not JSON looks like when a known producer framing explains it, else nothing."""
+    if len(value) > 5 and value[0] == _REGISTRY_MAGIC and value[5:6] in (b"{", b"["):
+        schema_id = int.from_bytes(value[1:5], "big")
+        return (
+            f" (it starts with a Schema Registry header, magic byte 0 and schema id {schema_id}: the topic takes "
+            "plain JSON, so send the JSON text itself (e.g. StringSerializer), not the registry serializer's output)"
+        )
+    return ""
+
+
 def _decode_in_steps(
     raw_value: bytes | None,
     raw_key: bytes | None,
@@ -190,7 +205,7 @@ def _decode_in_steps(
             utf8_error = _utf8_error(raw_value)
             if utf8_error is not None:
                 return dead("not_utf8", f"value is not valid UTF-8: {utf8_error}")
-            return dead("invalid_json", f"value is not strict JSON: {_short(str(exc))}")
+            return dead("invalid_json", f"value is not strict JSON: {_short(str(exc))}{_framing_hint(raw_value)}")
         duplicate = duplicate_key(raw_value, parsed)
         if duplicate is not None:
             return dead("duplicate_key", f"JSON object repeats the key {_short(repr(duplicate))}")

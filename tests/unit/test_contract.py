@@ -204,3 +204,12 @@ def test_export_check_fails_on_a_stale_file(tmp_path: Path) -> None:
     name = next(iter(rendered_schemas()))
     (tmp_path / name).write_text("{}\n", encoding="utf-8")
     assert main(["--check", "--dir", str(tmp_path)]) == 1
+
+
+def test_schema_registry_framing_is_named_in_the_detail() -> None:
+    """Confluent's registry serializers put a magic byte 0 and a schema id before the JSON: the letter says so."""
+    letter = _decode((STAGE_EVENTS / "invalid" / "invalid_json__schema_registry_framing.bin").read_bytes(), b"r")
+    assert isinstance(letter, DeadLetter) and letter.reason_code == "invalid_json"
+    assert "Schema Registry header, magic byte 0 and schema id 7" in letter.detail
+    plain = _decode(b"\x00{}", b"r")
+    assert isinstance(plain, DeadLetter) and "Schema Registry" not in plain.detail
