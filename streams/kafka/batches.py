@@ -149,6 +149,20 @@ class IngestHalted(Exception):
         self.topic, self.key, self.value = topic, key, value
 
 
+def fetched_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """The consumer's position on ``tp`` (the offset after the last record it returned or skipped), or None
+    while it has none. ``await consumer.position(tp)`` answers the same from the same state, but waits for
+    the fetcher when there is no position yet; this never waits (aiokafka 0.14's subscription state)."""
+    try:
+        state = consumer._subscription.subscription.assignment.state_value(tp)
+    except (AttributeError, KeyError):
+        return None
+    if state is None or not state.has_valid_position:
+        return None
+    position: int = state.position
+    return position
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """One role's consumer, producer and checkpoint settings."""
@@ -329,6 +343,8 @@ class PartitionBatchRunner:
             heartbeat_interval_ms=1000,
             rebalance_timeout_ms=max(session_ms, 10_000),
             max_poll_interval_ms=c.max_poll_interval_ms,
+            # A transactional producer's aborted records are never read, its open transaction is waited for.
+            isolation_level="read_committed",
             **client,
         )
         self.consumer.subscribe(list(c.topics), listener=_Rebalance(self))
@@ -430,6 +446,7 @@ class PartitionBatchRunner:
             records[tp] = items
             self._deferred[tp] = self._next[tp] = items[-1].offset + 1
             events += len(items)
+        self._past_skipped_offsets()
         done = Completion()
         step = Step(records, now, self, Emit(done.outputs, self.partitions, c.routes))
         await self._submit(step)
@@ -515,17 +532,37 @@ class PartitionBatchRunner:
         """Nothing left to fetch on ``tp``: its watermark may move on the wall clock. A partition with a
         backlog is never idle, or requests would be emitted before their events are read. (Never
         ``await consumer.position()`` here: it waits for the fetcher while a step holds the lock.)"""
-        assert self.consumer is not None
-        highwater = self.consumer.highwater(tp)
+        end = self._end(tp)
         done = self._next.get(tp)
-        return highwater is None or (done is not None and done >= highwater)
+        return end is None or (done is not None and done >= end)
 
     def unread_backlog(self, tp: TopicPartition) -> bool:
         """Records are known to wait on ``tp`` and none of them was folded yet."""
-        assert self.consumer is not None
-        highwater = self.consumer.highwater(tp)
+        end = self._end(tp)
         done = self._next.get(tp)
-        return highwater is not None and done is not None and done < highwater
+        return end is not None and done is not None and done < end
+
+    def _end(self, tp: TopicPartition) -> int | None:
+        """The offset after the last record the consumer may read on ``tp`` (read committed: the last stable
+        offset, below an open transaction), as of its latest fetch; None before one."""
+        assert self.consumer is not None
+        lso = self.consumer.last_stable_offset(tp)
+        end: int | None = lso if lso is not None else self.consumer.highwater(tp)
+        return end
+
+    def _past_skipped_offsets(self) -> None:
+        """Move the folded-to offset of each owned partition past what the consumer skipped: transaction
+        markers (control records no consumer receives) and aborted transactions' records. Without this a
+        partition whose last offset is a marker never looks caught up, and its offset is never committed."""
+        if self.consumer is None:
+            return
+        for tp in self.consumer.assignment():
+            if self.config.owns_partitions and tp not in self.owned:
+                continue
+            position = fetched_position(self.consumer, tp)
+            done = self._next.get(tp)
+            if position is not None and (done is None or position > done):
+                self._deferred[tp] = self._next[tp] = position
 
     def lag(self, tp: TopicPartition) -> int | None:
         return self._lag.get(tp)
@@ -533,9 +570,9 @@ class PartitionBatchRunner:
     def _update_lag(self, commits: Mapping[TopicPartition, int]) -> None:
         assert self.consumer is not None
         for tp, offset in commits.items():
-            highwater = self.consumer.highwater(tp)
-            if highwater is not None:
-                self._lag[tp] = max(0, highwater - offset)
+            end = self._end(tp)
+            if end is not None:
+                self._lag[tp] = max(0, end - offset)
                 if self.metrics.lag is not None:
                     self.metrics.lag.labels(tp.topic, str(tp.partition)).set(self._lag[tp])
 

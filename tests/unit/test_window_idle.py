@@ -142,6 +142,9 @@ class ScriptedConsumer:
     def highwater(self, tp: TopicPartition) -> int | None:
         return None
 
+    def last_stable_offset(self, tp: TopicPartition) -> int | None:
+        return None  # no transactions: the runner reads the high watermark
+
     def assignment(self) -> set[TopicPartition]:
         return set()
 
