@@ -43,6 +43,7 @@ from streams.kafka.batches import (
     RunnerMetrics,
     by_key,
 )
+from streams.kafka.unreadable import unreadable_letter
 from streams.settings import Settings
 from streams.views.rule_status import read_topic_values
 
@@ -264,6 +265,8 @@ class JoinFold(KeyedStateFold):
             if guard.newly_quarantined or guard.released:
                 self._report_quarantines(emit, core, now)
             if not isinstance(decoded, StageEvent):
+                if record.value is None:  # a tombstone, or the runner's stand-in for a record it cannot read
+                    decoded = unreadable_letter(record, now, caps.dead_letter_bytes) or decoded
                 self._add_dead_letter(emit, core, decoded)
                 continue
             for out in add(decoded, core, now, offset):

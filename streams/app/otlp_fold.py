@@ -32,6 +32,7 @@ from streams.app.metrics import WorkerMetrics, sync_counter
 from streams.core.otlp_outputs import SPAN_OUTCOMES, ForwardedEvent, Output
 from streams.core.otlp_traces import TraceAssembler
 from streams.kafka.batches import Emit, PartitionView, Records, RunnerConfig, RunnerMetrics, by_key
+from streams.kafka.unreadable import unreadable_letter
 from streams.settings import Settings
 
 log = logging.getLogger("ttft.otlp")
@@ -78,6 +79,11 @@ class OtlpFold(KeyedStateFold):
         s = self.settings
         for tp, items in records.items():
             for record in items:
+                if record.value is None:  # the runner's stand-in for a record it cannot read (else a tombstone)
+                    letter = unreadable_letter(record, now_ms, s.caps.dead_letter_bytes)
+                    if letter is not None:
+                        self._emit(emit, tp.partition, [letter])
+                        continue
                 try:
                     decoded = decode_otlp_message(
                         record.value,

@@ -51,6 +51,7 @@ from streams.kafka.batches import (
     RunnerMetrics,
     Submit,
 )
+from streams.kafka.unreadable import unreadable_letter
 from streams.settings import Settings
 from streams.store.client import StoreUnavailable, make_client
 from streams.store.dead_letter_store import insert_dead_letters
@@ -274,7 +275,10 @@ class StoreWriter:
         malformed = 0
         for tp, messages in batch.items():
             for msg in messages:
-                if msg.value is None:
+                if msg.value is None:  # a tombstone, or the runner's stand-in for a record it cannot read
+                    letter = unreadable_letter(msg, time.time() * 1000.0, self.settings.caps.dead_letter_bytes)
+                    if letter is not None:
+                        dead_letters.append(letter.model_dump())
                     continue
                 try:
                     if tp.topic == self.dead_letter_topic:

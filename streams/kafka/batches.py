@@ -39,7 +39,9 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
+from streams.kafka.positions import fetched_position
 from streams.kafka.topics import ensure_named_topics, kafka_client_kwargs
+from streams.kafka.unreadable import UNREADABLE_ERRORS, salvage
 from streams.settings import Settings
 
 log = logging.getLogger("ttft.runner")
@@ -147,20 +149,6 @@ class IngestHalted(Exception):
     def __init__(self, topic: str, key: bytes, value: bytes) -> None:
         super().__init__("ingest halted")
         self.topic, self.key, self.value = topic, key, value
-
-
-def fetched_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
-    """The consumer's position on ``tp`` (the offset after the last record it returned or skipped), or None
-    while it has none. ``await consumer.position(tp)`` answers the same from the same state, but waits for
-    the fetcher when there is no position yet; this never waits (aiokafka 0.14's subscription state)."""
-    try:
-        state = consumer._subscription.subscription.assignment.state_value(tp)
-    except (AttributeError, KeyError):
-        return None
-    if state is None or not state.has_valid_position:
-        return None
-    position: int = state.position
-    return position
 
 
 @dataclass(frozen=True)
@@ -360,9 +348,13 @@ class PartitionBatchRunner:
         try:
             while not self._stopping.is_set():
                 started = self._clock()
-                batch = await self.consumer.getmany(timeout_ms=c.poll_ms, max_records=c.batch_max)
-                if batch and c.linger_ms > 0:
-                    batch = await self._linger(batch)
+                try:
+                    batch = await self.consumer.getmany(timeout_ms=c.poll_ms, max_records=c.batch_max)
+                    if batch and c.linger_ms > 0:
+                        batch = await self._linger(batch)
+                except UNREADABLE_ERRORS as exc:  # a record the client cannot parse: read around it
+                    log.error("%s: a fetched record cannot be read (%s); reading each partition alone", c.name, exc)
+                    batch = await salvage(self.consumer, await self._folded_to(), c.poll_ms, c.batch_max)
                 self.last_poll_s = max(0.0, self._clock() - started)
                 if self._stopping.is_set():
                     break  # fetched, not folded, not committed: the next owner reads it again
@@ -404,6 +396,22 @@ class PartitionBatchRunner:
                 await asyncio.wait_for(client.stop(), timeout_s)
             except Exception:  # broker gone: nothing uncommitted is lost, the next owner re-reads it
                 log.warning("closing %s did not finish cleanly", type(client).__name__, exc_info=True)
+
+    async def _folded_to(self) -> dict[TopicPartition, int]:
+        """Where each of this runner's partitions was folded to (else its committed offset, else its first)."""
+        assert self.consumer is not None
+        c = self.config
+        out: dict[TopicPartition, int] = {}
+        for tp in sorted(self.consumer.assignment()):
+            if c.owns_partitions and tp not in self.owned:
+                continue
+            offset = self._next.get(tp)
+            if offset is None:
+                offset = await self.consumer.committed(tp)
+            if offset is None:
+                offset = (await self.consumer.beginning_offsets([tp]))[tp]
+            out[tp] = offset
+        return out
 
     async def _linger(self, batch: Records) -> dict[TopicPartition, list[ConsumerRecord[Any, Any]]]:
         """Poll on for up to ``linger_ms`` after the first records, while more arrive (up to ``batch_max``)."""

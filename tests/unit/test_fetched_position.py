@@ -9,7 +9,7 @@ import asyncio
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.kafka.batches import fetched_position
+from streams.kafka.positions import fetched_position
 
 
 def test_reads_the_position_the_consumer_reports() -> None:
