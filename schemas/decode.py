@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 
 from schemas.dead_letter import DeadLetter, DeadLetterReason, bounded_text, make_dead_letter
-from schemas.events import INSTANT_STAGES, KNOWN_ATTRS, RESERVED_TENANT, StageEvent, bound_attrs
+from schemas.events import INSTANT_STAGES, KNOWN_ATTRS, MAX_TS_MS, MIN_TS_MS, RESERVED_TENANT, StageEvent, bound_attrs
 from streams.settings import CapsConfig
 
 _MAX_ERRORS_IN_DETAIL: Final = 3
@@ -332,14 +332,30 @@ def future_skew(event: StageEvent, received_at_ms: float, append_time_ms: float 
 
 def schema_error_summary(exc: ValidationError) -> str:
     """Compact, bounded summary of a validation error: ``field: message; field: message (+N more)``."""
-    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    errors = exc.errors(include_url=False, include_context=False, include_input=True)
     parts = []
     for err in errors[:_MAX_ERRORS_IN_DETAIL]:
         loc = ".".join(str(p) for p in err["loc"]) or "event"
         msg = _short(err["msg"].removeprefix("Value error, "))
+        if loc == "ts_ms" and err["type"] in ("greater_than_equal", "less_than_equal"):
+            msg += _ts_unit_hint(err.get("input"))
         parts.append(f"{loc}: {msg}")
     more = len(errors) - _MAX_ERRORS_IN_DETAIL
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+#: The units a ts_ms outside the contract's range is most often in, with the factor that makes milliseconds.
+_TS_UNITS: Final = (("seconds", 1e3), ("microseconds", 1e-3), ("nanoseconds", 1e-6))
+
+
+def _ts_unit_hint(value: object) -> str:
+    """`` (… looks like seconds …)`` when ``value`` is in range in another unit of epoch time, else nothing."""
+    if type(value) not in (int, float):
+        return ""
+    for unit, factor in _TS_UNITS:
+        if MIN_TS_MS <= value * factor <= MAX_TS_MS:  # type: ignore[operator]
+            return f" ({value} looks like {unit} since the epoch; ts_ms is in milliseconds)"
+    return ""
 
 
 #: The caps object of the last call and its context: a worker passes the same (frozen) object for every

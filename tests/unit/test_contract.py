@@ -213,3 +213,14 @@ def test_schema_registry_framing_is_named_in_the_detail() -> None:
     assert "Schema Registry header, magic byte 0 and schema id 7" in letter.detail
     plain = _decode(b"\x00{}", b"r")
     assert isinstance(plain, DeadLetter) and "Schema Registry" not in plain.detail
+
+
+@pytest.mark.parametrize(
+    ("name", "unit"), [("schema__ts_in_seconds.json", "seconds"), ("schema__ts_in_nanoseconds.json", "nanoseconds")]
+)
+def test_a_ts_ms_in_another_unit_is_named_in_the_detail(name: str, unit: str) -> None:
+    """The commonest unit mistake (epoch seconds, or a monotonic clock's nanoseconds) is said in the letter."""
+    raw = (STAGE_EVENTS / "invalid" / name).read_bytes()
+    letter = _decode(raw, _key_of(raw))
+    assert isinstance(letter, DeadLetter) and letter.reason_code == "schema"
+    assert f"looks like {unit} since the epoch; ts_ms is in milliseconds" in letter.detail
