@@ -52,6 +52,8 @@ def otlp_runner_config(settings: Settings) -> RunnerConfig:
         output_topics=(settings.topic("stage-events"), settings.topic("dead-letter")),
         routes={settings.topic("stage-events"): by_key},
         changelog=f"{settings.app_id}-otlp-traces-changelog",
+        # A trace's state goes to its span partition's number: grown with the span topic (partition_fit).
+        changelog_partitions=settings.partitions,
         batch_max=BATCH_MESSAGES,
         # The join's prefetch in the same process (an OTLP message is larger, but 500 of them fit).
         fetch_max_bytes=16 * 1_048_576,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from streams.app.metrics import WorkerMetrics, serve_metrics
+from streams.app.partition_fit import fit_partitions
 from streams.logs import logging_config
 from streams.settings import Settings
 
@@ -111,6 +112,7 @@ def _run_role(
 
     from streams.app.agents import RoleParts, RoleService, create_role_app
 
+    settings = fit_partitions(settings, role)
     app = create_role_app(settings, role, worker_id)
     metrics = WorkerMetrics(role, worker_id)
     body = _join_parts(app, settings, metrics) if role == "join" else _writer_parts(app, settings, metrics)
