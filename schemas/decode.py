@@ -192,8 +192,10 @@ def _decode_in_steps(
 
     try:
         # A tombstone (None) or a memoryview must dead-letter like any other value, not raise.
+        if raw_value is None:
+            return dead("invalid_json", "value is null (a Kafka tombstone): every event is a JSON object")
         if type(raw_value) is not bytes:
-            raw_value = b"" if raw_value is None else bytes(raw_value)
+            raw_value = bytes(raw_value)
         if len(raw_value) > caps.max_event_bytes:
             return dead("too_large", f"value is {len(raw_value)} bytes, the cap is {caps.max_event_bytes}")
         parsed = None if schema_failed else _valid_at_once(raw_value, caps)
