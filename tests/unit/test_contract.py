@@ -224,3 +224,10 @@ def test_a_ts_ms_in_another_unit_is_named_in_the_detail(name: str, unit: str) ->
     letter = _decode(raw, _key_of(raw))
     assert isinstance(letter, DeadLetter) and letter.reason_code == "schema"
     assert f"looks like {unit} since the epoch; ts_ms is in milliseconds" in letter.detail
+
+
+def test_a_tombstone_is_dead_lettered_as_a_null_value() -> None:
+    letter = _decode(None, b"req-0001")  # type: ignore[arg-type]
+    assert isinstance(letter, DeadLetter) and letter.reason_code == "invalid_json"
+    assert letter.detail == "value is null (a Kafka tombstone): every event is a JSON object"
+    assert (letter.original, letter.original_length) == (b"", 0)
