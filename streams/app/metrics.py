@@ -136,6 +136,11 @@ class WorkerMetrics:
             "(otlp.tenant_source: resource; docs/otlp-mapping.md, Authenticated tenants)",
             registry=r,
         )
+        self.otlp_unkeyed_messages = Counter(
+            "ttft_otlp_unkeyed_messages",
+            "OTLP span messages that are not one trace keyed by its id (a Collector without partition_traces_by_id)",
+            registry=r,
+        )
         self.otlp_spans_held = Gauge("ttft_otlp_spans_held", "OTLP spans held until their trace resolves", registry=r)
         self.otlp_traces_held = Gauge("ttft_otlp_traces_held", "OTLP traces held, not yet resolved", registry=r)
         self.health: dict[str, Any] = {"status": "starting", "role": role, "worker_id": worker_id}

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import ConsumerRecord
 
 from schemas.dead_letter import DeadLetter, make_dead_letter
-from schemas.otlp import decode_otlp_message
+from schemas.otlp import OtlpSpan, decode_otlp_message
 from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics, sync_counter
 from streams.core.otlp_outputs import SPAN_OUTCOMES, ForwardedEvent, Output
@@ -61,6 +61,17 @@ def otlp_runner_config(settings: Settings) -> RunnerConfig:
     )
 
 
+def keyed_by_trace(key: bytes | None, spans: Sequence[OtlpSpan]) -> bool:
+    """Whether a message is what the exporter's ``partition_traces_by_id`` makes: keyed by the trace id (32
+    lowercase hex) of every span it holds, so a trace's messages share a partition and a worker."""
+    if not spans:
+        return True
+    if key is None:
+        return False
+    trace_id = key.decode("ascii", "replace")
+    return all(span.trace_id == trace_id for span in spans)
+
+
 def otlp_runner_metrics(metrics: WorkerMetrics) -> RunnerMetrics:
     return RunnerMetrics(acked=metrics.otlp_messages, lag=metrics.consumer_lag)
 
@@ -76,6 +87,7 @@ class OtlpFold(KeyedStateFold):
         super().__init__(settings, metrics, str(otlp_runner_config(settings).changelog), wall_clock)
         self.stage_topic = settings.topic("stage-events")
         self.core = TraceAssembler(settings.otlp, settings.join, settings.caps, settings.otlp.topic)
+        self._warned_unkeyed = False
 
     async def fold(self, records: Records, now_ms: float, view: PartitionView, emit: Emit) -> None:
         s = self.settings
@@ -104,6 +116,8 @@ class OtlpFold(KeyedStateFold):
                         ignored = sum(span.ignored_tenant_claim for span in decoded)
                         if ignored:
                             self.metrics.otlp_tenant_claims_ignored.inc(ignored)
+                        if not keyed_by_trace(record.key, decoded):
+                            self._not_one_trace(record)
                         outputs = self.core.add_message(decoded, tp.partition, record.offset, now_ms)
                 except Exception as exc:  # neither raises; should one, this message alone is lost
                     log.exception(
@@ -119,6 +133,20 @@ class OtlpFold(KeyedStateFold):
                     log.exception("OTLP partition %d: advancing failed", tp.partition)
                     continue
                 self._emit(emit, tp.partition, outputs)
+
+    def _not_one_trace(self, record: ConsumerRecord[Any, Any]) -> None:
+        """A message that is not one trace keyed by its id: counted, and said once per worker."""
+        self.metrics.otlp_unkeyed_messages.inc()
+        if not self._warned_unkeyed:
+            self._warned_unkeyed = True
+            log.warning(
+                "OTLP message %s:%d:%d is not one trace keyed by its id: the Collector's kafka exporter needs "
+                "partition_traces_by_id: true (deploy/otel/collector.yaml). With several join workers a trace's "
+                "spans can reach different workers; counted in ttft_otlp_unkeyed_messages",
+                record.topic,
+                record.partition,
+                record.offset,
+            )
 
     def _failed(self, record: ConsumerRecord[Any, Any], now_ms: float, exc: Exception) -> DeadLetter:
         """A dead letter for a whole message the assembler failed on (``schema``, with the error)."""

@@ -5,6 +5,7 @@ tests/unit/test_batches.py."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -93,3 +94,19 @@ def test_a_message_the_assembler_fails_on_is_dead_lettered_not_a_failed_batch(mo
     dead = [orjson.loads(v or b"") for _, _, v in producer.values("u.dead-letter")]
     assert [(d["reason_code"], d["source_offset"]) for d in dead] == [("schema", 0), ("schema", 1)]
     assert all("RuntimeError: boom" in d["detail"] for d in dead)
+
+
+def test_messages_not_keyed_by_their_trace_are_counted_and_still_mapped() -> None:
+    """What a Collector without partition_traces_by_id sends (no key, or several traces in one message) is
+    mapped as usual, counted in ttft_otlp_unkeyed_messages and said once in the log."""
+    producer = FakeProducer()
+    rig = otlp_rig(producer)
+    spec = otlp_spec()
+    keyed = otlp_records(spec, 3)
+    unkeyed = [replace(r, key=None) for r in keyed[:2]] + [replace(r, key=b"0" * 32) for r in keyed[2:]]
+    asyncio.run(rig.runner.process({TP: unkeyed}))
+    assert rig.fold.metrics.otlp_unkeyed_messages._value.get() == 3
+    assert {orjson.loads(v or b"")["stage"] for _, _, v in producer.values("u.stage-events")} >= {"first_token"}
+    other = otlp_rig(FakeProducer())
+    asyncio.run(other.runner.process({TP: otlp_records(otlp_spec(), 3)}))
+    assert other.fold.metrics.otlp_unkeyed_messages._value.get() == 0
