@@ -7,7 +7,8 @@ extras in pyproject.toml): without it every fetch holding such a batch raised ``
 join exited uncommitted, and its restart read the same batch again, for every tenant of the partition.
 
 The real Collector's Kafka exporter compresses too (``producer.compression``): the OTLP bridge reads its zstd
-messages through the same consumer.
+messages through the same consumer. The same test runs the exporter without ``partition_traces_by_id`` (its
+default): one bridge still maps every trace, and counts the messages that are not one trace keyed by its id.
 
 Each test reads the broker's log segments to prove the batches really are compressed (librdkafka sends a
 batch uncompressed when compressing would not shrink it).
@@ -96,7 +97,7 @@ def test_every_kafka_codec_is_read(kcat: str, kafka_broker: Any, kafka_settings:
         )
         truth |= traffic.truth
         files[codec] = tmp_path / f"{codec}.kcat"
-        files[codec].write_bytes(b"".join(k + b"\t" + v + b"\n" for k, v in traffic.messages))
+        files[codec].write_bytes(b"".join((k or b"") + b"\t" + v + b"\n" for k, v in traffic.messages))
 
     pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
     try:
@@ -127,8 +128,13 @@ def test_every_kafka_codec_is_read(kcat: str, kafka_broker: Any, kafka_settings:
     assert not letters, f"dead letters from valid compressed input: {letters[:5]}"
 
 
-#: The Collector's Kafka exporter compressing its messages: an overlay on deploy/otel/collector.yaml.
-COLLECTOR_COMPRESSION = "exporters:\n  kafka:\n    producer:\n      compression: zstd\n"
+#: Overlays on deploy/otel/collector.yaml: the exporter compressing its messages, and the exporter without
+#: partition_traces_by_id (its default: messages of several traces, no key), with the codec its batches have
+#: and whether the bridge counts its messages as not keyed by their trace.
+COLLECTOR_VARIANTS = {
+    "zstd": ("exporters:\n  kafka:\n    producer:\n      compression: zstd\n", "zstd", False),
+    "unkeyed": ("exporters:\n  kafka:\n    partition_traces_by_id: false\n", "none", True),
+}
 N_TRACES = 200
 
 
@@ -138,13 +144,20 @@ def _otlp_drained(settings: Any, join: WorkerProcess, otlp_topic: str) -> bool:
 
 
 @pytest.mark.otel
-def test_collector_zstd_exports_are_joined(
-    start_otel_collector: Callable[..., OtelCollectorHandle], kafka_broker: Any, kafka_settings: Any, tmp_path: Path
+@pytest.mark.parametrize("variant", sorted(COLLECTOR_VARIANTS))
+def test_collector_exports_are_joined(
+    variant: str,
+    start_otel_collector: Callable[..., OtelCollectorHandle],
+    kafka_broker: Any,
+    kafka_settings: Any,
+    tmp_path: Path,
 ) -> None:
-    """The real Collector with ``producer.compression: zstd`` in front of the OTLP bridge: every trace of an
-    SDK-instrumented service (tests/support/otel_service.py) becomes its request, with its TTFT."""
-    overlay = tmp_path / "compression.yaml"
-    overlay.write_text(COLLECTOR_COMPRESSION)
+    """The real Collector with ``producer.compression: zstd``, or without ``partition_traces_by_id``, in front
+    of one OTLP bridge: every trace of an SDK-instrumented service (tests/support/otel_service.py) becomes its
+    request, with its TTFT; the messages that are not one trace keyed by its id are counted."""
+    config, codec, unkeyed = COLLECTOR_VARIANTS[variant]
+    overlay = tmp_path / "exporter.yaml"
+    overlay.write_text(config)
     handle = start_otel_collector(overlays=(overlay,))
     out = tmp_path / "spans.json"
     cmd = [sys.executable, str(REPO / "tests/support/otel_service.py"), "--endpoint", handle.collector.grpc_endpoint]
@@ -168,6 +181,8 @@ def test_collector_zstd_exports_are_joined(
             "the OTLP pipeline to drain",
         )
         outcomes = {k: join.metric(f'ttft_otlp_spans_total{{outcome="{k}"}}') for k in ("stage", "not_stage")}
+        not_one_trace = join.metric("ttft_otlp_unkeyed_messages_total")
+        said = "is not one trace keyed by its id" in join.log()
         assert join.alive() and writer.alive(), "a worker exited on compressed spans"
         assert pipe.stop(join) == 0 and pipe.stop(writer) == 0
     finally:
@@ -175,8 +190,9 @@ def test_collector_zstd_exports_are_joined(
 
     segments = sorted((kafka_broker.data_dir / "log").glob(f"{handle.topic}-*/*.log"))
     codecs = sum((batch_codecs(s) for s in segments), Counter())
-    print(f"batches on {handle.topic} by codec: {dict(codecs)}; spans {outcomes}")
-    assert codecs["zstd"] > 0 and set(codecs) == {"zstd"}, f"the Collector did not compress: {dict(codecs)}"
+    print(f"batches on {handle.topic} by codec: {dict(codecs)}; spans {outcomes}; unkeyed {not_one_trace}")
+    assert codecs[codec] > 0 and set(codecs) == {codec}, f"the batches' codecs: {dict(codecs)}"
+    assert (not_one_trace > 0, said) == (unkeyed, unkeyed), (not_one_trace, said)
     assert sum(outcomes.values()) == sum(len(spans) for spans in traces.values())
 
     rows = pipe.query("SELECT tenant_id, request_id, status, ttft_ms FROM {db}.requests FINAL")
