@@ -264,18 +264,3 @@ async def read_topic_partitions(
     finally:
         await consumer.stop()
     return out
-
-
-def pipeline_drained(settings: Any, join: WorkerProcess, otlp_topic: str | None = None) -> bool:
-    """Every produced event committed by the join (and every span message by its bridge, with ``otlp_topic``),
-    nothing open or held, every record and dead letter committed by the writer."""
-    app, b = f"app-{settings.topic_prefix}", settings.kafka_bootstrap
-    if otlp_topic is not None and (
-        group_lag(b, f"{app}-otlp", [otlp_topic]) != 0 or join.metric("ttft_otlp_traces_held") != 0
-    ):
-        return False
-    return (
-        group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
-        and join.metric("ttft_open_requests") == 0
-        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
-    )
