@@ -160,10 +160,12 @@ def report_lines(source: str, spans: int, reports: list[ScopeReport], findings: 
         for stage, sources in r.stages.items():
             for source, n in sources.most_common():
                 lines.append(f"  {stage:<16} {source} ({n})")
+        for what, n in r.nested.most_common():
+            lines.append(f"  counted once     {what} ({n})")
         lines.append("  tenant           " + ", ".join(f"{t} ({n})" for t, n in r.tenant.most_common()))
         if not r.missing:
             lines.append("  missing          nothing")
         for what, n in r.missing.most_common():
             lines.append(f"  missing          {what} ({n} traces, e.g. {r.examples[what][0]})")
-            lines.append(f"    fix: {fix_for(what)}")
+            lines.append(f"    fix: {fix_for(what, name)}")
     return lines

@@ -23,8 +23,9 @@ from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
 from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED
 from streams.core.join import RequestJoin
-from streams.core.otlp_conventions import FIRST_CHUNK_ATTRS, stage_and_source
+from streams.core.otlp_conventions import EMBEDDING, FIRST_CHUNK_ATTRS, stage_and_source
 from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, note_span
+from streams.core.otlp_nesting import holds, nested_duplicates
 from streams.core.otlp_outputs import ForwardedEvent
 from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
@@ -56,6 +57,14 @@ FIXES: Final[dict[str, str]] = {
     "first_token": "the LLM span's first chunk gives it (see 'first chunk'), or a span with ttft.stage = first_token",
 }
 
+#: The first-chunk fix for instrumentations whose LLM spans never tell one, by scope name.
+FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
+    "openinference.instrumentation.langchain": "OpenInference's LangChain spans tell no first chunk: instrument "
+    "the model client too (openinference-instrumentation-openai's OpenAIInstrumentor beside the "
+    "LangChainInstrumentor); its ChatCompletion span tells it, and the LangChain LLM span around it is counted "
+    "once (docs/otlp-mapping.md, 'Two instrumentations of one call')",
+}
+
 
 @dataclass(slots=True)
 class TraceFinding:
@@ -69,6 +78,8 @@ class TraceFinding:
     stages: dict[str, str] = field(default_factory=dict)
     tenant: str = ""
     missing: list[str] = field(default_factory=list)
+    #: Stage spans counted once with another that holds them or that they hold (:mod:`streams.core.otlp_nesting`).
+    nested: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -81,6 +92,7 @@ class ScopeReport:
     stages: dict[str, Counter[str]] = field(default_factory=dict)
     tenant: Counter[str] = field(default_factory=Counter)
     missing: Counter[str] = field(default_factory=Counter)
+    nested: Counter[str] = field(default_factory=Counter)
     #: Up to :data:`EXAMPLES` trace ids per missing item (for ``ttft request <trace id>``).
     examples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -95,6 +107,7 @@ class ScopeReport:
             self.stages.setdefault(stage, Counter())[source] += 1
         self.tenant[finding.tenant or "(none)"] += 1
         self.missing.update(dict.fromkeys(finding.missing, 1))
+        self.nested.update(finding.nested)
         for what in finding.missing:
             ids = self.examples.setdefault(what, [])
             if len(ids) < EXAMPLES:
@@ -110,15 +123,19 @@ class ScopeReport:
             "statuses": dict(sorted(self.statuses.items())),
             "stages": {stage: dict(c.most_common()) for stage, c in self.stages.items()},
             "tenant": dict(self.tenant.most_common()),
+            "counted_once": dict(self.nested.most_common()),
             "missing": [
-                {"what": what, "traces": n, "fix": fix_for(what), "examples": self.examples[what]}
+                {"what": what, "traces": n, "fix": fix_for(what, self.scope[0]), "examples": self.examples[what]}
                 for what, n in self.missing.most_common()
             ],
         }
 
 
-def fix_for(what: str) -> str:
-    """The one-line fix of a missing item (a dead letter's detail is its own explanation)."""
+def fix_for(what: str, scope: str = "") -> str:
+    """The one-line fix of a missing item for the LLM spans of ``scope`` (a dead letter's detail is its own
+    explanation)."""
+    if what == "first chunk" and scope in FIRST_CHUNK_FIXES_BY_SCOPE:
+        return FIRST_CHUNK_FIXES_BY_SCOPE[scope]
     if what in FIXES:
         return FIXES[what]
     if what.startswith("dead letter"):
@@ -155,10 +172,13 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
     later = now + join.request_timeout_ms + join.grace_ms + join.idle_tick_ms
     outputs += asm.advance(0, later)
     notes = {s.span_id: (s, note_span(s, 0)) for s in spans}
-    llms = [n for _, n in notes.values() if n.stage == "llm_ttft"]
+    staged = [(n.stage, n) for _, n in notes.values() if n.stage is not None and n.stage != EMBEDDING]
+    nested = nested_duplicates(staged)
+    llms = [n for _, n in notes.values() if n.stage == "llm_ttft" and n.span_id not in nested]
     first_llm = min(llms, key=lambda n: (n.start_ns, n.span_id)) if llms else None
     scope = NO_LLM_SCOPE if first_llm is None else (first_llm.scope_name, first_llm.scope_version)
     finding = TraceFinding(trace_id, scope, "not stored", tenant=_tenant_source(spans))
+    finding.nested = [_nested_item(notes[span_id], staged, notes, nested) for span_id in sorted(nested)]
     requests = RequestJoin(join, _WINDOW_MS)
     for output in outputs:
         if isinstance(output, DeadLetter):
@@ -185,6 +205,24 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
     finding.missing = list(dict.fromkeys(finding.missing))  # one per trace: every stage span lacks the tenant
     finding.stages = dict(sorted(finding.stages.items(), key=lambda item: _stage_order(item[0])))
     return finding
+
+
+def _nested_item(
+    found: tuple[OtlpSpan, SpanNote],
+    staged: list[tuple[str, SpanNote]],
+    notes: dict[str, tuple[OtlpSpan, SpanNote]],
+    nested: set[str],
+) -> str:
+    """How a stage span counted once is reported: its name and convention, and the span it holds or sits in."""
+    span, note = found
+    stage = note.stage or ""
+    same = [n for s, n in staged if s == stage and n.span_id not in nested] or [n for s, n in staged if s == stage]
+    partner = next((n for n in same if holds(note, n) or holds(n, note)), None)
+    what = f"{span.name!r} ({stage_and_source(span.attributes)[1]})"
+    if partner is None:
+        return f"{what}: one {stage}, counted once"
+    where = "around" if holds(note, partner) else "inside"
+    return f"{what} {where} {notes[partner.span_id][0].name!r}: one {stage}, counted once"
 
 
 def _stage_order(stage: str) -> tuple[int, str]:

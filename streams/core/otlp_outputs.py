@@ -20,7 +20,7 @@ from streams.core.otlp_state import TraceState
 from streams.settings import CapsConfig
 
 #: Span outcomes counted by :attr:`AssemblerCounters.spans`.
-SPAN_OUTCOMES: Final = ("stage", "not_stage", "dead_letter", "replayed")
+SPAN_OUTCOMES: Final = ("stage", "not_stage", "nested", "dead_letter", "replayed")
 #: Instrumentation scopes counted apart in :attr:`AssemblerCounters.no_first_chunk` (scope names come from the
 #: input: the rest are counted as one, :data:`OTHER_SCOPE`, so a metric label cannot grow without bound).
 MAX_SCOPES: Final = 64

@@ -71,6 +71,7 @@ from streams.core.otlp_mapping import (
     stage_of,
 )
 from streams.core.otlp_mapping import request_start_event as root_event
+from streams.core.otlp_nesting import nested_duplicates
 from streams.core.otlp_outputs import (
     AssemblerCounters,
     ForwardedEvent,
@@ -359,10 +360,13 @@ class TraceAssembler:
         root = state.root
         if root is not None and ctx.request_start_span == root.span_id:
             out.extend(self._guarded(state, root, now_ms, partial(self._start_events, state, root, ctx, now_ms)))
-        for note in sorted(state.notes.values(), key=lambda n: (n.start_ns, n.span_id)):
+        notes = sorted(state.notes.values(), key=lambda n: (n.start_ns, n.span_id))
+        nested = self._nested(state, notes, ctx)
+        kept = [n for n in notes if n.span_id not in nested]
+        for note in kept:
             out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
         try:
-            out.extend(self._derived_prompt(state, ctx, now_ms))
+            out.extend(self._derived_prompt(state, kept, ctx, now_ms))
         except Exception:
             log.exception("OTLP trace %s: deriving prompt_assemble failed; none derived", state.trace_id)
         if state.root is not None:
@@ -442,11 +446,26 @@ class TraceAssembler:
             return [self._letters.of_note(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, [event], ctx, now_ms)
 
-    def _derived_prompt(self, state: TraceState, ctx: TraceContext, now_ms: float) -> list[Output]:
+    def _nested(self, state: TraceState, notes: list[SpanNote], ctx: TraceContext) -> set[str]:
+        """The held stage spans that measure what another one does (:mod:`streams.core.otlp_nesting`): handled
+        and counted (``nested``), never mapped. A failure here drops nothing."""
+        try:
+            staged = [(stage, n) for n in notes if (stage := stage_of(n, ctx)) is not None]
+            nested = nested_duplicates(staged)
+        except Exception:
+            log.exception("OTLP trace %s: finding nested stage spans failed; none dropped", state.trace_id)
+            return set()
+        state.handled |= nested
+        self.counters.spans["nested"] += len(nested)
+        return nested
+
+    def _derived_prompt(
+        self, state: TraceState, notes: list[SpanNote], ctx: TraceContext, now_ms: float
+    ) -> list[Output]:
         """The derived ``prompt_assemble`` of a trace without a prompt span (no span of its own: not counted
         as one; a trace without a tenant has its spans dead-lettered already)."""
         try:
-            plan = prompt_plan(state.notes.values(), ctx)
+            plan = prompt_plan(notes, ctx)
             if plan is None:
                 return []
             llm, retrieved_ns = plan

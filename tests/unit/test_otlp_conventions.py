@@ -152,15 +152,15 @@ def test_non_streaming_call_is_its_duration_with_streaming_false() -> None:
 
 def test_streaming_call_without_a_first_chunk_is_llm_unmeasured_and_counted_per_scope() -> None:
     a = _span(
-        "0c" * 8, 400.0, 2_000.0, {"gen_ai.operation.name": "chat", "gen_ai.is_streaming": True}, scope=("x", "1")
+        "0c" * 8, 400.0, 1_200.0, {"gen_ai.operation.name": "chat", "gen_ai.is_streaming": True}, scope=("x", "1")
     )
-    b = _span("0d" * 8, 500.0, 1_900.0, {"gen_ai.operation.name": "chat"}, scope=("y", "2"))
+    b = _span("0d" * 8, 1_300.0, 2_000.0, {"gen_ai.operation.name": "chat"}, scope=("y", "2"))
     asm, out = _map(a, b)
     assert not [o for o in out if isinstance(o, DeadLetter)]
     unmeasured = _events(out, "llm_unmeasured")
     assert [(e["event_id"], e["ts_ms"], e["duration_ms"]) for e in unmeasured] == [
-        ("0c" * 8, T0 / MS + 400.0, 1_600.0),
-        ("0d" * 8, T0 / MS + 500.0, 1_400.0),
+        ("0c" * 8, T0 / MS + 400.0, 800.0),
+        ("0d" * 8, T0 / MS + 1_300.0, 700.0),
     ]
     assert [e["attrs"] for e in unmeasured] == [
         {"scope_name": "x", "scope_version": "1", "streaming": True, "trace_id": TRACE},
@@ -171,6 +171,16 @@ def test_streaming_call_without_a_first_chunk_is_llm_unmeasured_and_counted_per_
     assert not _events(out, "first_token") and not _events(out, "llm_ttft")
     # prompt assembly is still derived up to the (first) LLM span: nothing here retrieved before it
     assert not _events(out, "prompt_assemble")
+
+
+def test_two_unmeasured_llm_spans_of_one_call_count_once_as_the_inner() -> None:
+    """A framework's LLM span around its client's, neither telling a first chunk (LangChain's OpenInference spans
+    with OpenTelemetry's openai-v2): one call, one ``llm_unmeasured`` (streams/core/otlp_nesting.py)."""
+    outer = _span("0c" * 8, 400.0, 2_000.0, {"gen_ai.operation.name": "chat", "gen_ai.is_streaming": True})
+    inner = _span("0d" * 8, 500.0, 1_900.0, {"gen_ai.operation.name": "chat"}, parent=ROOT)
+    asm, out = _map(outer, inner)
+    assert [e["event_id"] for e in _events(out, "llm_unmeasured")] == ["0d" * 8]
+    assert asm.counters.spans["nested"] == 1 and sum(asm.counters.no_first_chunk.values()) == 1
 
 
 def test_an_unmeasured_call_keeps_its_tokens_and_model() -> None:
