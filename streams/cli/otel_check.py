@@ -17,6 +17,7 @@ import asyncio
 import struct
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -24,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.otlp import OtlpDecodeError, OtlpEncoding, OtlpSpan, TenantSource, parse_spans
 from streams.alerting.outbox import topic_partitions
+from streams.app.otlp_fold import keyed_by_trace
 from streams.core.otlp_check import ScopeReport, TraceFinding, fix_for
 from streams.kafka.topics import kafka_client_kwargs
 from streams.settings import Settings
@@ -35,6 +37,27 @@ _LENGTH: Final = struct.Struct(">I")
 
 class SpanSourceError(ValueError):
     """The file or topic holds no readable OTLP traces."""
+
+
+@dataclass(slots=True)
+class TailStats:
+    """What reading the span topic saw besides spans: the messages decoded, and those not keyed by the trace id
+    of every span they hold (the Collector's kafka exporter without ``partition_traces_by_id: true``)."""
+
+    messages: int = 0
+    unkeyed: int = 0
+    #: The first unkeyed message (topic:partition:offset), for ``kcat -C``.
+    example: str = ""
+
+    def note(self) -> str:
+        """The report's line on unkeyed messages (empty when there were none)."""
+        if not self.unkeyed:
+            return ""
+        return (
+            f"{self.unkeyed} of {self.messages} messages are not keyed by their trace id (e.g. {self.example}): "
+            "set partition_traces_by_id: true in the Collector's kafka exporter (deploy/otel/collector.yaml), "
+            "or a trace's spans can reach different join workers"
+        )
 
 
 def read_span_file(path: Path) -> list[OtlpSpan]:
@@ -82,8 +105,11 @@ def last_traces(messages: Sequence[list[OtlpSpan]], traces: int, cut: set[str] |
     return [s for spans in messages for s in spans if s.trace_id in wanted]
 
 
-async def read_topic_traces(settings: Settings, traces: int, *, timeout_s: float = 30.0) -> list[OtlpSpan]:
-    """The spans of the last ``traces`` whole traces on the span topic (module docstring)."""
+async def read_topic_traces(
+    settings: Settings, traces: int, *, timeout_s: float = 30.0, stats: TailStats | None = None
+) -> list[OtlpSpan]:
+    """The spans of the last ``traces`` whole traces on the span topic (module docstring); ``stats`` counts the
+    messages of the last (widest) tail read."""
     topic, encoding = settings.otlp.topic, settings.otlp.encoding
     tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
     consumer = AIOKafkaConsumer(enable_auto_commit=False, **kafka_client_kwargs(settings))
@@ -96,9 +122,12 @@ async def read_topic_traces(settings: Settings, traces: int, *, timeout_s: float
         while True:
             starts = {tp: max(begins[tp], ends[tp] - window) for tp in tps}
             edges = {tp: start + _EDGE_MESSAGES if start > begins[tp] else start for tp, start in starts.items()}
+            tail = TailStats()
             messages, cut = await _read_tail(
-                consumer, starts, ends, edges, encoding, deadline, settings.otlp.tenant_source
+                consumer, starts, ends, edges, encoding, deadline, settings.otlp.tenant_source, tail
             )
+            if stats is not None:
+                stats.messages, stats.unkeyed, stats.example = tail.messages, tail.unkeyed, tail.example
             whole = all(starts[tp] == begins[tp] for tp in tps)
             found = len({s.trace_id for spans in messages for s in spans} - cut)
             if found >= traces or whole:
@@ -116,6 +145,7 @@ async def _read_tail(
     encoding: OtlpEncoding,
     deadline: float,
     tenant_source: TenantSource = "attributes",
+    stats: TailStats | None = None,
 ) -> tuple[list[list[OtlpSpan]], set[str]]:
     """Every message from ``starts`` to ``ends`` (partitions one after another), decoded; a message that does
     not decode is skipped (the worker dead-letters it). Also the trace ids seen before ``edges`` (a tail's
@@ -136,14 +166,19 @@ async def _read_tail(
                 except OtlpDecodeError:
                     continue
                 messages.append(spans)
+                if stats is not None:
+                    stats.messages += 1
+                    if not keyed_by_trace(record.key, spans):
+                        stats.unkeyed += 1
+                        stats.example = stats.example or f"{tp.topic}:{tp.partition}:{record.offset}"
                 if record.offset < edges[tp]:
                     cut.update(s.trace_id for s in spans)
     return messages, cut
 
 
-def read_topic(settings: Settings, traces: int) -> list[OtlpSpan]:
+def read_topic(settings: Settings, traces: int, stats: TailStats | None = None) -> list[OtlpSpan]:
     """:func:`read_topic_traces`, run to completion."""
-    return asyncio.run(read_topic_traces(settings, traces))
+    return asyncio.run(read_topic_traces(settings, traces, stats=stats))
 
 
 def report_lines(source: str, spans: int, reports: list[ScopeReport], findings: list[TraceFinding]) -> list[str]:

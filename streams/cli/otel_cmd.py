@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from streams.cli.conventions import echo_json, json_option
-from streams.cli.otel_check import SpanSourceError, read_span_file, read_topic, report_lines
+from streams.cli.otel_check import SpanSourceError, TailStats, read_span_file, read_topic, report_lines
 from streams.core.otlp_check import check_traces
 from streams.kafka.topics import wait_for_broker
 from streams.otel.collector import AUTH_OVERLAY, CollectorError, LocalCollector, missing_binary, otlp_env
@@ -176,12 +176,13 @@ def check(path: Path | None, traces: int, as_json: bool) -> None:
     requests, which attribute or event gave each stage, and what is missing with its fix. Exit 1 when a
     trace is not a complete request."""
     settings = load_settings()
+    tail = TailStats()
     try:
         if path is not None:
             source, spans = str(path), read_span_file(path)
         else:
             source = f"topic {settings.otlp.topic} ({settings.otlp.encoding})"
-            spans = read_topic(settings, traces)
+            spans = read_topic(settings, traces, tail)
     except (SpanSourceError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     except (RuntimeError, TimeoutError) as exc:
@@ -196,11 +197,15 @@ def check(path: Path | None, traces: int, as_json: bool) -> None:
                 "traces": len(findings),
                 "spans": len(spans),
                 "complete": sum(r.complete for r in reports),
+                "unkeyed_messages": tail.unkeyed,
                 "scopes": [r.to_json() for r in reports],
             }
         )
     else:
         for line in report_lines(source, len(spans), reports, findings):
             click.echo(line)
+        if tail.unkeyed:
+            click.echo("")
+            click.echo(f"keys             {tail.note()}")
     if any(f.status != "complete" for f in findings):
         raise SystemExit(1)

@@ -62,3 +62,28 @@ def test_check_reads_the_last_traces_of_the_span_topic(
     doc = json.loads(result.stdout)
     assert doc["traces"] == 3 and len(doc["scopes"]) == 1
     assert result.exit_code == (1 if latest == "openai_v2" else 0)
+    assert doc["unkeyed_messages"] == 0
+
+
+def test_check_says_when_messages_are_not_keyed_by_their_trace_id(
+    kafka_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Collector's kafka exporter without ``partition_traces_by_id: true`` sends unkeyed messages: a trace's
+    spans can then reach different join workers. The check names the setting."""
+    from streams.cli.main import main
+
+    topic = f"{kafka_settings.topic_prefix}-otlp_unkeyed"
+    asyncio.run(ensure_named_topics(kafka_settings, {topic: {}}))
+    messages = _messages("openinference")
+    keyed = [(None, m) for m in messages[:2]] + [
+        (parse_spans(messages[2], "otlp_proto")[0].trace_id.encode(), messages[2])
+    ]
+    assert produce_sync(kafka_settings.kafka_bootstrap, topic, keyed) == 3
+    monkeypatch.setenv("TTFT_KAFKA_BOOTSTRAP", kafka_settings.kafka_bootstrap)
+    monkeypatch.setenv("TTFT_OTLP__TOPIC", topic)
+    monkeypatch.setenv("TTFT_HOME", str(kafka_settings.home))
+
+    doc = json.loads(CliRunner().invoke(main, ["otel", "check", "--json"]).stdout)
+    assert (doc["traces"], doc["complete"], doc["unkeyed_messages"]) == (3, 3, 2)
+    text = CliRunner().invoke(main, ["otel", "check"]).output
+    assert "2 of 3 messages are not keyed by their trace id" in text and "partition_traces_by_id: true" in text
