@@ -25,7 +25,7 @@ from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED
 from streams.core.join import RequestJoin
 from streams.core.otlp_conventions import EMBEDDING, FIRST_CHUNK_ATTRS, stage_and_source
 from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, note_span
-from streams.core.otlp_nesting import holds, nested_duplicates
+from streams.core.otlp_nesting import nested_duplicates, partner
 from streams.core.otlp_outputs import ForwardedEvent
 from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
@@ -173,12 +173,13 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
     outputs += asm.advance(0, later)
     notes = {s.span_id: (s, note_span(s, 0)) for s in spans}
     staged = [(n.stage, n) for _, n in notes.values() if n.stage is not None and n.stage != EMBEDDING]
-    nested = nested_duplicates(staged)
+    parents = {s.span_id: s.parent_span_id for s in spans}
+    nested = nested_duplicates(staged, parents)
     llms = [n for _, n in notes.values() if n.stage == "llm_ttft" and n.span_id not in nested]
     first_llm = min(llms, key=lambda n: (n.start_ns, n.span_id)) if llms else None
     scope = NO_LLM_SCOPE if first_llm is None else (first_llm.scope_name, first_llm.scope_version)
     finding = TraceFinding(trace_id, scope, "not stored", tenant=_tenant_source(spans))
-    finding.nested = [_nested_item(notes[span_id], staged, notes, nested) for span_id in sorted(nested)]
+    finding.nested = [_nested_item(notes[span_id], staged, notes, nested, parents) for span_id in sorted(nested)]
     requests = RequestJoin(join, _WINDOW_MS)
     for output in outputs:
         if isinstance(output, DeadLetter):
@@ -212,17 +213,19 @@ def _nested_item(
     staged: list[tuple[str, SpanNote]],
     notes: dict[str, tuple[OtlpSpan, SpanNote]],
     nested: set[str],
+    parents: dict[str, str],
 ) -> str:
     """How a stage span counted once is reported: its name and convention, and the span it holds or sits in."""
     span, note = found
     stage = note.stage or ""
-    same = [n for s, n in staged if s == stage and n.span_id not in nested] or [n for s, n in staged if s == stage]
-    partner = next((n for n in same if holds(note, n) or holds(n, note)), None)
+    same = [n for s, n in staged if s == stage and n.span_id not in nested]
+    same += [n for s, n in staged if s == stage and n.span_id in nested]  # a kept partner first
     what = f"{span.name!r} ({stage_and_source(span.attributes)[1]})"
-    if partner is None:
+    other = partner(note, same, parents)
+    if other is None:
         return f"{what}: one {stage}, counted once"
-    where = "around" if holds(note, partner) else "inside"
-    return f"{what} {where} {notes[partner.span_id][0].name!r}: one {stage}, counted once"
+    where, span_id = other.split(":", 1)
+    return f"{what} {where} {notes[span_id][0].name!r}: one {stage}, counted once"
 
 
 def _stage_order(stage: str) -> tuple[int, str]:

@@ -8,7 +8,7 @@ those names, and nothing else does: which stage a span is, whether an LLM call s
 chunk came, and its token counts. ``docs/otlp-mapping.md`` has the table of libraries each was tested with.
 
 Nothing here raises on what a span says: a value that is not a finite number in range (NaN, Infinity, a
-negative or a first chunk past the span's end) is ignored, and :class:`FirstChunk` says why, so the caller
+negative or a first-chunk attribute past the span's end) is ignored, and :class:`FirstChunk` says why, so the caller
 can dead-letter the span with that reason instead of failing the batch.
 """
 
@@ -61,6 +61,8 @@ FIRST_CHUNK_EVENTS: Final = frozenset(
         "ai.stream.firstChunk",  # Vercel AI SDK
     }
 )
+#: How long after an LLM span's end a first-chunk event still counts (a span ended before its stream: LlamaIndex).
+LATE_FIRST_CHUNK_NS: Final = 600 * 1_000_000_000
 #: Boolean attributes that say whether an LLM call streamed, first found wins.
 STREAM_FLAGS: Final = ("gen_ai.is_streaming", "llm.is_streaming", "gen_ai.request.stream")
 #: OpenInference keeps the request's parameters as JSON; ``stream`` absent means the API default, no stream.
@@ -128,7 +130,8 @@ class FirstChunk:
 
 def first_chunk(span: OtlpSpan) -> FirstChunk:
     """The first chunk of an LLM span: the first valid attribute of :data:`FIRST_CHUNK_ATTRS` (time after
-    the span's start), else the earliest :data:`FIRST_CHUNK_EVENTS` event within the span. Never raises."""
+    the span's start, within the span), else the earliest :data:`FIRST_CHUNK_EVENTS` event from the span's
+    start to :data:`LATE_FIRST_CHUNK_NS` after its end. Never raises."""
     start, end = span.start_ns, span.end_ns
     longest = end - start if end >= start else None
     problems: list[str] = []
@@ -148,13 +151,19 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
             continue
         return FirstChunk(start + round(after), name, "; ".join(problems))
     times = [e.time_ns for e in span.events if e.name in FIRST_CHUNK_EVENTS]
-    inside = [t for t in times if t >= start and (longest is None or t <= end)]
+    # An event after the span's end counts: OpenInference's LlamaIndex instrumentor ends a streaming call's span
+    # when the stream is handed back, then adds the first chunk's event (and ends it with the earlier time).
+    last = max(end, start) + LATE_FIRST_CHUNK_NS
+    inside = [t for t in times if start <= t <= last]
     if inside:
         earliest = min(inside)
         name = next(e.name for e in span.events if e.name in FIRST_CHUNK_EVENTS and e.time_ns == earliest)
         return FirstChunk(earliest, name, "; ".join(problems))
     if times:
-        problems.append(f"{len(times)} first-chunk event(s) outside the span's time")
+        problems.append(
+            f"{len(times)} first-chunk event(s) outside the span's time (before its start, or over "
+            f"{LATE_FIRST_CHUNK_NS // 1_000_000_000} s after its end)"
+        )
     return FirstChunk(None, "", "; ".join(problems))
 
 

@@ -451,7 +451,7 @@ class TraceAssembler:
         and counted (``nested``), never mapped. A failure here drops nothing."""
         try:
             staged = [(stage, n) for n in notes if (stage := stage_of(n, ctx)) is not None]
-            nested = nested_duplicates(staged)
+            nested = nested_duplicates(staged, ctx.parents)
         except Exception:
             log.exception("OTLP trace %s: finding nested stage spans failed; none dropped", state.trace_id)
             return set()

@@ -12,7 +12,14 @@ import pytest
 
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import AttrValue, OtlpSpan, OtlpSpanEvent
-from streams.core.otlp_conventions import EMBEDDING, first_chunk, span_stage, streaming, token_attrs
+from streams.core.otlp_conventions import (
+    EMBEDDING,
+    LATE_FIRST_CHUNK_NS,
+    first_chunk,
+    span_stage,
+    streaming,
+    token_attrs,
+)
 from streams.core.otlp_outputs import MAX_SCOPES, OTHER_SCOPE, ForwardedEvent, Output
 from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
@@ -117,9 +124,18 @@ def test_a_first_chunk_value_that_is_no_finite_number_in_the_span_is_ignored_wit
     assert asm.counters.no_first_chunk == {("test.scope", "1.0"): 1}
 
 
-def test_events_outside_the_span_are_ignored() -> None:
-    chunk = first_chunk(_llm(events=(("gen_ai.first_chunk", 100.0), ("gen_ai.first_chunk", 2_500.0))))
-    assert chunk.at_ns is None and "outside" in chunk.problem
+def test_events_before_the_span_or_long_after_it_are_ignored() -> None:
+    late = 2_000.0 + LATE_FIRST_CHUNK_NS / MS + 1.0
+    chunk = first_chunk(_llm(events=(("gen_ai.first_chunk", 100.0), ("gen_ai.first_chunk", late))))
+    assert chunk.at_ns is None and "outside" in chunk.problem and "600 s after its end" in chunk.problem
+
+
+def test_an_event_after_the_span_end_counts() -> None:
+    """OpenInference's LlamaIndex instrumentor ends a streaming call's span when it hands the stream back, then
+    adds the first chunk's event: the span tells the first chunk after its end (tests/unit/test_otlp_llamaindex.py)."""
+    chunk = first_chunk(_llm(events=(("First Token Stream Event", 2_500.0),)))
+    assert chunk.at_ns == T0 + round(2_500.0 * MS) and not chunk.problem
+    assert _ttft(_llm(events=(("First Token Stream Event", 2_500.0),))) == pytest.approx(2_100.0)
 
 
 @pytest.mark.parametrize(

@@ -9,62 +9,24 @@ measured."""
 
 from __future__ import annotations
 
-import json
-import struct
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from schemas.decode import decode_stage_event
-from schemas.otlp import OtlpSpan, parse_spans
 from streams.cli.otel_check import report_lines
-from streams.core.join import RequestJoin
 from streams.core.otlp_check import check_traces
-from streams.core.otlp_outputs import ForwardedEvent
-from streams.core.otlp_traces import TraceAssembler
-from streams.settings import CapsConfig, JoinConfig, OtlpConfig
+from tests.support.captured_otlp import Capture, captured, span_ms, stored_record
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "otel_instrumentations"
 STUB_FIRST_CHUNK_MS, STUB_ANSWER_MS = 120.0, 150.0
 #: What the instrumentation and the stub's own scheduling may add to its delays (same process, same clock).
 SLACK_MS = 25.0
-
-
-def _traces() -> dict[str, tuple[dict[str, Any], list[OtlpSpan]]]:
-    truth = json.loads((DATA / "langchain.json").read_text())["traces"]
-    raw, messages, at = (DATA / "langchain.otlp").read_bytes(), [], 0
-    while at < len(raw):
-        (size,) = struct.unpack_from(">I", raw, at)
-        messages.append(parse_spans(raw[at + 4 : at + 4 + size], "otlp_proto"))
-        at += 4 + size
-    by_id = {spans[0].trace_id: spans for spans in messages}
-    return {t["case"]: (t, by_id[t["trace_id"]]) for t in truth}
-
-
-def _record(spans: list[OtlpSpan]) -> tuple[dict[str, Any], TraceAssembler]:
-    """The trace through the bridge's assembler and the join, as the pipeline stores it."""
-    asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
-    now = max(s.end_ns for s in spans) / 1e6 + 60_000
-    ordered = sorted(spans, key=lambda s: (s.is_root, s.end_ns, s.span_id))  # the exporter's order
-    join = RequestJoin(JoinConfig(), 60_000)
-    for out in asm.add_message(ordered, 0, 0, now):
-        assert isinstance(out, ForwardedEvent), out
-        event = decode_stage_event(out.value, out.request_id.encode(), "otlp_spans", 0, 0, None, CapsConfig(), now)
-        join.add(event, 0, now)  # type: ignore[arg-type]
-    (record,) = join.advance(0, now + 10_000_000)
-    return record, asm
-
-
-def _ms(spans: list[OtlpSpan], name: str) -> float:
-    (span,) = [s for s in spans if s.name == name]
-    return (span.end_ns - span.start_ns) / 1e6
+_record, _ms = stored_record, span_ms
 
 
 @pytest.fixture(scope="module")
-def traces() -> dict[str, tuple[dict[str, Any], list[OtlpSpan]]]:
-    return _traces()
+def traces() -> Capture:
+    return captured("langchain")
 
 
 def test_the_capture_has_the_nests_this_is_about(traces: dict[str, Any]) -> None:
