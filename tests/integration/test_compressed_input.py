@@ -17,7 +17,6 @@ batch uncompressed when compressing would not shrink it).
 from __future__ import annotations
 
 import json
-import socket
 import struct
 import subprocess
 import sys
@@ -29,8 +28,9 @@ from typing import Any
 
 import pytest
 
+from streams.kafka.broker import free_port
 from tests.fixtures.otel import OtelCollectorHandle
-from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env
+from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_drained, pipeline_env
 from tests.support.traffic import build_traffic, wrong_values
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,12 +41,6 @@ N_PER_CODEC = 150
 KCAT_TIMEOUT_S = 60.0
 #: A record batch's header up to its attributes: base offset, length, leader epoch, magic, crc, attributes.
 _BATCH_HEADER = struct.Struct(">qiibIh")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def batch_codecs(segment: Path) -> Counter[str]:
@@ -77,15 +71,6 @@ def _kcat(kcat: str, bootstrap: str, topic: str, codec: str, path: Path) -> None
     assert done.returncode == 0, f"{cmd} exited {done.returncode}: {done.stderr.decode(errors='replace')[-2000:]}"
 
 
-def _drained(settings: Any, join: WorkerProcess) -> bool:
-    app, b = f"app-{settings.topic_prefix}", settings.kafka_bootstrap
-    return (
-        group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
-        and join.metric("ttft_open_requests") == 0
-        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
-    )
-
-
 def test_every_kafka_codec_is_read(kcat: str, kafka_broker: Any, kafka_settings: Any, tmp_path: Path) -> None:
     bootstrap, topic = kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events")
     now = time.time() * 1000
@@ -101,13 +86,13 @@ def test_every_kafka_codec_is_read(kcat: str, kafka_broker: Any, kafka_settings:
 
     pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         for codec in CODECS:
             _kcat(kcat, bootstrap, topic, codec, files[codec])
-        pipe.wait_for(lambda: _drained(kafka_settings, join), 120, "the pipeline to drain")
+        pipe.wait_for(lambda: pipeline_drained(kafka_settings, join), 120, "the pipeline to drain")
         assert join.alive() and writer.alive(), "a worker exited on compressed input"
         assert pipe.stop(join) == 0 and pipe.stop(writer) == 0
     finally:
@@ -171,12 +156,12 @@ def test_collector_exports_are_joined(
     home.mkdir()
     pipe = Pipeline(pipeline_env(kafka_settings, home, TTFT_OTLP__TOPIC=handle.topic), home)
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         pipe.wait_for(
-            lambda: _otlp_drained(kafka_settings, join, handle.topic) and _drained(kafka_settings, join),
+            lambda: _otlp_drained(kafka_settings, join, handle.topic) and pipeline_drained(kafka_settings, join),
             150,
             "the OTLP pipeline to drain",
         )

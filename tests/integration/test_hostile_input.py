@@ -7,7 +7,6 @@ its own request's row), and the well-formed requests must be stored exactly.
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -16,16 +15,11 @@ import orjson
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce_sync
+from streams.kafka.broker import free_port
+from tests.support.pipeline import Pipeline, pipeline_drained, pipeline_env, produce_sync
 from tests.support.records import make_record
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(300)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _request(rid: str, t0: float, tenant: str = "good", **overrides: Any) -> list[dict[str, Any]]:
@@ -110,23 +104,13 @@ def _hostile_stream(t0: float) -> tuple[list[tuple[bytes, bytes]], dict[str, int
     return messages, {"conflicting_duplicate": 2, "duplicate_key": 1, "too_many_events": 2_000}
 
 
-def _drained(settings: Any, join: Any) -> bool:
-    """Every produced event committed by the join, nothing open, every record committed by the writer."""
-    app, b = f"app-{settings.topic_prefix}", settings.kafka_bootstrap
-    return (
-        group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
-        and join.metric("ttft_open_requests") == 0
-        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
-    )
-
-
 def test_hostile_input_is_dead_lettered_and_good_requests_are_exact(kafka_settings: Any, tmp_path: Path) -> None:
     t0 = float(int(time.time() * 1000) - 120_000)
     messages, expected = _hostile_stream(t0)
     pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), messages)
@@ -142,7 +126,7 @@ def test_hostile_input_is_dead_lettered_and_good_requests_are_exact(kafka_settin
         )
         expected = {**expected, "store_rejected": 1}
         time.sleep(3)
-        pipe.wait_for(lambda: _drained(kafka_settings, join), 150, "the pipeline to drain")
+        pipe.wait_for(lambda: pipeline_drained(kafka_settings, join), 150, "the pipeline to drain")
         counters = {
             name: join.metric(name)
             for name in ("ttft_dead_letters_total", "ttft_duplicate_events_total", "ttft_caps_tripped_total")

@@ -20,7 +20,6 @@ its reason, its exact bytes and its offset.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -32,7 +31,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.partitioner import DefaultPartitioner
 
-from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, topic_partitions
+from streams.kafka.broker import free_port
+from tests.support.pipeline import Pipeline, pipeline_drained, pipeline_env, topic_partitions
 from tests.support.traffic import build_traffic, wrong_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -42,12 +42,6 @@ KCAT_TIMEOUT_S = 60.0
 MISSING_KEY = "Kafka key is missing; it must be the request_id in UTF-8"
 
 Message = tuple[bytes | None, bytes]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _expected_reason(key: bytes | None, value: bytes) -> str | None:
@@ -146,15 +140,6 @@ async def _read_back(bootstrap: str, topic: str, expected: int) -> list[tuple[in
     return out
 
 
-def _drained(settings: Any, join: WorkerProcess) -> bool:
-    app, b = f"app-{settings.topic_prefix}", settings.kafka_bootstrap
-    return (
-        group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
-        and join.metric("ttft_open_requests") == 0
-        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
-    )
-
-
 def _event(rid: str, stage: str, ts_ms: float, **extra: Any) -> bytes:
     body = {"request_id": rid, "tenant_id": "acme", "stage": stage, "ts_ms": ts_ms, "event_id": f"{rid}-{stage}"}
     return orjson.dumps({**body, **extra})
@@ -217,8 +202,8 @@ def test_kcat_produced_input_is_joined_exactly(kcat: str, kafka_settings: Any, t
     pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
     murmur2 = ["-X", "partitioner=murmur2_random"]
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         seconds = [
@@ -247,7 +232,7 @@ def test_kcat_produced_input_is_joined_exactly(kcat: str, kafka_settings: Any, t
             assert got == by_partition.get(p, []), f"partition {p}: kcat's keyed messages differ from murmur2's"
         at = {(p, o): (k, v or b"") for p, o, k, v in back}  # None is no value above: the Counters differ
 
-        pipe.wait_for(lambda: _drained(kafka_settings, join), 120, "the pipeline to drain")
+        pipe.wait_for(lambda: pipeline_drained(kafka_settings, join), 120, "the pipeline to drain")
         assert join.alive() and writer.alive()
         assert pipe.stop(join) == 0 and pipe.stop(writer) == 0
     finally:

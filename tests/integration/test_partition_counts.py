@@ -8,7 +8,6 @@ it exited on restoring them after a 40 s timeout, and again after every restart.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from streams.alerting.outbox import topic_partitions
+from streams.kafka.broker import free_port
 from streams.kafka.topics import ensure_named_topics
 from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce
 from tests.support.traffic import build_traffic, wrong_values
@@ -23,12 +23,6 @@ from tests.support.traffic import build_traffic, wrong_values
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(240)]
 
 GROWN = 12
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_join_follows_input_topics_grown_past_the_setting(kafka_settings: Any, tmp_path: Path) -> None:
@@ -42,8 +36,8 @@ def test_the_join_follows_input_topics_grown_past_the_setting(kafka_settings: An
 
     pipe = Pipeline(pipeline_env(kafka_settings, tmp_path, TTFT_OTLP__TOPIC=otlp_topic), tmp_path)
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         asyncio.run(produce(bootstrap, events, traffic.messages))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, produce_sync
+from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_drained, pipeline_env, produce_sync
 from tests.support.traffic import Traffic, build_traffic, wrong_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
@@ -33,17 +33,6 @@ def _start(pipe: Pipeline) -> tuple[WorkerProcess, WorkerProcess]:
     pipe.wait_healthy(writer)
     pipe.wait_healthy(join)
     return join, writer
-
-
-def _drained(settings: Any, join: WorkerProcess) -> bool:
-    """Every produced event committed by the join, nothing open, every record committed by the writer."""
-    app = f"app-{settings.topic_prefix}"
-    b = settings.kafka_bootstrap
-    return (
-        group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
-        and join.metric("ttft_open_requests") == 0
-        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
-    )
 
 
 def _check_store(pipe: Pipeline, traffic: Traffic) -> None:
@@ -71,7 +60,7 @@ def test_pipeline_joins_10k_requests_exactly(kafka_settings: Any, tmp_path: Path
         join, writer = _start(pipe)
         n = produce_sync(kafka_settings.kafka_bootstrap, kafka_settings.topic("stage-events"), traffic.messages)
         assert n == len(traffic.messages)
-        pipe.wait_for(lambda: _drained(kafka_settings, join), 180, "the pipeline to drain")
+        pipe.wait_for(lambda: pipeline_drained(kafka_settings, join), 180, "the pipeline to drain")
         assert pipe.stop(join) == 0
         assert pipe.stop(writer) == 0
     finally:
@@ -99,7 +88,7 @@ def test_a_new_join_worker_resumes_from_the_committed_offsets(kafka_settings: An
         new = pipe.start("join", free_port())
         pipe.wait_healthy(new)
         produce_sync(b, topic, traffic.messages[half:])
-        pipe.wait_for(lambda: _drained(kafka_settings, new), 180, "the new join to drain")
+        pipe.wait_for(lambda: pipeline_drained(kafka_settings, new), 180, "the new join to drain")
         consumed = new.metric("ttft_events_consumed_total")
         assert pipe.stop(new) == 0
         assert pipe.stop(writer) == 0

@@ -18,8 +18,8 @@ import pytest
 from streams.kafka.broker import LocalBroker, missing_prerequisite
 from streams.kafka.topics import ensure_topics
 from streams.settings import load_settings
-from tests.integration.test_pipeline_e2e import _check_store, _drained
-from tests.support.pipeline import Pipeline, WorkerProcess, pipeline_env, produce_sync
+from tests.integration.test_pipeline_e2e import _check_store
+from tests.support.pipeline import Pipeline, WorkerProcess, pipeline_drained, pipeline_env, produce_sync
 from tests.support.traffic import build_traffic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -92,7 +92,7 @@ def test_kill_9_of_the_supervisor_leaves_no_orphan_and_loses_nothing(kafka_setti
         producer.join(120)
 
         supervisor, _, join = _start(pipe)
-        pipe.wait_for(lambda: _drained(kafka_settings, join), 240, "the restarted pipeline to drain")
+        pipe.wait_for(lambda: pipeline_drained(kafka_settings, join), 240, "the restarted pipeline to drain")
         sent = time.monotonic()
         supervisor.proc.send_signal(signal.SIGTERM)
         rc = supervisor.proc.wait(30)

@@ -14,7 +14,6 @@ The producer is aiokafka's transactional producer (the broker writes the markers
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
-from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env
+from streams.kafka.broker import free_port
+from tests.support.pipeline import Pipeline, pipeline_drained, pipeline_env
 from tests.support.traffic import build_traffic, wrong_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -31,12 +31,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest
 N_COMMITTED = 300
 N_ABORTED = 40
 PER_TRANSACTION = 100
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _produce(
@@ -61,15 +55,6 @@ async def _produce(
                     await producer.commit_transaction()
     finally:
         await producer.stop()
-
-
-def _settled(settings: Any, join: WorkerProcess) -> bool:
-    app, b = f"app-{settings.topic_prefix}", settings.kafka_bootstrap
-    return (
-        group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
-        and join.metric("ttft_open_requests") == 0
-        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
-    )
 
 
 def test_transactional_input_commits_catch_up_and_aborts_vanish(kafka_settings: Any, tmp_path: Path) -> None:
@@ -98,13 +83,15 @@ def test_transactional_input_commits_catch_up_and_aborts_vanish(kafka_settings: 
 
     pipe = Pipeline(pipeline_env(kafka_settings, tmp_path), tmp_path)
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         asyncio.run(_produce(bootstrap, topic, good.messages, bad.messages))
         started = time.monotonic()
-        pipe.wait_for(lambda: _settled(kafka_settings, join), 60, "the last requests to close and the lag to clear")
+        pipe.wait_for(
+            lambda: pipeline_drained(kafka_settings, join), 60, "the last requests to close and the lag to clear"
+        )
         settled_s = time.monotonic() - started
         assert join.alive() and writer.alive()
         assert pipe.stop(join) == 0 and pipe.stop(writer) == 0

@@ -10,7 +10,6 @@ uncommitted and its restart failed at the same record, for every tenant on the p
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from streams.kafka.broker import free_port
 from streams.kafka.topics import ensure_named_topics
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env
 from tests.support.traffic import build_traffic, wrong_values
@@ -28,12 +28,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest
 
 BAD_HEADER = b"\xff\xfeproducer=svc-a"  # kcat -H name=value: the name is not UTF-8
 KCAT_TIMEOUT_S = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _kcat(kcat: str, bootstrap: str, topic: str, path: Path, *args: bytes) -> None:
@@ -86,8 +80,8 @@ def test_unreadable_records_are_dead_lettered_and_the_rest_flows(
     pipe = Pipeline(pipeline_env(kafka_settings, tmp_path, TTFT_OTLP__TOPIC=otlp_topic), tmp_path)
     murmur2 = (b"-K", b"\t", b"-X", b"partitioner=murmur2_random")
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         pids = (join.proc.pid, writer.proc.pid)

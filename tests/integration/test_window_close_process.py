@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_pipeline_e2e import _check_store, _drained
+from tests.integration.test_pipeline_e2e import _check_store
 from tests.integration.test_supervisor import _alive, _start
 from tests.support.faults import read_snapshot
-from tests.support.pipeline import Pipeline, pipeline_env, produce_sync
+from tests.support.pipeline import Pipeline, pipeline_drained, pipeline_env, produce_sync
 from tests.support.traffic import build_traffic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -63,7 +63,7 @@ def test_windows_close_from_the_copy_and_kill_9_leaves_no_close_process(kafka_se
         assert not any(_alive(pid) for pid in family), f"left behind after kill -9: {family}"
 
         supervisor, writer, join = _start(pipe)
-        pipe.wait_for(lambda: _drained(kafka_settings, join), 240, "the restarted pipeline to drain")
+        pipe.wait_for(lambda: pipeline_drained(kafka_settings, join), 240, "the restarted pipeline to drain")
         pipe.wait_for(lambda: writer.metric("ttft_window_jobs_queued") == 0, 60, "the queued closes")
         supervisor.proc.send_signal(signal.SIGTERM)
         assert supervisor.proc.wait(30) == 0

@@ -264,3 +264,14 @@ async def read_topic_partitions(
     finally:
         await consumer.stop()
     return out
+
+
+def pipeline_drained(settings: Any, join: WorkerProcess) -> bool:
+    """Every produced event committed by the join, nothing open, every record and dead letter committed by the
+    writer."""
+    app, b = f"app-{settings.topic_prefix}", settings.kafka_bootstrap
+    return (
+        group_lag(b, f"{app}-join", [settings.topic("stage-events")]) == 0
+        and join.metric("ttft_open_requests") == 0
+        and group_lag(b, f"{app}-writer", [settings.topic("requests"), settings.topic("dead-letter")]) == 0
+    )
