@@ -63,6 +63,9 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
     "the model client too (openinference-instrumentation-openai's OpenAIInstrumentor beside the "
     "LangChainInstrumentor); its ChatCompletion span tells it, and the LangChain LLM span around it is counted "
     "once (docs/otlp-mapping.md, 'Two instrumentations of one call')",
+    "opentelemetry.instrumentation.langchain": "OpenLLMetry's LangChain spans tell no first chunk, and its OpenAI "
+    "instrumentation's span is suppressed under them: call ttft_emit.otel.time_first_chunk(llm.root_client) once "
+    "per ChatOpenAI; it sets the first chunk on the ChatOpenAI.chat span (docs/otlp-mapping.md, 'The helper')",
 }
 
 

@@ -33,6 +33,7 @@ OPENINFERENCE_STAGES: Final[dict[str, str]] = {
 #: ``gen_ai.operation.name`` -> stage (``embeddings`` only inside a retrieval, see :data:`EMBEDDING`).
 GEN_AI_STAGES: Final[dict[str, str]] = {
     "retrieval": "retrieval",
+    "vector_db_retrieve": "retrieval",  # OpenLLMetry's LangChain retrievers
     "chat": "llm_ttft",
     "text_completion": "llm_ttft",
     "generate_content": "llm_ttft",
@@ -115,7 +116,8 @@ def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
 
 def is_retriever(a: dict[str, AttrValue]) -> bool:
     """A retrieval span by its kind or operation (an embedding span inside it is ``vector_recall``)."""
-    return a.get("openinference.span.kind") == "RETRIEVER" or a.get("gen_ai.operation.name") == "retrieval"
+    kind, operation = a.get("openinference.span.kind"), a.get("gen_ai.operation.name")
+    return kind == "RETRIEVER" or (isinstance(operation, str) and GEN_AI_STAGES.get(operation) == "retrieval")
 
 
 @dataclass(frozen=True, slots=True)

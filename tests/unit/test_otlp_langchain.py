@@ -5,7 +5,8 @@ Both instrumentors trace each ``ChatOpenAI`` call (LangChain's ``LLM`` span, no 
 ``ChatCompletion``), and LangChain's ``EnsembleRetriever`` is a ``RETRIEVER`` span around its two retrievers.
 Before streams/core/otlp_nesting.py, each was summed as a retry: retrieval twice its time, the non-streaming
 call's ``llm_ttft`` twice, ``other_ms`` negative, and ``llm_unmeasured_ms`` set on requests whose first chunk was
-measured."""
+measured. OpenLLMetry's LangChain instrumentation (``langchain_openllmetry``) named its retrievers in a way not
+read before (``vector_db_retrieve``: ``missing_stage``) and tells no first chunk without ttft-emit's helper."""
 
 from __future__ import annotations
 
@@ -84,3 +85,35 @@ def test_otel_check_names_the_spans_counted_once(traces: dict[str, Any]) -> None
     lines = report_lines("langchain.otlp", len(spans), reports, findings)
     assert any("counted once     'BM25Retriever'" in line and "inside 'EnsembleRetriever'" in line for line in lines)
     assert orjson.loads(orjson.dumps(scope.to_json()))["counted_once"]
+
+
+@pytest.fixture(scope="module")
+def openllmetry() -> Capture:
+    return captured("langchain_openllmetry")
+
+
+def test_openllmetry_with_the_helper_is_complete_and_exact(openllmetry: Capture) -> None:
+    """OpenLLMetry's LangChain instrumentation: retrievers are ``vector_db_retrieve`` operations, and its
+    ``ChatOpenAI.chat`` span (not current, the client's span suppressed under it) gets the first chunk from
+    ttft-emit's helper on the model's client."""
+    truth, spans = openllmetry["stream"]
+    record, asm = _record(spans)
+    assert record["status"] == "complete" and record["llm_unmeasured_ms"] is None
+    assert STUB_FIRST_CHUNK_MS <= record["llm_ttft_ms"] <= STUB_FIRST_CHUNK_MS + SLACK_MS
+    client_ttft = (truth["first_chunk_ns"] - truth["called_ns"]) / 1e6
+    assert abs(record["ttft_ms"] - client_ttft) < SLACK_MS
+    assert record["retrieval_ms"] == pytest.approx(_ms(spans, "vector_db_retrieve EnsembleRetriever"))
+    assert record["vector_recall_ms"] == pytest.approx(_ms(spans, "openai.embeddings"))
+    assert asm.counters.spans["nested"] == 2  # the ensemble's two retrievers
+    _, plain = openllmetry["non_stream"]
+    record, _ = _record(plain)
+    assert record["status"] == "complete" and record["llm_ttft_ms"] == pytest.approx(_ms(plain, "ChatOpenAI.chat"))
+
+
+def test_openllmetry_without_the_helper_says_to_add_it(openllmetry: Capture) -> None:
+    _, spans = openllmetry["no_helper"]
+    record, _ = _record(spans)
+    assert record["status"] == "no_first_chunk" and record["retrieval_ms"] is not None
+    reports, _ = check_traces(spans)
+    text = "\n".join(report_lines("langchain_openllmetry.otlp", len(spans), reports, []))
+    assert "time_first_chunk(llm.root_client)" in text

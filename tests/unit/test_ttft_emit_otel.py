@@ -137,6 +137,44 @@ def test_a_call_that_starts_no_llm_span_is_counted_and_leaves_every_span_alone()
     assert STREAM_ATTR not in (_llm(exported).attributes or {})
 
 
+class SuppressedCompletions:
+    """A client whose own instrumentation is suppressed under a framework's LLM span (OpenLLMetry's LangChain
+    instrumentation does so): ``create`` starts no span."""
+
+    def create(self, *, model: str, stream: bool = False) -> Any:
+        if not stream:
+            time.sleep(0.01)
+            return {"choices": ["".join(CHUNKS)]}
+        return self._stream()
+
+    def _stream(self) -> Iterator[str]:
+        time.sleep(FIRST_CHUNK_S)
+        yield from CHUNKS
+
+
+def test_a_call_made_inside_a_framework_llm_span_times_that_span() -> None:
+    provider, exported, timing = _provider()
+    create = timing.wrap(SuppressedCompletions().create)
+    tracer = provider.get_tracer("opentelemetry.instrumentation.langchain")
+    with tracer.start_as_current_span("ChatOpenAI.chat", attributes={"gen_ai.operation.name": "chat"}) as llm:
+        started = llm.start_time  # type: ignore[attr-defined]
+        seen_ns = []
+        for _ in create(model="m", stream=True):
+            seen_ns.append(time.time_ns())
+    attrs = _llm(exported).attributes or {}
+    assert attrs[STREAM_ATTR] is True
+    assert FIRST_CHUNK_S <= attrs[FIRST_CHUNK_ATTR] <= (seen_ns[0] - started) / 1e9  # type: ignore[operator]
+    assert timing.stats.spans == 1 and timing.stats.first_chunks == 1 and timing.stats.unmatched == 0
+    # a plain call inside one: not streaming; a call under a span that is no LLM span: unmatched, untouched
+    with tracer.start_as_current_span("ChatOpenAI.chat", attributes={"gen_ai.operation.name": "chat"}):
+        create(model="m")
+    with tracer.start_as_current_span("RunnableSequence.workflow"):
+        list(create(model="m", stream=True))
+    plain, workflow = exported.get_finished_spans()[-2:]
+    assert (plain.attributes or {})[STREAM_ATTR] is False and FIRST_CHUNK_ATTR not in (plain.attributes or {})
+    assert STREAM_ATTR not in (workflow.attributes or {}) and timing.stats.unmatched == 1
+
+
 def test_an_error_from_the_call_reaches_the_caller_and_the_call_is_over() -> None:
     provider, exported, timing = _provider()
 

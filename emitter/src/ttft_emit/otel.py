@@ -24,7 +24,11 @@ How: :meth:`FirstChunkTiming.wrap` wraps a ``create`` method (sync or async; any
 a ``stream=True`` keyword) so that, for the duration of the call, spans started in the caller's context are
 offered to :meth:`FirstChunkTiming.span_processor` (an SDK ``SpanProcessor``, added to the tracer
 provider), which picks the call's first LLM span (``gen_ai.operation.name`` ``chat`` / ``text_completion``
-/ ``generate_content``, or OpenInference kind ``LLM``). A streaming response is handed back wrapped: it
+/ ``generate_content``, or OpenInference kind ``LLM``); when the call starts none, the caller's: the current
+span if it is an LLM span (a service's own GenAI span around the call), else the LLM span last started in the
+caller's context while it still records (OpenLLMetry's LangChain instrumentation starts ``ChatOpenAI.chat``
+from a callback, does not make it current, and suppresses the client's span). A streaming response is handed
+back wrapped: it
 iterates (``for`` / ``async for``), closes and proxies attributes as the original does, and times its first
 chunk.
 
@@ -66,16 +70,24 @@ class FirstChunkStats:
 
 
 class _Call:
-    """One wrapped call: whether it streams, and the LLM span the processor matched to it (if any)."""
+    """One wrapped call: whether it streams, the LLM span the processor matched to it (if any), and the span
+    that was current when it was made (the framework's LLM span, when the client's own is suppressed)."""
 
-    __slots__ = ("span", "stream")
+    __slots__ = ("caller", "span", "stream")
 
     def __init__(self, stream: bool) -> None:
         self.stream = stream
         self.span: Any = None
+        self.caller: Any = None
 
 
 _CALL: ContextVar[_Call | None] = ContextVar("ttft_emit_otel_call", default=None)
+#: The spans last started in this context outside a wrapped call, newest first: a framework's LLM span among
+#: them, which it may not make current and may name an LLM span only after its start (OpenLLMetry's LangChain
+#: instrumentation starts ``ChatOpenAI.chat`` from a callback and suppresses the client's span under it).
+_STARTED: ContextVar[tuple[Any, ...]] = ContextVar("ttft_emit_otel_started", default=())
+#: How many of them are kept.
+_STARTED_KEPT: Final = 8
 
 
 def is_llm_span(attributes: Any) -> bool:
@@ -127,7 +139,10 @@ class FirstChunkTiming:
 
     def _on_span_start(self, span: Any) -> None:
         call = _CALL.get()
-        if call is None or call.span is not None:
+        if call is None:
+            _STARTED.set((span, *_STARTED.get()[: _STARTED_KEPT - 1]))
+            return
+        if call.span is not None:
             return
         try:
             if not is_llm_span(getattr(span, "attributes", None)):
@@ -154,7 +169,42 @@ class FirstChunkTiming:
         except Exception:
             self._count("errors")
 
+    def _caller_span(self) -> Any:
+        """The caller's LLM span, if any, once the helper's processor is set up: the current span when it is one,
+        else the newest span started in the caller's context that records and now names an LLM call."""
+        if self._processor is None:
+            return None
+        try:
+            from opentelemetry import trace
+
+            current = trace.get_current_span()
+            if is_llm_span(getattr(current, "attributes", None)):
+                return current
+            for span in _STARTED.get():
+                if span.is_recording() and is_llm_span(getattr(span, "attributes", None)):
+                    return span
+        except Exception:
+            return None
+        return None
+
+    def _adopt_caller(self, call: _Call) -> None:
+        """No LLM span started inside the call: take the caller's (:meth:`_caller_span`) while it records. A
+        service's own GenAI span around the call, or a framework's LLM span under which the client's own span is
+        suppressed (OpenLLMetry's LangChain instrumentation)."""
+        span = call.caller
+        if call.span is not None or span is None:
+            return
+        try:
+            if not span.is_recording() or not is_llm_span(getattr(span, "attributes", None)):
+                return
+            call.span = span
+            self._count("spans")
+            span.set_attribute(STREAM_ATTR, call.stream)
+        except Exception:
+            self._count("errors")
+
     def _finished(self, call: _Call, result: Any) -> Any:
+        self._adopt_caller(call)
         if not call.stream:
             if call.span is None:
                 self._count("unmatched")
@@ -167,6 +217,7 @@ class FirstChunkTiming:
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             call = _Call(kwargs.get("stream") is True)
+            call.caller = self._caller_span()
             self._count("calls")
             token = _CALL.set(call)
             try:

@@ -1,4 +1,5 @@
-"""Capture the spans of a LangChain RAG chain traced by OpenInference's LangChain and OpenAI instrumentors.
+"""Capture the spans of a LangChain RAG chain traced by OpenInference's, then OpenLLMetry's, LangChain and OpenAI
+instrumentors.
 
 Phoenix's and OpenInference's guides set up both instrumentors for a LangChain app: ``LangChainInstrumentor``
 traces the chain (``RETRIEVER``, ``PROMPT``, ``LLM`` spans from LangChain's callbacks) and
@@ -6,28 +7,35 @@ traces the chain (``RETRIEVER``, ``PROMPT``, ``LLM`` spans from LangChain's call
 (no first-chunk event) and, inside it by time, the client's ``ChatCompletion`` (event ``First Token Stream
 Event``). The two are not linked: the client's span has the span that was current in OpenTelemetry's
 context (the root) as its parent. The retriever is LangChain's ``EnsembleRetriever`` (BM25 and a vector
-store, hybrid search), a ``RETRIEVER`` span around the two ``RETRIEVER`` spans of its parts.
-
-The chain runs unmodified against the stub of ``capture.py`` (first chunk 120 ms after the request), one
-trace per case, under a root span ``POST /ask``:
+store, hybrid search), a ``RETRIEVER`` span around the two ``RETRIEVER`` spans of its parts. Cases, one trace
+each, under a root span ``POST /ask``, against the stub of ``capture.py`` (first chunk 120 ms after the
+request):
 
 1. ``stream``: both instrumentors, ``ChatOpenAI(streaming=True)``;
 2. ``non_stream``: both instrumentors, without streaming;
 3. ``langchain_only``: the LangChain instrumentor alone (the OpenAI one uninstrumented), streaming.
 
-Outputs ``langchain.otlp`` and ``langchain.json`` as ``capture.py`` writes its own (the truth per trace: the
+OpenLLMetry's (``--library openllmetry``, ``langchain_openllmetry.*``): its LangChain instrumentor starts a
+``ChatOpenAI.chat`` span (``gen_ai.operation.name = chat``, no first chunk, no stream flag) from a callback,
+without making it current, and suppresses its OpenAI instrumentor's span under it; its retrievers are
+``gen_ai.operation.name = vector_db_retrieve``. Cases: ``stream`` and ``non_stream`` with ttft-emit's helper on
+the model's client (``time_first_chunk(llm.root_client)``), and ``no_helper`` (streaming, without it).
+
+Outputs ``<name>.otlp`` and ``<name>.json`` as ``capture.py`` writes its own (the truth per trace: the
 client's wall time before the call and at its first chunk). Run it in a venv of its own::
 
     python3.11 -m venv /tmp/lc
-    /tmp/lc/bin/pip install -r tests/data/otel_instrumentations/requirements-langchain.txt
+    /tmp/lc/bin/pip install -r tests/data/otel_instrumentations/requirements-langchain.txt ./emitter
     /tmp/lc/bin/python tests/data/otel_instrumentations/capture_langchain.py
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import struct
+import subprocess
 import sys
 import time
 from importlib import metadata
@@ -37,13 +45,39 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capture  # the stub and its constants
 
+#: Library -> (its LangChain instrumentor, its OpenAI instrumentor, their distributions, the output's name).
+LIBRARIES: dict[str, tuple[str, str, tuple[str, ...], str]] = {
+    "openinference": (
+        "openinference.instrumentation.langchain:LangChainInstrumentor",
+        "openinference.instrumentation.openai:OpenAIInstrumentor",
+        ("openinference-instrumentation-langchain", "openinference-instrumentation-openai"),
+        "langchain",
+    ),
+    "openllmetry": (
+        "opentelemetry.instrumentation.langchain:LangchainInstrumentor",
+        "opentelemetry.instrumentation.openai:OpenAIInstrumentor",
+        ("opentelemetry-instrumentation-langchain", "opentelemetry-instrumentation-openai", "ttft-emit"),
+        "langchain_openllmetry",
+    ),
+}
+#: Each library's cases: (name, streaming, the OpenAI instrumentor on, ttft-emit's helper on the client).
+CASES: dict[str, tuple[tuple[str, bool, bool, bool], ...]] = {
+    "openinference": (
+        ("stream", True, True, False),
+        ("non_stream", False, True, False),
+        ("langchain_only", True, False, False),
+    ),
+    "openllmetry": (
+        ("stream", True, True, True),
+        ("non_stream", False, True, True),
+        ("no_helper", True, True, False),
+    ),
+}
 DISTRIBUTIONS = (
     "langchain-core",
     "langchain-openai",
     "langchain-classic",
     "langchain-community",
-    "openinference-instrumentation-langchain",
-    "openinference-instrumentation-openai",
     "openai",
     "opentelemetry-sdk",
 )
@@ -54,7 +88,12 @@ DOCS = (
 )
 
 
-def run(out: Path) -> None:
+def _load(path: str) -> Any:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run(library: str, out: Path) -> None:
     from langchain_classic.retrievers import EnsembleRetriever
     from langchain_community.retrievers import BM25Retriever
     from langchain_core.output_parsers import StrOutputParser
@@ -62,20 +101,19 @@ def run(out: Path) -> None:
     from langchain_core.runnables import RunnablePassthrough
     from langchain_core.vectorstores import InMemoryVectorStore
     from langchain_openai import ChatOpenAI, OpenAIEmbeddings
-    from openinference.instrumentation.langchain import LangChainInstrumentor
-    from openinference.instrumentation.openai import OpenAIInstrumentor
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    langchain_path, openai_path, distributions, name = LIBRARIES[library]
     exporter = InMemorySpanExporter()
     resource = {"service.name": "rag-langchain", "service.version": "2.0.0", "tenant.id": capture.TENANT}
     provider = TracerProvider(resource=Resource.create(resource))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    LangChainInstrumentor().instrument(tracer_provider=provider)
-    openai_instrumentor = OpenAIInstrumentor()
+    _load(langchain_path)().instrument(tracer_provider=provider)
+    openai_instrumentor = _load(openai_path)()
     openai_instrumentor.instrument(tracer_provider=provider)
     server, base_url = capture.serve()
 
@@ -84,6 +122,7 @@ def run(out: Path) -> None:
     )
     store = InMemoryVectorStore(embeddings)
     store.add_texts(list(DOCS))
+    exporter.clear()  # the documents' embeddings belong to no request
     retriever = EnsembleRetriever(
         retrievers=[BM25Retriever.from_texts(list(DOCS), k=1), store.as_retriever(search_kwargs={"k": 1})],
         weights=[0.5, 0.5],
@@ -91,11 +130,14 @@ def run(out: Path) -> None:
     prompt = ChatPromptTemplate.from_template("Context: {context}\nQuestion: {question}")
     tracer = provider.get_tracer("rag-langchain")
     truth: list[dict[str, Any]] = []
-    for case in ("stream", "non_stream", "langchain_only"):
-        if case == "langchain_only":
+    for case, streaming, with_openai, with_helper in CASES[library]:
+        if not with_openai:
             openai_instrumentor.uninstrument()
-        streaming = case != "non_stream"
         llm = ChatOpenAI(base_url=base_url, api_key="stub-key", model=capture.MODEL, streaming=streaming, max_retries=0)
+        if with_helper:  # the service's one line (docs/otlp-mapping.md, "The helper")
+            from ttft_emit.otel import time_first_chunk
+
+            time_first_chunk(llm.root_client, tracer_provider=provider)
         chain = {"context": retriever, "question": RunnablePassthrough()} | prompt | llm | StrOutputParser()
         with tracer.start_as_current_span("POST /ask") as root:
             called_ns, first_chunk_ns = time.time_ns(), None
@@ -115,20 +157,27 @@ def run(out: Path) -> None:
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
-    with (out / "langchain.otlp").open("wb") as f:
+    with (out / f"{name}.otlp").open("wb") as f:
         for trace in truth:
             mine = [s for s in spans if format(s.context.trace_id, "032x") == trace["trace_id"]]
             raw = encode_spans(mine).SerializeToString()
             f.write(struct.pack(">I", len(raw)) + raw)
-    versions = {name: metadata.version(name) for name in DISTRIBUTIONS}
-    doc = {"library": "langchain", "versions": versions, "tenant": capture.TENANT, "traces": truth}
-    (out / "langchain.json").write_text(json.dumps(doc, indent=1) + "\n")
+    versions = {d: metadata.version(d) for d in (*DISTRIBUTIONS, *distributions)}
+    doc = {"library": f"langchain/{library}", "versions": versions, "tenant": capture.TENANT, "traces": truth}
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
-    run(parser.parse_args().out)
+    parser.add_argument("--library", choices=sorted(LIBRARIES), help="run one library (this process)")
+    args = parser.parse_args()
+    if args.library:
+        run(args.library, args.out)
+        return
+    for library in LIBRARIES:  # one process each: the instrumentors patch the same classes
+        cmd = [sys.executable, __file__, "--library", library, "--out", str(args.out)]
+        subprocess.run(cmd, check=True, timeout=180)
 
 
 if __name__ == "__main__":
