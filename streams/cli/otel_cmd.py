@@ -17,7 +17,7 @@ import click
 
 from streams.cli.conventions import echo_json, json_option
 from streams.cli.otel_check import SpanSourceError, TailStats, read_span_file, read_topic, report_lines
-from streams.core.otlp_check import check_traces
+from streams.core.otlp_check import NOT_A_REQUEST, check_traces
 from streams.kafka.topics import wait_for_broker
 from streams.otel.collector import AUTH_OVERLAY, CollectorError, LocalCollector, missing_binary, otlp_env
 from streams.otel.tokens import KEY_FILE, TokenError, TokenKeys, make_keys, mint
@@ -174,7 +174,7 @@ def status(as_json: bool) -> None:
 def check(path: Path | None, traces: int, as_json: bool) -> None:
     """Map recent traces as the worker would and say, per instrumentation scope, how many become complete
     requests, which attribute or event gave each stage, and what is missing with its fix. Exit 1 when a
-    trace is not a complete request."""
+    trace is not a complete request (a trace with no stage span, e.g. a health check, is no request)."""
     settings = load_settings()
     tail = TailStats()
     try:
@@ -207,5 +207,5 @@ def check(path: Path | None, traces: int, as_json: bool) -> None:
         if tail.unkeyed:
             click.echo("")
             click.echo(f"keys             {tail.note()}")
-    if any(f.status != "complete" for f in findings):
+    if any(f.status not in ("complete", NOT_A_REQUEST) for f in findings):
         raise SystemExit(1)

@@ -35,6 +35,8 @@ _WINDOW_MS: Final = 60_000
 _NS_PER_MS: Final = 1_000_000
 #: The group of traces without an LLM span (no instrumentation scope to blame).
 NO_LLM_SCOPE: Final = ("(no LLM span)", "")
+#: The status of a trace none of whose spans is a stage (a health check, another endpoint): no request is stored.
+NOT_A_REQUEST: Final = "no stage span: not a request"
 #: Trace ids kept per missing item.
 EXAMPLES: Final = 3
 _ATTR_SOURCES: Final = frozenset(name for name, _ in FIRST_CHUNK_ATTRS)
@@ -200,6 +202,9 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
         record = max(records, key=lambda r: r["record_version"])
         finding.status = record["status"]
         finding.missing += _record_gaps(record, first_llm)
+    elif not outputs and not staged:
+        finding.status = NOT_A_REQUEST
+        return finding
     if not finding.tenant and "tenant" not in finding.missing:
         finding.missing.append("tenant")
     if first_llm is not None and first_llm.first_chunk_problem:

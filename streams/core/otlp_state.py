@@ -26,7 +26,8 @@ from streams.core.join_state import exact_bytes
 from streams.core.otlp_mapping import SpanNote, TraceContext, own_tenant
 
 #: Serialised-form version: bump it when :meth:`TraceState.pack` changes in a way older readers cannot skip
-#: (2: the tenant, last; a 17th element, the pending derived prompt, is optional and ignored by them).
+#: (2: the tenant, last; a 17th element, the pending derived prompt, and an 18th, whether the trace had a stage
+#: span, are optional and ignored by them).
 STATE_FORMAT: Final = 2
 _READABLE_FORMATS: Final = (1, 2)
 #: A context value's rank: (0 for the root span, else 1; start ns; span id); the smallest wins.
@@ -66,6 +67,9 @@ class TraceState:
     #: and its derived ``prompt_assemble`` event (JSON text: a few hundred bytes per remembered trace),
     #: filled in once by a late retrieval or rerank span.
     prompt_due: tuple[int, str] | None = None
+    #: A stage span was held or mapped: the trace is a request (a trace without one, e.g. a health check, is not,
+    #: and its root waits in ``root`` for a late stage span).
+    staged: bool = False
 
     @property
     def key(self) -> str:
@@ -134,6 +138,7 @@ class TraceState:
                 self.first_start_ns,
                 self.tenant,
                 None if self.prompt_due is None else list(self.prompt_due),
+                self.staged,
             ]
         )
 
@@ -166,6 +171,8 @@ class TraceState:
                 tenant=row[15] if row[0] >= 2 else own_tenant({n: v for n, (_, v) in context.items()}),
                 size_bytes=len(packed),
                 prompt_due=_prompt_due(row[16]) if len(row) > 16 else None,
+                # Before this element every trace was mapped as a request: one restored without it still is.
+                staged=bool(row[17]) if len(row) > 17 else True,
             )
         except (IndexError, KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"unreadable trace state: {exc}") from None
@@ -190,6 +197,7 @@ class TraceState:
         if other.first_start_ns:
             self.first_start_ns = min(self.first_start_ns or other.first_start_ns, other.first_start_ns)
         self.size_bytes += other.size_bytes
+        self.staged = self.staged or other.staged
 
 
 def _prompt_due(value: Any) -> tuple[int, str] | None:

@@ -357,11 +357,16 @@ class TraceAssembler:
         """Map every held span of ``state``, then remember it (context, handled span ids) until forgotten."""
         ctx = state.trace_context()
         out: list[Output] = []
-        root = state.root
-        if root is not None and ctx.request_start_span == root.span_id:
-            out.extend(self._guarded(state, root, now_ms, partial(self._start_events, state, root, ctx, now_ms)))
         notes = sorted(state.notes.values(), key=lambda n: (n.start_ns, n.span_id))
-        nested = self._nested(state, notes, ctx)
+        staged = [(stage, n) for n in notes if (stage := stage_of(n, ctx)) is not None]
+        state.staged = state.staged or bool(staged)
+        root, waiting = state.root, None
+        if root is not None and ctx.request_start_span == root.span_id:
+            if state.staged:
+                out.extend(self._guarded(state, root, now_ms, partial(self._start_events, state, root, ctx, now_ms)))
+            else:  # no stage span (a health check, a start-up job): no request, unless a late stage span comes
+                waiting = root
+        nested = self._nested(state, staged)
         kept = [n for n in notes if n.span_id not in nested]
         for note in kept:
             out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
@@ -376,8 +381,10 @@ class TraceAssembler:
         state.first_token_explicit = ctx.explicit_first_token
         state.resolved = True
         state.notes.clear()
-        state.root = None
+        state.root = waiting
         state.size_bytes = SPAN_LINK_BYTES * (len(state.handled) + len(state.parents))
+        if waiting is not None:
+            state.size_bytes += note_bytes(waiting)
         if state.prompt_due is not None:
             state.size_bytes += len(state.prompt_due[1])
         clock = self._partition(state.partition).clock(state.tenant)
@@ -424,10 +431,18 @@ class TraceAssembler:
         state.learn(note, is_root)
         ctx = state.trace_context()
         out: list[Output] = []
-        starts = (is_root or note.stage == "request_start") and not state.started
+        stage = stage_of(note, ctx)
+        state.staged = state.staged or stage is not None
+        starts = not state.started and (stage == "request_start" or (is_root and state.staged))
         if starts:
             out.extend(self._start_events(state, note, ctx, now_ms))
-        if note.stage not in (None, "request_start"):
+        elif is_root and not state.started:  # a late root of a trace with no stage span yet: waits for one
+            state.root = note
+            state.size_bytes += note_bytes(note)
+        elif stage is not None and not state.started and state.root is not None:  # the root that waited
+            waited, state.root = state.root, None
+            out.extend(self._start_events(state, waited, ctx, now_ms))
+        if stage not in (None, "request_start"):
             out.extend(self._map(state, note, ctx, now_ms))
         elif not starts:
             self.counters.spans["not_stage"] += 1
@@ -446,12 +461,11 @@ class TraceAssembler:
             return [self._letters.of_note(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, [event], ctx, now_ms)
 
-    def _nested(self, state: TraceState, notes: list[SpanNote], ctx: TraceContext) -> set[str]:
+    def _nested(self, state: TraceState, staged: list[tuple[str, SpanNote]]) -> set[str]:
         """The held stage spans that measure what another one does (:mod:`streams.core.otlp_nesting`): handled
         and counted (``nested``), never mapped. A failure here drops nothing."""
         try:
-            staged = [(stage, n) for n in notes if (stage := stage_of(n, ctx)) is not None]
-            nested = nested_duplicates(staged, ctx.parents)
+            nested = nested_duplicates(staged, state.parents)
         except Exception:
             log.exception("OTLP trace %s: finding nested stage spans failed; none dropped", state.trace_id)
             return set()

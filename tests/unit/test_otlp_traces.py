@@ -342,3 +342,66 @@ def test_ttft_attributes_reach_the_event_attrs_by_name() -> None:
     assemble.attributes.update({"ttft.prompt_cache_hit": True, "ttft.rerank_top_k": 20})
     (event,) = [e for e in _events(_feed(_assembler(), spec, [spec.spans])) if e["stage"] == "prompt_assemble"]
     assert event["attrs"] == {"prompt_cache_hit": True, "rerank_top_k": 20, "trace_id": spec.trace_id.hex()}
+
+
+def _health_check(trace_id: str = "a" * 32, tenant: str = "acme") -> list[OtlpSpan]:
+    """What FastAPI's instrumentation exports for a probe of ``GET /healthz``: a root server span and the ASGI
+    send span under it; no stage."""
+    start = START_US * 1000
+    resource = {"tenant.id": tenant, "service.name": "rag-api"}
+    root = OtlpSpan(
+        trace_id, "b" * 16, "", "GET /healthz", start, start + 900_000, {**resource, "http.route": "/healthz"}
+    )
+    send = OtlpSpan(trace_id, "c" * 16, "b" * 16, "GET /healthz http send", start + 100_000, start + 800_000, resource)
+    return [send, root]
+
+
+def test_a_trace_without_a_stage_span_is_no_request() -> None:
+    """A health check, a metrics scrape, a start-up job: before, its root became a request_start, and every
+    probe a timed_out request of the service's tenant (completeness and the SLO down with it)."""
+    asm = _assembler()
+    assert asm.add_message(_health_check(), 0, 0, NOW_MS) == []
+    assert asm.advance(0, NOW_MS + 10 * JOIN.forget_after_ms) == []
+    assert asm.counters.spans["not_stage"] == 2 and asm.counters.spans["stage"] == 0
+
+
+def test_a_late_stage_span_makes_a_root_only_trace_a_request_from_its_root() -> None:
+    """A retrieval service that exports after the root's service: the root waits (in the trace's state, across a
+    restore) and starts the request when the first stage span comes."""
+    asm = _assembler()
+    trace_id = "d" * 32
+    spans = _health_check(trace_id)
+    assert asm.add_message(spans, 0, 0, NOW_MS) == []
+    restored = _assembler()
+    for key, (partition, packed) in asm.dirty().items():
+        assert packed is not None
+        restored.restore(key, packed, partition)
+    root = spans[1]
+    start = root.start_ns + 200_000
+    retrieval = OtlpSpan(
+        trace_id,
+        "e" * 16,
+        root.span_id,
+        "retrieve",
+        start,
+        start + 300_000,
+        {"tenant.id": "acme", "openinference.span.kind": "RETRIEVER"},
+    )
+    events = _events(restored.add_message([retrieval], 0, 1, NOW_MS))
+    assert [(e["stage"], e["event_id"]) for e in events] == [("request_start", root.span_id), ("retrieval", "e" * 16)]
+    assert events[0]["ts_ms"] == root.start_ns / 1e6
+
+
+def test_a_late_root_of_a_trace_without_stage_spans_waits_too() -> None:
+    asm = _assembler()
+    send, root = _health_check("f" * 32)
+    assert asm.add_message([send], 0, 0, NOW_MS) == []
+    assert asm.advance(0, NOW_MS + JOIN.request_timeout_ms + JOIN.grace_ms + 10) == []  # resolved without root
+    assert asm.add_message([root], 0, 1, NOW_MS) == []
+
+
+def test_otel_check_says_a_health_check_is_no_request() -> None:
+    from streams.core.otlp_check import NOT_A_REQUEST, check_traces
+
+    _, findings = check_traces(_health_check())
+    assert [f.status for f in findings] == [NOT_A_REQUEST]
