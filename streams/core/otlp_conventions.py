@@ -71,12 +71,20 @@ INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"
 _MAX_PARAMETERS_CHARS: Final = 65_536
 #: Token-count attributes -> the request attr they fill, first match wins.
 TOKEN_ATTRS: Final[dict[str, tuple[str, ...]]] = {
-    "prompt_tokens": ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
+    "prompt_tokens": (
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.prompt_tokens",
+        "llm.token_count.prompt",
+        "ai.usage.inputTokens",  # Vercel AI SDK
+        "ai.usage.promptTokens",  # Vercel AI SDK before 5
+    ),
     "cached_tokens": (
         "gen_ai.usage.cache_read.input_tokens",
         "gen_ai.usage.cache_read_input_tokens",
         "gen_ai.usage.cached_tokens",
         "llm.token_count.prompt_details.cache_read",
+        "ai.usage.cachedInputTokens",  # Vercel AI SDK
+        "ai.usage.inputTokenDetails.cacheReadTokens",
     ),
 }
 _MAX_TOKENS: Final = 10_000_000
