@@ -93,77 +93,110 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def instrument(library: str, provider: Any) -> Any:
+    """The library's LangChain and OpenAI instrumentors on ``provider``; returns the OpenAI one."""
+    langchain_path, openai_path, _, _ = LIBRARIES[library]
+    _load(langchain_path)().instrument(tracer_provider=provider)
+    openai_instrumentor = _load(openai_path)()
+    openai_instrumentor.instrument(tracer_provider=provider)
+    return openai_instrumentor
+
+
+class LangChainRag:
+    """The service: an LCEL chain (``EnsembleRetriever`` of BM25 and a vector store, a prompt, ``ChatOpenAI``)
+    against the stub at ``base_url``; :meth:`ask` is one request, a trace under a root span ``POST /ask``."""
+
+    def __init__(self, provider: Any, base_url: str) -> None:
+        from langchain_classic.retrievers import EnsembleRetriever
+        from langchain_community.retrievers import BM25Retriever
+        from langchain_core.prompts import ChatPromptTemplate
+        from langchain_core.vectorstores import InMemoryVectorStore
+        from langchain_openai import OpenAIEmbeddings
+
+        self.provider, self.base_url = provider, base_url
+        embeddings = OpenAIEmbeddings(
+            base_url=base_url, api_key="stub-key", model=capture.EMBEDDING_MODEL, check_embedding_ctx_length=False
+        )
+        store = InMemoryVectorStore(embeddings)
+        store.add_texts(list(DOCS))
+        self.retriever = EnsembleRetriever(
+            retrievers=[BM25Retriever.from_texts(list(DOCS), k=1), store.as_retriever(search_kwargs={"k": 1})],
+            weights=[0.5, 0.5],
+        )
+        self.prompt = ChatPromptTemplate.from_template("Context: {context}\nQuestion: {question}")
+        self.tracer = provider.get_tracer("rag-langchain")
+        self.chains: dict[tuple[bool, bool], Any] = {}
+
+    def chain(self, streaming: bool, helper: bool) -> Any:
+        """The chain with a ``ChatOpenAI`` that streams or not, its client timed by ttft-emit's helper or not."""
+        if (streaming, helper) not in self.chains:
+            from langchain_core.output_parsers import StrOutputParser
+            from langchain_core.runnables import RunnablePassthrough
+            from langchain_openai import ChatOpenAI
+
+            llm = ChatOpenAI(
+                base_url=self.base_url, api_key="stub-key", model=capture.MODEL, streaming=streaming, max_retries=0
+            )
+            if helper:  # the service's one line (docs/otlp-mapping.md, "The helper")
+                from ttft_emit.otel import time_first_chunk
+
+                time_first_chunk(llm.root_client, tracer_provider=self.provider)
+            parts = {"context": self.retriever, "question": RunnablePassthrough()}
+            self.chains[streaming, helper] = parts | self.prompt | llm | StrOutputParser()
+        return self.chains[streaming, helper]
+
+    def ask(self, case: str, streaming: bool, helper: bool) -> dict[str, Any]:
+        """One request; what the client saw."""
+        chain = self.chain(streaming, helper)
+        with self.tracer.start_as_current_span("POST /ask") as root:
+            called_ns, first_chunk_ns = time.time_ns(), None
+            for _ in chain.stream(capture.RagService.question):
+                if first_chunk_ns is None:
+                    first_chunk_ns = time.time_ns()
+        return {
+            "case": case,
+            "trace_id": format(root.get_span_context().trace_id, "032x"),
+            "streaming": streaming,
+            "called_ns": called_ns,
+            "first_chunk_ns": first_chunk_ns if streaming else None,
+            "answered_ns": time.time_ns(),
+        }
+
+
+def versions(library: str) -> dict[str, str]:
+    return {d: metadata.version(d) for d in (*DISTRIBUTIONS, *LIBRARIES[library][2])}
+
+
 def run(library: str, out: Path) -> None:
-    from langchain_classic.retrievers import EnsembleRetriever
-    from langchain_community.retrievers import BM25Retriever
-    from langchain_core.output_parsers import StrOutputParser
-    from langchain_core.prompts import ChatPromptTemplate
-    from langchain_core.runnables import RunnablePassthrough
-    from langchain_core.vectorstores import InMemoryVectorStore
-    from langchain_openai import ChatOpenAI, OpenAIEmbeddings
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    langchain_path, openai_path, distributions, name = LIBRARIES[library]
     exporter = InMemorySpanExporter()
     resource = {"service.name": "rag-langchain", "service.version": "2.0.0", "tenant.id": capture.TENANT}
     provider = TracerProvider(resource=Resource.create(resource))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    _load(langchain_path)().instrument(tracer_provider=provider)
-    openai_instrumentor = _load(openai_path)()
-    openai_instrumentor.instrument(tracer_provider=provider)
+    openai_instrumentor = instrument(library, provider)
     server, base_url = capture.serve()
-
-    embeddings = OpenAIEmbeddings(
-        base_url=base_url, api_key="stub-key", model=capture.EMBEDDING_MODEL, check_embedding_ctx_length=False
-    )
-    store = InMemoryVectorStore(embeddings)
-    store.add_texts(list(DOCS))
+    service = LangChainRag(provider, base_url)
     exporter.clear()  # the documents' embeddings belong to no request
-    retriever = EnsembleRetriever(
-        retrievers=[BM25Retriever.from_texts(list(DOCS), k=1), store.as_retriever(search_kwargs={"k": 1})],
-        weights=[0.5, 0.5],
-    )
-    prompt = ChatPromptTemplate.from_template("Context: {context}\nQuestion: {question}")
-    tracer = provider.get_tracer("rag-langchain")
     truth: list[dict[str, Any]] = []
     for case, streaming, with_openai, with_helper in CASES[library]:
         if not with_openai:
             openai_instrumentor.uninstrument()
-        llm = ChatOpenAI(base_url=base_url, api_key="stub-key", model=capture.MODEL, streaming=streaming, max_retries=0)
-        if with_helper:  # the service's one line (docs/otlp-mapping.md, "The helper")
-            from ttft_emit.otel import time_first_chunk
-
-            time_first_chunk(llm.root_client, tracer_provider=provider)
-        chain = {"context": retriever, "question": RunnablePassthrough()} | prompt | llm | StrOutputParser()
-        with tracer.start_as_current_span("POST /ask") as root:
-            called_ns, first_chunk_ns = time.time_ns(), None
-            for _ in chain.stream(capture.RagService.question):
-                if first_chunk_ns is None:
-                    first_chunk_ns = time.time_ns()
-        truth.append(
-            {
-                "case": case,
-                "trace_id": format(root.get_span_context().trace_id, "032x"),
-                "streaming": streaming,
-                "called_ns": called_ns,
-                "first_chunk_ns": first_chunk_ns if streaming else None,
-                "answered_ns": time.time_ns(),
-            }
-        )
+        truth.append(service.ask(case, streaming, with_helper))
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
+    name = LIBRARIES[library][3]
     with (out / f"{name}.otlp").open("wb") as f:
         for trace in truth:
             mine = [s for s in spans if format(s.context.trace_id, "032x") == trace["trace_id"]]
             raw = encode_spans(mine).SerializeToString()
             f.write(struct.pack(">I", len(raw)) + raw)
-    versions = {d: metadata.version(d) for d in (*DISTRIBUTIONS, *distributions)}
-    doc = {"library": f"langchain/{library}", "versions": versions, "tenant": capture.TENANT, "traces": truth}
+    doc = {"library": f"langchain/{library}", "versions": versions(library), "tenant": capture.TENANT, "traces": truth}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
