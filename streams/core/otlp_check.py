@@ -59,7 +59,8 @@ FIXES: Final[dict[str, str]] = {
     "first_token": "the LLM span's first chunk gives it (see 'first chunk'), or a span with ttft.stage = first_token",
     "first chunk from the response headers": "OpenLIT's gen_ai.server.time_to_first_token on a streaming call "
     "counts from when the response headers arrived, not from the span's start: llm_ttft and ttft are short by "
-    "the request's round trip (8.5 ms on loopback, more to a remote provider; docs/otlp-mapping.md)",
+    "the request's round trip (8.5 ms on loopback, more to a remote provider). ttft_emit.otel.time_first_chunk("
+    "client) sets gen_ai.response.time_to_first_chunk from the span's start, which wins (docs/otlp-mapping.md)",
 }
 #: OpenLIT's first-chunk attribute: on a streaming call it counts from the response headers.
 HEADERS_FIRST_CHUNK: Final = "gen_ai.server.time_to_first_token"

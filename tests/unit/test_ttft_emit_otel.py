@@ -175,6 +175,41 @@ def test_a_call_made_inside_a_framework_llm_span_times_that_span() -> None:
     assert STREAM_ATTR not in (workflow.attributes or {}) and timing.stats.unmatched == 1
 
 
+class LateNamingCompletions:
+    """OpenLIT's way: ``create`` starts its LLM span with no attributes and names it (``gen_ai.operation.name``)
+    when the stream ends; an HTTP client's span under it ends when the response headers arrive."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("openlit.instrumentation.openai")
+
+    def create(self, *, model: str, stream: bool = False) -> Any:
+        span = self.tracer.start_span(f"chat {model}")
+        http = self.tracer.start_span("POST")
+        http.end()  # the headers came
+        return self._stream(span)
+
+    def _stream(self, span: Any) -> Iterator[str]:
+        time.sleep(FIRST_CHUNK_S)
+        yield from CHUNKS
+        span.set_attribute("gen_ai.operation.name", "chat")
+        span.end()
+
+
+def test_a_streaming_call_whose_llm_span_is_named_at_its_end_is_timed_on_it() -> None:
+    provider, exported, timing = _provider()
+    create = timing.wrap(LateNamingCompletions(provider).create)
+    called = time.time_ns()
+    seen_ns = []
+    for _ in create(model="m", stream=True):
+        seen_ns.append(time.time_ns())
+    attrs = _llm(exported).attributes or {}
+    assert attrs[STREAM_ATTR] is True
+    assert FIRST_CHUNK_S <= attrs[FIRST_CHUNK_ATTR] <= (seen_ns[0] - called) / 1e9  # type: ignore[operator]
+    (http,) = [s for s in exported.get_finished_spans() if s.name == "POST"]
+    assert FIRST_CHUNK_ATTR not in (http.attributes or {})  # it had ended: never the HTTP span
+    assert timing.stats.spans == 1 and timing.stats.first_chunks == 1 and timing.stats.unmatched == 0
+
+
 def test_an_error_from_the_call_reaches_the_caller_and_the_call_is_over() -> None:
     provider, exported, timing = _provider()
 

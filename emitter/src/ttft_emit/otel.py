@@ -27,8 +27,9 @@ provider), which picks the call's first LLM span (``gen_ai.operation.name`` ``ch
 / ``generate_content``, or OpenInference kind ``LLM``); when the call starts none, the caller's: the current
 span if it is an LLM span (a service's own GenAI span around the call), else the LLM span last started in the
 caller's context while it still records (OpenLLMetry's LangChain instrumentation starts ``ChatOpenAI.chat``
-from a callback, does not make it current, and suppresses the client's span). A streaming response is handed
-back wrapped: it
+from a callback, does not make it current, and suppresses the client's span); for a streaming call that matched
+none, the first span started inside it if it still records at the first chunk (OpenLIT names its LLM span only
+when the stream ends). A streaming response is handed back wrapped: it
 iterates (``for`` / ``async for``), closes and proxies attributes as the original does, and times its first
 chunk.
 
@@ -73,12 +74,15 @@ class _Call:
     """One wrapped call: whether it streams, the LLM span the processor matched to it (if any), and the span
     that was current when it was made (the framework's LLM span, when the client's own is suppressed)."""
 
-    __slots__ = ("caller", "span", "stream")
+    __slots__ = ("caller", "first_started", "span", "stream")
 
     def __init__(self, stream: bool) -> None:
         self.stream = stream
         self.span: Any = None
         self.caller: Any = None
+        #: The first span started inside the call, whatever its attributes (OpenLIT names its LLM span only
+        #: when the call ends).
+        self.first_started: Any = None
 
 
 _CALL: ContextVar[_Call | None] = ContextVar("ttft_emit_otel_call", default=None)
@@ -145,6 +149,8 @@ class FirstChunkTiming:
         if call.span is not None:
             return
         try:
+            if call.first_started is None:
+                call.first_started = span
             if not is_llm_span(getattr(span, "attributes", None)):
                 return
             call.span = span
@@ -155,6 +161,8 @@ class FirstChunkTiming:
 
     def _first_chunk(self, call: _Call) -> None:
         span = call.span
+        if span is None:
+            span = self._still_streaming(call)
         if span is None:
             self._count("unmatched")
             return
@@ -168,6 +176,26 @@ class FirstChunkTiming:
             self._count("first_chunks")
         except Exception:
             self._count("errors")
+
+    def _still_streaming(self, call: _Call) -> Any:
+        """A streaming call that matched no LLM span: the first span started inside it, if it still records at the
+        first chunk and names no other operation (an HTTP client's span ended with the response headers; OpenLIT's
+        LLM span, which names itself only when the stream ends, runs on). Marked as streaming, counted matched."""
+        span = call.first_started
+        try:
+            if span is None or not span.is_recording():
+                return None
+            attributes = getattr(span, "attributes", None) or {}
+            named = "gen_ai.operation.name" in attributes or "openinference.span.kind" in attributes
+            if named and not is_llm_span(attributes):  # says it is something else (an embeddings call)
+                return None
+            call.span = span
+            self._count("spans")
+            span.set_attribute(STREAM_ATTR, True)
+        except Exception:
+            self._count("errors")
+            return None
+        return span
 
     def _caller_span(self) -> Any:
         """The caller's LLM span, if any, once the helper's processor is set up: the current span when it is one,
