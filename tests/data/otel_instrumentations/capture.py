@@ -242,9 +242,20 @@ class RagService:
         }
 
 
+def write_traces(path: Path, spans: Any, traces: list[dict[str, Any]]) -> None:
+    """Each of ``traces``' spans as one ``ExportTraceServiceRequest`` after its 4-byte big-endian length, in
+    ``traces``' order: what the Collector's Kafka exporter carries, one message per trace."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    with path.open("wb") as f:
+        for trace in traces:
+            mine = [s for s in spans if format(s.context.trace_id, "032x") == trace["trace_id"]]
+            raw = encode_spans(mine).SerializeToString()
+            f.write(struct.pack(">I", len(raw)) + raw)
+
+
 def run_library(library: str, out: Path) -> None:
     """One process: instrument, run the three requests, write ``<library>.otlp`` and ``<library>.json``."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -257,11 +268,7 @@ def run_library(library: str, out: Path) -> None:
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
-    with (out / f"{library}.otlp").open("wb") as f:
-        for trace in truth:
-            mine = [s for s in spans if format(s.context.trace_id, "032x") == trace["trace_id"]]
-            raw = encode_spans(mine).SerializeToString()
-            f.write(struct.pack(">I", len(raw)) + raw)
+    write_traces(out / f"{library}.otlp", spans, truth)
     doc = {"library": library, "versions": versions(library), "tenant": TENANT, "traces": truth}
     (out / f"{library}.json").write_text(json.dumps(doc, indent=1) + "\n")
 

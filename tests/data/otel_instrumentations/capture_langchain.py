@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import struct
 import subprocess
 import sys
 import time
@@ -168,7 +167,6 @@ def versions(library: str) -> dict[str, str]:
 
 
 def run(library: str, out: Path) -> None:
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -191,11 +189,7 @@ def run(library: str, out: Path) -> None:
     provider.force_flush()
     spans = exporter.get_finished_spans()
     name = LIBRARIES[library][3]
-    with (out / f"{name}.otlp").open("wb") as f:
-        for trace in truth:
-            mine = [s for s in spans if format(s.context.trace_id, "032x") == trace["trace_id"]]
-            raw = encode_spans(mine).SerializeToString()
-            f.write(struct.pack(">I", len(raw)) + raw)
+    capture.write_traces(out / f"{name}.otlp", spans, truth)
     doc = {"library": f"langchain/{library}", "versions": versions(library), "tenant": capture.TENANT, "traces": truth}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
 

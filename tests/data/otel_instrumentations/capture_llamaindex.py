@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import sys
 import time
 from importlib import metadata
@@ -60,7 +59,6 @@ def run(out: Path) -> list[Any]:
     from llama_index.llms.openai import OpenAI
     from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
     from openinference.instrumentation.openai import OpenAIInstrumentor
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -109,11 +107,7 @@ def run(out: Path) -> list[Any]:
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
-    with (out / "llamaindex.otlp").open("wb") as f:
-        for trace in truth:
-            mine = [s for s in spans if format(s.context.trace_id, "032x") == trace["trace_id"]]
-            raw = encode_spans(mine).SerializeToString()
-            f.write(struct.pack(">I", len(raw)) + raw)
+    capture.write_traces(out / "llamaindex.otlp", spans, truth)
     stray = [s.name for s in spans if format(s.context.trace_id, "032x") not in {t["trace_id"] for t in truth}]
     versions = {name: metadata.version(name) for name in DISTRIBUTIONS}
     doc = {"library": "llamaindex", "versions": versions, "tenant": capture.TENANT, "traces": truth}

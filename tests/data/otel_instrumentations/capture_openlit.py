@@ -9,7 +9,7 @@ response headers), not from its span's start (docs/otlp-mapping.md).
 
 openlit 1.45's ``init`` takes no tracer: it reuses the global SDK TracerProvider if one is set, so ours is
 set globally first. Metrics and events are disabled, and pricing comes from a local empty file (otherwise
-``init`` fetches pricing.json from raw.githubusercontent.com). Everything else is openlit's default
+``init`` fetches its pricing file from the network). Everything else is openlit's default
 (including its httpx/requests/urllib3 instrumentors).
 
     python3.11 -m venv /tmp/olit
@@ -20,8 +20,8 @@ set globally first. Metrics and events are disabled, and pricing comes from a lo
 from __future__ import annotations
 
 import json
-import struct
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -36,7 +36,6 @@ KEYS = ("first", "token", "stream", "operation", "time")
 
 def main() -> None:
     from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -50,7 +49,7 @@ def main() -> None:
 
     import openlit
 
-    pricing = OUT / "pricing.json"
+    pricing = Path(tempfile.mkdtemp(prefix="openlit-")) / "pricing.json"
     pricing.write_text("{}")
     openlit.init(
         service_name="rag-openlit",
@@ -102,11 +101,7 @@ def main() -> None:
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
-    with (OUT / "openlit.otlp").open("wb") as f:
-        for t in truth:
-            mine = [s for s in spans if format(s.context.trace_id, "032x") == t["trace_id"]]
-            raw = encode_spans(mine).SerializeToString()
-            f.write(struct.pack(">I", len(raw)) + raw)
+    capture.write_traces(OUT / "openlit.otlp", spans, truth)
     dists = (
         "openlit",
         "openai",
