@@ -133,10 +133,13 @@ class _Nests:
     """The "holds" relation over one stage's spans: by ancestry or by extent."""
 
     def __init__(
-        self, notes: Sequence[SpanNote], parents: Mapping[str, str], extent_of: Callable[[SpanNote], Extent] = extent
+        self,
+        notes: Sequence[SpanNote],
+        ancestry: dict[str, set[str]],
+        extent_of: Callable[[SpanNote], Extent] = extent,
     ) -> None:
         self.extents = {n.span_id: extent_of(n) for n in notes}
-        self.ancestors = ancestors(notes, parents)
+        self.ancestors = ancestry
 
     def held_by(self, queried: Sequence[SpanNote], by: Sequence[SpanNote]) -> set[str]:
         by_ids = {n.span_id for n in by}
@@ -161,14 +164,15 @@ def nested_duplicates(staged: Sequence[tuple[str, SpanNote]], parents: Mapping[s
     for stage, notes in by_stage.items():
         if len(notes) < 2:
             continue
-        nests = _Nests(notes, parents or {})
+        ancestry = ancestors(notes, parents or {})
+        nests = _Nests(notes, ancestry)
         if stage != "llm_ttft":
             dropped |= nests.held_by(notes, notes)
             continue
         unmeasured = [n for n in notes if is_unmeasured(n)]
         if unmeasured and len(unmeasured) < len(notes):
             measured = [n for n in notes if not is_unmeasured(n)]
-            whole = _Nests(notes, parents or {}, whole_extent)  # the whole calls: one that tells no chunk
+            whole = _Nests(notes, ancestry, whole_extent)  # the whole calls: one that tells no chunk
             dropped |= whole.held_by(unmeasured, measured) | whole.holding(unmeasured, measured)
         rest = [n for n in notes if n.span_id not in dropped]
         dropped |= nests.holding(rest, rest)
@@ -179,7 +183,7 @@ def partner(note: SpanNote, others: Sequence[SpanNote], parents: Mapping[str, st
     """The span id of a span of ``others`` that ``note`` holds or sits in, and "around" or "inside" (for
     ``ttft otel check``), as ``"around:<id>"`` / ``"inside:<id>"``; None when there is none."""
     group = [note, *[o for o in others if o.span_id != note.span_id]]
-    nests = _Nests(group, parents or {})
+    nests = _Nests(group, ancestors(group, parents or {}))
     mine = nests.extents[note.span_id]
     for other in group[1:]:
         theirs = nests.extents[other.span_id]

@@ -20,8 +20,6 @@ The services embed their documents at start-up: traces with no stage span, which
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,6 +31,7 @@ from streams.otel.instrumentations import instrumentation_python
 from streams.settings import Settings
 from tests.fixtures.otel import OtelCollectorHandle
 from tests.integration.test_otel_acceptance import _drained, _env, _rows, _start, _wait_for_spans
+from tests.support.instrumented_services import run_services
 from tests.support.pipeline import REPO, Pipeline
 
 pytestmark = [pytest.mark.otel, pytest.mark.kafka, pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -55,19 +54,6 @@ HELPER_ATTR = "gen_ai.response.time_to_first_chunk"
 def langchain_python() -> Path:
     """The LangChain venv's python (built once under .cache/, keyed by the requirements' hash)."""
     return instrumentation_python(REQUIREMENTS, timeout_s=900.0)
-
-
-def _run_services(python: Path, handle: OtelCollectorHandle, out: Path) -> dict[str, dict[str, Any]]:
-    procs = {}
-    for service, (library, helper) in SERVICES.items():
-        cmd = [str(python), str(RUNNER), "--library", library, "--endpoint", handle.collector.http_endpoint]
-        cmd += ["--tenant", f"lc-{service}", "--requests", str(REQUESTS), "--out", str(out / f"{service}.json")]
-        cmd += ["--first-chunk-helper"] if helper else []
-        procs[service] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for service, proc in procs.items():
-        output, _ = proc.communicate(timeout=180)
-        assert proc.returncode == 0, f"{service}: {output[-3000:]}"
-    return {service: json.loads((out / f"{service}.json").read_text()) for service in SERVICES}
 
 
 def _named(spans: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -104,7 +90,16 @@ def test_langchain_under_real_instrumentations_through_the_collector(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     started = time.monotonic()
-    docs = _run_services(langchain_python, otel_collector, tmp_path)
+    docs = run_services(
+        langchain_python,
+        RUNNER,
+        SERVICES,
+        otel_collector,
+        tmp_path,
+        tenant_prefix="lc-",
+        requests=REQUESTS,
+        timeout_s=180,
+    )
     service_s = time.monotonic() - started
     for service, doc in docs.items():
         assert len(doc["requests"]) == REQUESTS, service

@@ -20,8 +20,6 @@ event, the root's start, read here by name, not by the mapping):
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,6 +31,7 @@ from streams.settings import Settings
 from tests.fixtures.otel import OtelCollectorHandle
 from tests.integration.test_otel_acceptance import _drained, _env, _rows, _start, _wait_for_spans
 from tests.support.instrumentation_venv import instrumentation_python
+from tests.support.instrumented_services import run_services
 from tests.support.pipeline import REPO, Pipeline
 from tests.support.scenarios import write_config
 
@@ -64,19 +63,6 @@ CONFIG: dict[str, Any] = {"rules": {"telemetry": {"min_requests": 5}, "tenant_si
 def instrumentation_venv_python() -> Path:
     """The instrumentation venv's python (built once under .cache/, keyed by the requirements' hash)."""
     return instrumentation_python()
-
-
-def _run_services(python: Path, handle: OtelCollectorHandle, out: Path) -> dict[str, dict[str, Any]]:
-    procs = {}
-    for service, (library, helper) in SERVICES.items():
-        cmd = [str(python), str(RUNNER), "--library", library, "--endpoint", handle.collector.http_endpoint]
-        cmd += ["--tenant", f"rag-{service}", "--requests", str(REQUESTS), "--out", str(out / f"{service}.json")]
-        cmd += ["--first-chunk-helper"] if helper else []
-        procs[service] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for service, proc in procs.items():
-        output, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{service}: {output[-3000:]}"
-    return {service: json.loads((out / f"{service}.json").read_text()) for service in SERVICES}
 
 
 def _llm_span(library: str, spans: list[dict[str, Any]]) -> dict[str, Any]:
@@ -121,7 +107,16 @@ def test_real_instrumentations_through_the_collector_give_exact_ttft_or_say_why_
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     started = time.monotonic()
-    docs = _run_services(instrumentation_venv_python, otel_collector, tmp_path)
+    docs = run_services(
+        instrumentation_venv_python,
+        RUNNER,
+        SERVICES,
+        otel_collector,
+        tmp_path,
+        tenant_prefix="rag-",
+        requests=REQUESTS,
+        timeout_s=120,
+    )
     service_s = time.monotonic() - started
     for service, doc in docs.items():
         assert len(doc["requests"]) == REQUESTS

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "emitter" / "src"))
 
 import capture
 from capture_langchain import LIBRARIES, LangChainRag, instrument, versions
-from instrumented_rag import span_doc
+from instrumented_rag import attach_spans, export_processors
 
 #: Every ``NON_STREAM_EVERY``-th request does not stream.
 NON_STREAM_EVERY = 4
@@ -41,18 +41,14 @@ def main() -> None:
     parser.add_argument("--first-chunk-helper", action="store_true", help="time_first_chunk(llm.root_client)")
     args = parser.parse_args()
 
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    kept = InMemorySpanExporter()
-    exporter = OTLPSpanExporter(endpoint=f"{args.endpoint}/v1/traces", timeout=30)
+    kept, processors = export_processors(args.endpoint)
     resource = {"service.name": f"rag-langchain-{args.library}", "tenant.id": args.tenant}
     provider = TracerProvider(resource=Resource.create(resource))
-    provider.add_span_processor(SimpleSpanProcessor(kept))
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100, max_export_batch_size=256))
+    for processor in processors:
+        provider.add_span_processor(processor)
     instrument(args.library, provider)
     server, base_url = capture.serve()
     service = LangChainRag(provider, base_url)
@@ -62,15 +58,7 @@ def main() -> None:
         streaming = i % NON_STREAM_EVERY != NON_STREAM_EVERY - 1
         truth.append(service.ask("stream" if streaming else "non_stream", streaming, helper))
     server.shutdown()
-    if not provider.force_flush(timeout_millis=30_000):
-        raise SystemExit(f"framework_rag ({args.library}): the exporter did not flush within 30 s")
-    provider.shutdown()
-    finished = kept.get_finished_spans()
-    by_trace: dict[str, list[dict[str, object]]] = {}
-    for span in finished:
-        by_trace.setdefault(format(span.context.trace_id, "032x"), []).append(span_doc(span))
-    for request in truth:
-        request["spans"] = by_trace.get(request["trace_id"], [])
+    attach_spans(provider, kept, truth, f"framework_rag ({args.library})")
     doc = {"library": args.library, "tenant": args.tenant, "versions": versions(args.library), "requests": truth}
     args.out.write_text(json.dumps(doc))
 

@@ -63,6 +63,32 @@ def span_doc(span: Any) -> dict[str, Any]:
     }
 
 
+def export_processors(endpoint: str) -> tuple[Any, list[Any]]:
+    """The in-memory exporter that keeps a copy of the spans, and the span processors to add to the provider:
+    that copy, and the SDK's ``BatchSpanProcessor`` with its OTLP/HTTP exporter to the Collector at ``endpoint``."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    kept = InMemorySpanExporter()
+    exporter = OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces", timeout=30)
+    batch = BatchSpanProcessor(exporter, schedule_delay_millis=100, max_export_batch_size=256)
+    return kept, [SimpleSpanProcessor(kept), batch]
+
+
+def attach_spans(provider: Any, kept: Any, truth: list[dict[str, Any]], who: str) -> None:
+    """Flush every span to the Collector (or exit saying so), then give each request of ``truth`` its trace's
+    spans as exported (``spans``, :func:`span_doc`)."""
+    if not provider.force_flush(timeout_millis=30_000):
+        raise SystemExit(f"{who}: the exporter did not flush within 30 s")
+    provider.shutdown()
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for span in kept.get_finished_spans():
+        by_trace.setdefault(format(span.context.trace_id, "032x"), []).append(span_doc(span))
+    for request in truth:
+        request["spans"] = by_trace.get(request["trace_id"], [])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--library", choices=sorted(LIBRARIES), required=True)
@@ -73,15 +99,9 @@ def main() -> None:
     parser.add_argument("--first-chunk-helper", action="store_true", help="time_first_chunk(client) (ttft-emit)")
     args = parser.parse_args()
 
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    kept = InMemorySpanExporter()
-    exporter = OTLPSpanExporter(endpoint=f"{args.endpoint}/v1/traces", timeout=30)
+    kept, processors = export_processors(args.endpoint)
     resource = {"service.name": f"rag-{args.library}", "service.version": "1.4.2", "tenant.id": args.tenant}
-    batch = BatchSpanProcessor(exporter, schedule_delay_millis=100, max_export_batch_size=256)
-    provider = instrument(args.library, resource, [SimpleSpanProcessor(kept), batch])
+    provider = instrument(args.library, resource, processors)
     server, base_url = serve()
     service = RagService(args.library, provider, base_url)
     helper = None
@@ -92,15 +112,7 @@ def main() -> None:
         helper = time_first_chunk(service.client, tracer_provider=provider)
     truth = [service.ask(case_of(i)) for i in range(args.requests)]
     server.shutdown()
-    if not provider.force_flush(timeout_millis=30_000):
-        raise SystemExit(f"instrumented_rag ({args.library}): the exporter did not flush within 30 s")
-    provider.shutdown()
-    spans = [span_doc(s) for s in kept.get_finished_spans()]
-    by_trace: dict[str, list[dict[str, Any]]] = {}
-    for span, doc in zip(kept.get_finished_spans(), spans, strict=True):
-        by_trace.setdefault(format(span.context.trace_id, "032x"), []).append(doc)
-    for request in truth:
-        request["spans"] = by_trace.get(request["trace_id"], [])
+    attach_spans(provider, kept, truth, f"instrumented_rag ({args.library})")
     doc = {"library": args.library, "tenant": args.tenant, "versions": versions(args.library), "requests": truth}
     if helper is not None:
         doc["first_chunk_helper"] = dataclasses.asdict(helper.stats)
