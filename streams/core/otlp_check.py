@@ -23,7 +23,7 @@ from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
 from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED
 from streams.core.join import RequestJoin
-from streams.core.otlp_conventions import EMBEDDING, FIRST_CHUNK_ATTRS, stage_and_source
+from streams.core.otlp_conventions import EMBEDDING, EVENTS_MARK_NO_TOKEN, FIRST_CHUNK_ATTRS, stage_and_source
 from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, note_span
 from streams.core.otlp_nesting import nested_duplicates, partner
 from streams.core.otlp_outputs import ForwardedEvent
@@ -43,8 +43,8 @@ _ATTR_SOURCES: Final = frozenset(name for name, _ in FIRST_CHUNK_ATTRS)
 #: What is missing -> the one-line fix a team applies (docs/otlp-mapping.md has the recipes).
 FIXES: Final[dict[str, str]] = {
     "first chunk": "the LLM span tells no first chunk: set gen_ai.response.time_to_first_chunk (seconds) on it "
-    "when the first chunk arrives; for the openai client, ttft_emit.otel.time_first_chunk(client) does "
-    "(docs/otlp-mapping.md, 'The helper')",
+    "when the first chunk arrives; for the openai, anthropic and google-genai clients, "
+    "ttft_emit.otel.time_first_chunk(client) does (docs/otlp-mapping.md, 'The helper')",
     "tenant": "set tenant.id on the resource in the Collector (a resource or transform processor: "
     "docs/otlp-mapping.md, 'The tenant with the Collector alone')",
     "request_start": "the trace has no root span (still running, or not exported): check again once the requests ended",
@@ -71,6 +71,18 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
     "the model client too (openinference-instrumentation-openai's OpenAIInstrumentor beside the "
     "LangChainInstrumentor); its ChatCompletion span tells it, and the LangChain LLM span around it is counted "
     "once (docs/otlp-mapping.md, 'Two instrumentations of one call')",
+    **dict.fromkeys(
+        ("openinference.instrumentation.anthropic", "opentelemetry.instrumentation.anthropic"),
+        "this Anthropic instrumentation tells no first chunk: the anthropic SDK's own tracing does (on when a "
+        "global tracer provider is set, or anthropic.Anthropic(open_telemetry={'tracer_provider': provider})); its "
+        "span inside this one is counted once. Or ttft_emit.otel.time_first_chunk(client) (docs/otlp-mapping.md)",
+    ),
+    **dict.fromkeys(
+        ("openinference.instrumentation.google_genai", "opentelemetry.instrumentation.google_generativeai"),
+        "this Google Gen AI instrumentation tells no first chunk: ttft_emit.otel.time_first_chunk(client) on the "
+        "google.genai.Client does, or OpenTelemetry's own opentelemetry-instrumentation-google-genai "
+        "(google-genai < 3) tells it (docs/otlp-mapping.md)",
+    ),
     "opentelemetry.instrumentation.langchain": "OpenLLMetry's LangChain spans tell no first chunk, and its OpenAI "
     "instrumentation's span is suppressed under them: call ttft_emit.otel.time_first_chunk(llm.root_client) once "
     "per ChatOpenAI; it sets the first chunk on the ChatOpenAI.chat span (docs/otlp-mapping.md, 'The helper')",
@@ -152,6 +164,8 @@ def fix_for(what: str, scope: str = "") -> str:
     if what.startswith("dead letter"):
         return "see the detail: the span breaks the stage-event contract"
     if what.startswith("first chunk ignored"):
+        if any(reason in what for reason in EVENTS_MARK_NO_TOKEN.values()):
+            return FIXES["first chunk"]
         return "the first-chunk value must be a finite number within the span (seconds after its start)"
     return f"a span with ttft.stage = {what}"
 

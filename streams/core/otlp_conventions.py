@@ -64,6 +64,33 @@ FIRST_CHUNK_EVENTS: Final = frozenset(
 )
 #: How long after an LLM span's end a first-chunk event still counts (a span ended before its stream: LlamaIndex).
 LATE_FIRST_CHUNK_NS: Final = 600 * 1_000_000_000
+#: (scope, span name) of LLM spans whose first-chunk *events* mark no token. OpenInference's OpenAI instrumentor
+#: (0.1.66) adds ``First Token Stream Event`` at a stream's first server-sent event; on the Responses API
+#: (``responses.create``, its span named after the ``Response`` type) that is ``response.created``, sent when the
+#: request is accepted: taken as the first chunk, a TTFT 120 ms short was stored as ``complete``. Attributes
+#: still count (ttft-emit's helper sets one at the first output delta).
+EVENTS_MARK_NO_TOKEN: Final[dict[tuple[str, str], str]] = {
+    ("openinference.instrumentation.openai", "Response"): (
+        "First Token Stream Event marks the Responses API's first server event (response.created), not its "
+        "first token: ignored"
+    ),
+}
+#: Scopes whose LLM spans tell a streaming call only one way, so that not telling it means a plain call:
+#: scope (or its prefix before a ``.``) -> the stream flag's value when absent. OpenTelemetry's google-genai
+#: instrumentation (1.3b0) sets ``gen_ai.request.stream`` only in its stream wrapper, and the anthropic SDK's
+#: own tracing (2.17.0; ``com.anthropic.sdk.python``, ``.bedrock`` and other platforms after it) only on a
+#: streaming call: neither ever sets ``False``.
+STREAM_FLAG_ABSENT_MEANS: Final[dict[str, bool]] = {
+    "opentelemetry.instrumentation.google_genai": False,
+    "com.anthropic.sdk.python": False,
+}
+#: Scopes whose LLM span's name tells whether the call streamed (and nothing else does reliably): scope ->
+#: suffix of a streaming call's span name. OpenInference's google-genai instrumentor (1.4.14) names its spans
+#: after the method (``GenerateContentStream``, ``AsyncGenerateContentStream``; ``GenerateContent``), and its
+#: ``llm.invocation_parameters``, when set, is the generation config, which never has a ``stream`` key.
+STREAMING_BY_SPAN_NAME: Final[dict[str, str]] = {
+    "openinference.instrumentation.google_genai": "Stream",
+}
 #: Boolean attributes that say whether an LLM call streamed, first found wins.
 STREAM_FLAGS: Final = ("gen_ai.is_streaming", "llm.is_streaming", "gen_ai.request.stream")
 #: OpenInference keeps the request's parameters as JSON; ``stream`` absent means the API default, no stream.
@@ -160,6 +187,11 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
             problems.append(f"{name} = {value!r} is after the span's end")
             continue
         return FirstChunk(start + round(after), name, "; ".join(problems))
+    ignored = EVENTS_MARK_NO_TOKEN.get((span.scope_name, span.name))
+    if ignored is not None:
+        if any(e.name in FIRST_CHUNK_EVENTS for e in span.events):
+            problems.append(ignored)
+        return FirstChunk(None, "", "; ".join(problems))
     times = [e.time_ns for e in span.events if e.name in FIRST_CHUNK_EVENTS]
     # An event after the span's end counts: OpenInference's LlamaIndex instrumentor ends a streaming call's span
     # when the stream is handed back, then adds the first chunk's event (and ends it with the earlier time).
@@ -175,6 +207,27 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
             f"{LATE_FIRST_CHUNK_NS // 1_000_000_000} s after its end)"
         )
     return FirstChunk(None, "", "; ".join(problems))
+
+
+def span_streaming(span: OtlpSpan) -> bool | None:
+    """Whether an LLM span's call streamed: :func:`streaming`, but for the scopes that tell it by the span's name
+    (:data:`STREAMING_BY_SPAN_NAME`) or by a flag set only when true (:data:`STREAM_FLAG_ABSENT_MEANS`)."""
+    scope = span.scope_name
+    suffix = STREAMING_BY_SPAN_NAME.get(scope)
+    if suffix is not None:
+        return span.name.endswith(suffix)
+    told = streaming(span.attributes)
+    if told is None:
+        return _by_scope(STREAM_FLAG_ABSENT_MEANS, scope)
+    return told
+
+
+def _by_scope(table: dict[str, bool], scope: str) -> bool | None:
+    """``table``'s entry for ``scope``, or for the scope it extends (``com.anthropic.sdk.python.bedrock``)."""
+    found = table.get(scope)
+    if found is None and "." in scope:
+        return _by_scope(table, scope.rsplit(".", 1)[0])
+    return found
 
 
 def streaming(a: dict[str, AttrValue]) -> bool | None:

@@ -28,7 +28,7 @@ from streams.core.otlp_conventions import (
     is_retriever,
     model_of,
     span_stage,
-    streaming,
+    span_streaming,
     token_attrs,
 )
 
@@ -132,7 +132,7 @@ def note_span(span: OtlpSpan, offset: int) -> SpanNote:
         chunk = first_chunk(span)
         note.first_chunk_ns, note.first_chunk_source = chunk.at_ns, chunk.source
         note.first_chunk_problem = chunk.problem[:_NOTE_TEXT_CHARS]
-        note.streaming = streaming(a)
+        note.streaming = span_streaming(span)
         note.scope_name = span.scope_name[:_NOTE_TEXT_CHARS]
         note.scope_version = span.scope_version[:_NOTE_TEXT_CHARS]
         context.update(model_of(a))

@@ -1,24 +1,30 @@
-"""The first chunk on the LLM span, for OpenTelemetry instrumentations that record none.
+"""The first chunk on the LLM span, for OpenTelemetry instrumentations that record none (or the wrong one).
 
 Some instrumentations of LLM clients end the span of a streaming call when the stream ends and record
-nothing about its first chunk (``opentelemetry-instrumentation-openai-v2`` 2.4b0: no attribute, no event),
-and do not say whether the call streamed. ttft-pipeline's OTLP input then cannot measure the call's time to
-first token: it stores the request as ``no_first_chunk`` (docs/otlp-mapping.md). The smallest change a team
-can make, with no change to the instrumentation:
+nothing about its first chunk, or do not say whether the call streamed (``opentelemetry-instrumentation-openai-v2``
+2.4b0; the Anthropic and Google Gen AI instrumentations of OpenInference and OpenLLMetry; OpenLLMetry on the OpenAI
+Responses API), or mark a first chunk that carries no token (OpenInference on the Responses API marks
+``response.created``). ttft-pipeline's OTLP input then cannot measure the call's time to first token: it
+stores the request as ``no_first_chunk`` (docs/otlp-mapping.md). The smallest change a team can make, with
+no change to the instrumentation:
 
 .. code-block:: python
 
     from ttft_emit.otel import time_first_chunk
 
-    client = openai.OpenAI()
+    client = openai.OpenAI()  # or anthropic.Anthropic(), google.genai.Client()
     time_first_chunk(client, tracer_provider=provider)  # once, after the instrumentor is set up
 
-Each ``client.chat.completions.create(...)`` call then sets, on the LLM span the instrumentation starts for it,
+Each generating call of the client (:data:`CLIENT_METHODS`) then sets, on the LLM span the instrumentation
+starts for it,
 
-- ``gen_ai.request.stream`` (bool) when the span starts, from the call's ``stream`` argument: a plain call
-  is mapped as not streaming (its whole duration is the time to first token);
-- ``gen_ai.response.time_to_first_chunk`` (seconds, GenAI semantic conventions ≥ 1.41) when the first chunk
-  of a streaming response reaches the caller: the wall time since the span's start.
+- ``gen_ai.request.stream`` (bool) when the span starts, from the call's ``stream`` argument (or the method: a
+  stream helper, ``generate_content_stream``): a plain call is mapped as not streaming (its whole duration is
+  the time to first token);
+- ``gen_ai.response.time_to_first_chunk`` (seconds, GenAI semantic conventions >= 1.41) when the first chunk
+  *of output* of a streaming response reaches the caller: the wall time since the span's start. Typed events
+  that carry no token (Anthropic's ``message_start``, the Responses API's ``response.created``) do not count
+  (:func:`ttft_emit.otel_streams.is_output`).
 
 How: :meth:`FirstChunkTiming.wrap` wraps a ``create`` method (sync or async; any client whose streaming is
 a ``stream=True`` keyword) so that, for the duration of the call, spans started in the caller's context are
@@ -44,10 +50,13 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final
+
+from ttft_emit.otel_streams import TimedStream, TimedStreamManager
 
 #: The GenAI semantic conventions' time to first chunk of a streamed response, in seconds.
 FIRST_CHUNK_ATTR: Final = "gen_ai.response.time_to_first_chunk"
@@ -239,12 +248,13 @@ class FirstChunkTiming:
             return result
         return TimedStream(result, lambda: self._first_chunk(call))
 
-    def wrap(self, create: Callable[..., Any]) -> Callable[..., Any]:
-        """``create`` (a client's sync or async method taking ``stream=`` as a keyword) wrapped: same
-        arguments, same result, except that a streaming result comes back as a :class:`TimedStream`."""
+    def wrap(self, create: Callable[..., Any], stream: bool | None = None) -> Callable[..., Any]:
+        """``create`` (a client's sync or async method) wrapped: same arguments, same result, except that a
+        streaming result comes back as a :class:`TimedStream`. Whether a call streams: ``stream`` for a method that
+        always or never does (``generate_content_stream``, ``generate_content``), else its ``stream=`` keyword."""
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            call = _Call(kwargs.get("stream") is True)
+            call = _Call(kwargs.get("stream") is True if stream is None else stream)
             call.caller = self._caller_span()
             self._count("calls")
             token = _CALL.set(call)
@@ -259,6 +269,34 @@ class FirstChunkTiming:
         timed.__wrapped__ = create  # type: ignore[attr-defined]
         return timed
 
+    def wrap_manager(self, stream: Callable[..., Any]) -> Callable[..., Any]:
+        """``stream`` (a method returning a stream helper's manager, ``client.messages.stream`` of the anthropic
+        client) wrapped: the manager comes back as a :class:`TimedStreamManager`, and spans started while the call
+        is made or while the manager is entered (the request sent) are matched to it; a streaming call."""
+
+        def managed(*args: Any, **kwargs: Any) -> Any:
+            call = _Call(True)
+            call.caller = self._caller_span()
+            self._count("calls")
+            with self._during(call, adopt=False):
+                manager = stream(*args, **kwargs)
+            return TimedStreamManager(manager, lambda: self._during(call), lambda: self._first_chunk(call))
+
+        managed.__wrapped__ = stream  # type: ignore[attr-defined]
+        return managed
+
+    @contextmanager
+    def _during(self, call: _Call, adopt: bool = True) -> Iterator[None]:
+        """``call`` is the current call (spans started now are offered to it); then, with ``adopt``, the caller's
+        LLM span is taken if none started."""
+        token = _CALL.set(call)
+        try:
+            yield
+        finally:
+            _CALL.reset(token)
+        if adopt:
+            self._adopt_caller(call)
+
     async def _awaited(self, call: _Call, pending: Any) -> Any:
         # An async client starts its span when the coroutine runs: the call is current while it does.
         token = _CALL.set(call)
@@ -269,77 +307,37 @@ class FirstChunkTiming:
         return self._finished(call, result)
 
     def instrument(self, client: Any) -> Any:
-        """Wrap ``client.chat.completions.create`` (and ``client.completions.create`` when the client has
-        it) of an OpenAI-style client, on this client object only; returns the client. Idempotent."""
-        for path in (("chat", "completions"), ("completions",)):
+        """Wrap the generating methods of an LLM client (:data:`CLIENT_METHODS`: OpenAI's chat completions,
+        completions and Responses API, Anthropic's messages, Google Gen AI's ``generate_content`` and its
+        stream, sync and ``aio``), on this client object only, those it has; returns the client. Idempotent."""
+        for path, how in CLIENT_METHODS:
             resource: Any = client
-            for name in path:
+            for name in path[:-1]:
                 resource = getattr(resource, name, None)
-            create = getattr(resource, "create", None)
-            if create is None or getattr(create, "_ttft_first_chunk", False):
+            method = getattr(resource, path[-1], None)
+            if method is None or getattr(method, "_ttft_first_chunk", False):
                 continue
-            timed = self.wrap(create)
+            timed = self.wrap_manager(method) if isinstance(how, str) else self.wrap(method, how)
             timed._ttft_first_chunk = True  # type: ignore[attr-defined]
-            resource.create = timed
+            setattr(resource, path[-1], timed)
         return client
 
 
-class TimedStream:
-    """A streaming response that calls ``on_first`` once, when its first chunk comes out; iterates (sync or
-    async), enters, exits and closes as the wrapped stream does, and proxies every other attribute."""
-
-    def __init__(self, stream: Any, on_first: Callable[[], None]) -> None:
-        self._stream = stream
-        self._on_first: Callable[[], None] | None = on_first
-        self._iterator: Any = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-    def _seen(self) -> None:
-        on_first, self._on_first = self._on_first, None
-        if on_first is not None:
-            on_first()
-
-    def __iter__(self) -> TimedStream:
-        return self
-
-    def __next__(self) -> Any:
-        if self._iterator is None:
-            self._iterator = iter(self._stream)
-        chunk = next(self._iterator)
-        self._seen()
-        return chunk
-
-    def __aiter__(self) -> TimedStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self._iterator is None:
-            self._iterator = self._stream.__aiter__()
-        chunk = await self._iterator.__anext__()
-        self._seen()
-        return chunk
-
-    def __enter__(self) -> TimedStream:
-        enter = getattr(self._stream, "__enter__", None)
-        if enter is not None:
-            enter()
-        return self
-
-    def __exit__(self, *exc: Any) -> Any:
-        exit_ = getattr(self._stream, "__exit__", None)
-        return exit_(*exc) if exit_ is not None else None
-
-    async def __aenter__(self) -> TimedStream:
-        enter = getattr(self._stream, "__aenter__", None)
-        if enter is not None:
-            await enter()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> Any:
-        exit_ = getattr(self._stream, "__aexit__", None)
-        return await exit_(*exc) if exit_ is not None else None
+#: The methods :meth:`FirstChunkTiming.instrument` wraps, by attribute path from the client, and how: ``None``
+#: streams when called with ``stream=True``; ``True`` / ``False`` always / never streams; ``"manager"`` returns a
+#: stream helper's manager. ``client.responses.stream(...)`` (OpenAI) sends its request through
+#: ``client.responses.create``, so it is timed too.
+CLIENT_METHODS: Final[tuple[tuple[tuple[str, ...], bool | str | None], ...]] = (
+    (("chat", "completions", "create"), None),  # OpenAI
+    (("completions", "create"), None),  # OpenAI, Anthropic (legacy text completions)
+    (("responses", "create"), None),  # OpenAI Responses API
+    (("messages", "create"), None),  # Anthropic
+    (("messages", "stream"), "manager"),  # Anthropic's stream helper
+    (("models", "generate_content_stream"), True),  # Google Gen AI (google-genai)
+    (("models", "generate_content"), False),
+    (("aio", "models", "generate_content_stream"), True),
+    (("aio", "models", "generate_content"), False),
+)
 
 
 #: The process's helper, used by :func:`time_first_chunk`.
@@ -349,10 +347,10 @@ _PROVIDERS: list[Any] = []
 
 
 def time_first_chunk(client: Any, tracer_provider: Any = None) -> FirstChunkTiming:
-    """Set the first chunk on the LLM spans of ``client``'s chat completions: adds the helper's span processor
-    to ``tracer_provider`` (default: the global one; an SDK ``TracerProvider``; once per provider) and wraps
-    the client's ``create`` methods (:meth:`FirstChunkTiming.instrument`). Returns the process's helper (its
-    ``stats``). Raises ``TypeError`` at set-up when the provider cannot take a span processor."""
+    """Set the first chunk on the LLM spans of ``client``'s generating calls (:data:`CLIENT_METHODS`): adds the
+    helper's span processor to ``tracer_provider`` (default: the global one; an SDK ``TracerProvider``; once per
+    provider) and wraps the client's methods (:meth:`FirstChunkTiming.instrument`). Returns the process's helper
+    (its ``stats``). Raises ``TypeError`` at set-up when the provider cannot take a span processor."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
@@ -375,6 +373,7 @@ def time_first_chunk(client: Any, tracer_provider: Any = None) -> FirstChunkTimi
 
 
 __all__ = [
+    "CLIENT_METHODS",
     "FIRST_CHUNK_ATTR",
     "LLM_OPERATIONS",
     "STREAM_ATTR",

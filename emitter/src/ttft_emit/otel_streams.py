@@ -1,0 +1,139 @@
+"""The streams ttft-emit's OpenTelemetry helper hands back: they time their first chunk of output.
+
+A streaming response of an LLM client is iterated by the caller; :class:`TimedStream` wraps it and calls back
+once, when the first chunk *of output* comes out (:func:`is_output`). Most clients stream chunks of the answer
+(OpenAI chat completions, Gemini responses): the first one counts. Clients that stream typed events first send
+events that carry no token: Anthropic's ``message_start``, ``content_block_start`` and ``ping``, the OpenAI
+Responses API's ``response.created`` and ``response.in_progress`` (sent when the request is accepted, a whole
+queue and prefill before the first token). There the first ``content_block_delta`` or ``*.delta`` event counts.
+
+:class:`TimedStreamManager` wraps a stream helper's manager (``client.messages.stream(...)`` of the anthropic
+client): entering it sends the request, and the stream it returns reads a raw event stream that every way of
+consuming it goes through (iterating, ``text_stream``, ``until_done``, ``get_final_message``), so that raw
+stream is the one timed. Instrumentations wrap the same attribute (OpenInference's Anthropic instrumentor
+intercepts ``_raw_stream`` the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+#: The typed stream events that carry output: Anthropic's, and (by suffix) the OpenAI Responses API's.
+OUTPUT_EVENT_TYPES = frozenset({"content_block_delta"})
+OUTPUT_EVENT_SUFFIX = ".delta"
+
+
+def is_output(chunk: Any) -> bool:
+    """Whether a streamed item carries output: an untyped chunk does (a chunk of the answer); a typed event
+    (a string ``type``) only when it is a delta (:data:`OUTPUT_EVENT_TYPES`, or a type ending in ``.delta``)."""
+    kind = getattr(chunk, "type", None)
+    if not isinstance(kind, str):
+        return True
+    return kind in OUTPUT_EVENT_TYPES or kind.endswith(OUTPUT_EVENT_SUFFIX)
+
+
+class TimedStream:
+    """A streaming response that calls ``on_first`` once, when its first chunk of output (:func:`is_output`)
+    comes out; iterates (sync or async), enters, exits and closes as the wrapped stream does, and proxies every
+    other attribute."""
+
+    def __init__(self, stream: Any, on_first: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_first: Callable[[], None] | None = on_first
+        self._iterator: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def _seen(self, chunk: Any) -> None:
+        if self._on_first is None or not is_output(chunk):
+            return
+        on_first, self._on_first = self._on_first, None
+        on_first()
+
+    def __iter__(self) -> TimedStream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = iter(self._stream)
+        chunk = next(self._iterator)
+        self._seen(chunk)
+        return chunk
+
+    def __aiter__(self) -> TimedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = self._stream.__aiter__()
+        chunk = await self._iterator.__anext__()
+        self._seen(chunk)
+        return chunk
+
+    def __enter__(self) -> TimedStream:
+        enter = getattr(self._stream, "__enter__", None)
+        if enter is not None:
+            enter()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        exit_ = getattr(self._stream, "__exit__", None)
+        return exit_(*exc) if exit_ is not None else None
+
+    async def __aenter__(self) -> TimedStream:
+        enter = getattr(self._stream, "__aenter__", None)
+        if enter is not None:
+            await enter()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        exit_ = getattr(self._stream, "__aexit__", None)
+        return await exit_(*exc) if exit_ is not None else None
+
+
+def time_raw_stream(stream: Any, on_first: Callable[[], None]) -> Any:
+    """``stream`` (what a stream manager's enter returned) timed: its raw event stream wrapped in place when it
+    has one (``_raw_stream``, read lazily by every way of consuming it), else ``stream`` itself wrapped."""
+    raw = getattr(stream, "_raw_stream", None)
+    if raw is None:
+        return TimedStream(stream, on_first)
+    try:
+        stream._raw_stream = TimedStream(raw, on_first)
+    except Exception:  # a stream that refuses the attribute: iterating it is still timed
+        return TimedStream(stream, on_first)
+    return stream
+
+
+class TimedStreamManager:
+    """A stream helper's manager (``with client.messages.stream(...) as stream``): ``enter`` (a context
+    manager the helper gives) runs around entering the wrapped manager, so spans started as the request is
+    sent are matched to the call; the stream it returns is timed (:func:`time_raw_stream`)."""
+
+    def __init__(self, manager: Any, enter: Callable[[], Any], on_first: Callable[[], None]) -> None:
+        self._manager = manager
+        self._enter = enter
+        self._on_first = on_first
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._manager, name)
+
+    def __enter__(self) -> Any:
+        with self._enter():
+            stream = self._manager.__enter__()
+        return time_raw_stream(stream, self._on_first)
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._manager.__exit__(*exc)
+
+    async def __aenter__(self) -> Any:
+        with self._enter():
+            stream = await self._manager.__aenter__()
+        return time_raw_stream(stream, self._on_first)
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._manager.__aexit__(*exc)
+
+
+__all__ = ["TimedStream", "TimedStreamManager", "is_output", "time_raw_stream"]

@@ -1,0 +1,248 @@
+"""ttft-emit's helper on the clients beyond OpenAI's chat completions: the OpenAI Responses API and Anthropic's
+messages (typed events, the first of which carries no token), Anthropic's stream helper (a manager whose stream
+reads a raw event stream), and Google Gen AI's ``generate_content`` / ``generate_content_stream`` (no ``stream``
+keyword). Fakes shaped as those SDKs are; the real SDKs under their instrumentations are captured in
+tests/data/otel_instrumentations (``*_helper``) and read by tests/unit/test_otlp_providers.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from ttft_emit.otel import FIRST_CHUNK_ATTR, STREAM_ATTR, FirstChunkTiming
+from ttft_emit.otel_streams import is_output
+
+#: Before the first token: the typed events a stream starts with (sent when the request is accepted).
+PREAMBLE_S = 0.005
+FIRST_TOKEN_S = 0.06
+
+
+@dataclass
+class Event:
+    type: str
+    text: str = ""
+
+
+ANTHROPIC = ["message_start", "content_block_start", "ping", "content_block_delta", "content_block_delta"]
+RESPONSES = ["response.created", "response.in_progress", "response.output_text.delta", "response.completed"]
+
+
+def _provider() -> tuple[TracerProvider, InMemorySpanExporter, FirstChunkTiming]:
+    provider = TracerProvider()
+    exported = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    timing = FirstChunkTiming()
+    provider.add_span_processor(timing.span_processor())
+    return provider, exported, timing
+
+
+def _events(types: list[str]) -> Iterator[Event]:
+    """The preamble at once, the first token after FIRST_TOKEN_S."""
+    time.sleep(PREAMBLE_S)
+    waited = False
+    for kind in types:
+        if not waited and is_output(Event(kind)):
+            time.sleep(FIRST_TOKEN_S)
+            waited = True
+        yield Event(kind, "x")
+
+
+class RawStream:
+    """A raw event stream (the SDKs' ``Stream``): iterable once, closable."""
+
+    def __init__(self, types: list[str], span: Any) -> None:
+        self._events = _events(types)
+        self._span = span
+
+    def __iter__(self) -> Iterator[Event]:
+        try:
+            yield from self._events
+        finally:
+            self._span.end()
+
+    def close(self) -> None:
+        self._span.end()
+
+
+class MessageStream:
+    """Anthropic's stream helper's stream: every way of reading it goes through ``_raw_stream``, read lazily."""
+
+    def __init__(self, raw: RawStream) -> None:
+        self._raw_stream = raw
+
+    def __iter__(self) -> Iterator[Event]:
+        yield from self._raw_stream
+
+    @property
+    def text_stream(self) -> Iterator[str]:
+        return (e.text for e in self if e.type == "content_block_delta")
+
+    def get_final_text(self) -> str:
+        return "".join(self.text_stream)
+
+
+class MessageStreamManager:
+    def __init__(self, request: Any) -> None:
+        self._request = request
+        self.stream: MessageStream | None = None
+
+    def __enter__(self) -> MessageStream:
+        self.stream = MessageStream(self._request())
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.stream is not None:
+            self.stream._raw_stream.close()
+
+
+class Messages:
+    """Like an instrumentation of ``anthropic`` (OpenLLMetry's ``anthropic.chat``): the LLM span starts in the call
+    (for the stream helper, when the manager is entered: the request is sent then), ends with the stream."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("opentelemetry.instrumentation.anthropic")
+
+    def _span(self) -> Any:
+        return self.tracer.start_span("anthropic.chat", attributes={"gen_ai.operation.name": "chat"})
+
+    def create(self, *, model: str, stream: bool = False) -> Any:
+        span = self._span()
+        if not stream:
+            span.end()
+            return {"content": "x"}
+        return RawStream(ANTHROPIC, span)
+
+    def stream(self, *, model: str) -> MessageStreamManager:
+        return MessageStreamManager(lambda: RawStream(ANTHROPIC, self._span()))
+
+
+class Responses:
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("openinference.instrumentation.openai")
+
+    def create(self, *, model: str, stream: bool = False) -> Any:
+        span = self.tracer.start_span("Response", attributes={"openinference.span.kind": "LLM"})
+        return RawStream(RESPONSES, span)
+
+
+class Models:
+    """Google Gen AI's ``client.models``: the stream is a separate method, lazy (the request goes out on the
+    first iteration), the span starts at the call (OpenTelemetry's and OpenInference's instrumentations)."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("openinference.instrumentation.google_genai")
+
+    def _span(self, name: str) -> Any:
+        return self.tracer.start_span(name, attributes={"openinference.span.kind": "LLM"})
+
+    def generate_content(self, *, model: str) -> dict[str, str]:
+        self._span("GenerateContent").end()
+        return {"text": "x"}
+
+    def generate_content_stream(self, *, model: str) -> Iterator[dict[str, str]]:
+        span = self._span("GenerateContentStream")
+
+        def chunks() -> Iterator[dict[str, str]]:
+            time.sleep(FIRST_TOKEN_S)
+            yield {"text": "x"}
+            yield {"text": "y"}
+            span.end()
+
+        return chunks()
+
+
+class AsyncModels(Models):
+    async def generate_content_stream(self, *, model: str) -> AsyncIterator[dict[str, str]]:  # type: ignore[override]
+        span = self._span("AsyncGenerateContentStream")
+
+        async def chunks() -> AsyncIterator[dict[str, str]]:
+            await asyncio.sleep(FIRST_TOKEN_S)
+            yield {"text": "x"}
+            span.end()
+
+        return chunks()
+
+
+class Client:
+    def __init__(self, provider: TracerProvider) -> None:
+        self.messages = Messages(provider)
+        self.responses = Responses(provider)
+        self.models = Models(provider)
+        self.aio = type("Aio", (), {})()
+        self.aio.models = AsyncModels(provider)
+
+
+def _spans(exported: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [s for s in exported.get_finished_spans() if s.name == name]
+
+
+def _first_chunk_s(span: ReadableSpan) -> float:
+    return float((span.attributes or {})[FIRST_CHUNK_ATTR])  # type: ignore[arg-type]
+
+
+def test_only_deltas_of_typed_events_count_as_output() -> None:
+    assert [is_output(Event(t)) for t in ANTHROPIC] == [False, False, False, True, True]
+    assert [is_output(Event(t)) for t in RESPONSES] == [False, False, True, False]
+    assert is_output(Event("response.function_call_arguments.delta"))
+    assert is_output({"choices": []}) and is_output("text") and is_output(Event.__new__(Event))  # untyped chunks
+
+
+def test_the_first_chunk_of_a_typed_stream_is_its_first_delta_not_its_first_event() -> None:
+    provider, exported, timing = _provider()
+    client = timing.instrument(Client(provider))
+    for stream in (client.messages.create(model="m", stream=True), client.responses.create(model="m", stream=True)):
+        assert len(list(stream)) in (len(ANTHROPIC), len(RESPONSES))
+    for name in ("anthropic.chat", "Response"):
+        (span,) = _spans(exported, name)
+        assert (span.attributes or {})[STREAM_ATTR] is True
+        assert _first_chunk_s(span) >= FIRST_TOKEN_S, name  # not the preamble's PREAMBLE_S
+    assert timing.stats.first_chunks == 2 and timing.stats.unmatched == 0
+
+
+def test_anthropics_stream_helper_is_timed_whichever_way_its_stream_is_read() -> None:
+    provider, exported, timing = _provider()
+    client = timing.instrument(Client(provider))
+    with client.messages.stream(model="m") as stream:
+        assert [*stream.text_stream] == ["x", "x"]
+    with client.messages.stream(model="m") as stream:
+        assert stream.get_final_text() == "xx"
+    spans = _spans(exported, "anthropic.chat")
+    assert len(spans) == 2
+    for span in spans:
+        assert (span.attributes or {})[STREAM_ATTR] is True and _first_chunk_s(span) >= FIRST_TOKEN_S
+    assert timing.stats.calls == 2 and timing.stats.first_chunks == 2 and timing.stats.errors == 0
+
+
+def test_google_genai_streams_by_method_not_by_keyword() -> None:
+    provider, exported, timing = _provider()
+    client = timing.instrument(Client(provider))
+    assert client.models.generate_content(model="g") == {"text": "x"}
+    assert [c["text"] for c in client.models.generate_content_stream(model="g")] == ["x", "y"]
+
+    async def read() -> list[dict[str, str]]:
+        return [c async for c in await client.aio.models.generate_content_stream(model="g")]
+
+    assert asyncio.run(read()) == [{"text": "x"}]
+    (plain,) = _spans(exported, "GenerateContent")
+    assert (plain.attributes or {})[STREAM_ATTR] is False and FIRST_CHUNK_ATTR not in (plain.attributes or {})
+    for name in ("GenerateContentStream", "AsyncGenerateContentStream"):
+        (span,) = _spans(exported, name)
+        assert (span.attributes or {})[STREAM_ATTR] is True and _first_chunk_s(span) >= FIRST_TOKEN_S
+    assert timing.stats.calls == 3 and timing.stats.spans == 3 and timing.stats.first_chunks == 2
+
+
+def test_instrument_wraps_once_and_only_what_the_client_has() -> None:
+    provider, _, timing = _provider()
+    client = Client(provider)
+    timing.instrument(client)
+    wrapped = client.messages.stream
+    timing.instrument(client)
+    assert client.messages.stream is wrapped
+    bare = type("Bare", (), {})()
+    assert timing.instrument(bare) is bare and vars(bare) == {}
