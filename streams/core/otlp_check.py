@@ -53,7 +53,9 @@ FIXES: Final[dict[str, str]] = {
     "prompt_assemble": "a span with openinference.span.kind = PROMPT or ttft.stage = prompt_assemble (derived "
     "only when a retrieval or rerank span ends before the LLM span)",
     "llm_ttft": "no LLM span: instrument the model client (OpenInference, OpenLLMetry or the GenAI "
-    "conventions), or set ttft.stage = llm_ttft on the call's span",
+    "conventions), or set ttft.stage = llm_ttft on the call's span. An instrumentation that does not cover the "
+    "method called (openai-v2 2.4b0 and the Responses API): ttft_emit.otel.time_first_chunk(client, "
+    "fill_missing=True) gives such calls an LLM span of its own",
     "stream flag": "the LLM span does not say whether the call streamed: set gen_ai.request.stream (a call "
     "that did not stream then counts its whole duration, exactly; the same helper sets it)",
     "first_token": "the LLM span's first chunk gives it (see 'first chunk'), or a span with ttft.stage = first_token",

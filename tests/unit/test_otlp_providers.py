@@ -30,7 +30,8 @@ EXPECTED: dict[str, dict[str, str]] = {
     "responses_openai_v2": dict.fromkeys(("stream", "stream_helper", "non_stream"), "timed_out"),
     "responses_openinference_helper": dict.fromkeys(("stream", "stream_helper", "non_stream"), DONE),
     "responses_openllmetry_helper": dict.fromkeys(("stream", "stream_helper", "non_stream"), DONE),
-    "responses_openai_v2_helper": dict.fromkeys(("stream", "stream_helper", "non_stream"), "timed_out"),
+    # With fill_missing=True: the helper's own LLM span (it reads no token counts).
+    "responses_openai_v2_helper": dict.fromkeys(("stream", "stream_helper", "non_stream"), DONE),
     "anthropic_openinference": {"stream": UNTIMED, "stream_helper": UNTIMED, "non_stream": DONE},
     "anthropic_openllmetry": dict.fromkeys(("stream", "stream_helper", "non_stream"), UNTIMED),
     "anthropic_openinference_helper": dict.fromkeys(("stream", "stream_helper", "non_stream"), DONE),
@@ -71,7 +72,7 @@ def test_stored_status_and_ttft_are_what_the_client_saw(capture: str, case: str)
     assert client_llm - 2 * TOLERANCE_MS <= record["llm_ttft_ms"] <= client_llm + 0.5
     assert record["llm_unmeasured_ms"] is None
     assert 0.0 <= record["other_ms"] - (record["rerank_ms"] or 0.0) < 1.0
-    assert record["cached_tokens"] == 512
+    assert record["cached_tokens"] == (None if capture == "responses_openai_v2_helper" else 512)
 
 
 def test_openinference_on_the_responses_api_is_not_timed_from_response_created() -> None:

@@ -246,3 +246,57 @@ def test_instrument_wraps_once_and_only_what_the_client_has() -> None:
     assert client.messages.stream is wrapped
     bare = type("Bare", (), {})()
     assert timing.instrument(bare) is bare and vars(bare) == {}
+
+
+class Uninstrumented:
+    """A method no instrumentation covers (openai-v2 2.4b0 and ``responses.create``): an HTTP client's span at most
+    (``http_span``), or the span of an instrumentation that names it an LLM call only at its end (``late_llm``)."""
+
+    def __init__(self, provider: TracerProvider, inside: str = "") -> None:
+        self.tracer = provider.get_tracer("inside")
+        self.inside = inside
+
+    def create(self, *, model: str, stream: bool = False) -> Any:
+        if self.inside:
+            span = self.tracer.start_span("POST" if self.inside == "http_span" else "openai.response")
+            if self.inside == "late_llm":
+                span.set_attribute("gen_ai.operation.name", "chat")
+            span.end()
+        if not stream:
+            return {"output_text": "x"}
+        return iter([Event("response.created"), *_events(["response.output_text.delta", "response.completed"])])
+
+
+def _fill_client(provider: TracerProvider, inside: str = "") -> Any:
+    client = type("Client", (), {})()
+    client.responses = Uninstrumented(provider, inside)
+    return client
+
+
+def test_fill_missing_gives_a_call_without_an_llm_span_the_helpers_own() -> None:
+    provider, exported, timing = _provider()
+    timing.fill_missing_spans(provider)
+    client = timing.instrument(_fill_client(provider, inside="http_span"))
+    with provider.get_tracer("app").start_as_current_span("POST /ask") as root:
+        called = time.time_ns()
+        assert len(list(client.responses.create(model="gpt-x", stream=True))) == 3
+        assert client.responses.create(model="gpt-x") == {"output_text": "x"}
+    streamed, plain = _spans(exported, "chat gpt-x")
+    for span, streams in ((streamed, True), (plain, False)):
+        attrs = span.attributes or {}
+        assert attrs["gen_ai.operation.name"] == "chat" and attrs[STREAM_ATTR] is streams
+        assert span.parent is not None and span.parent.span_id == root.get_span_context().span_id
+        assert called <= span.start_time <= span.end_time  # type: ignore[operator]
+    assert _first_chunk_s(streamed) >= FIRST_TOKEN_S and FIRST_CHUNK_ATTR not in (plain.attributes or {})
+    assert timing.stats.filled == 2 and timing.stats.first_chunks == 1 and timing.stats.unmatched == 0
+
+
+def test_no_span_is_filled_when_off_or_when_the_instrumentation_named_its_own_late() -> None:
+    for fill, inside in ((False, ""), (True, "late_llm")):
+        provider, exported, timing = _provider()
+        if fill:
+            timing.fill_missing_spans(provider)
+        client = timing.instrument(_fill_client(provider, inside))
+        assert client.responses.create(model="gpt-x") == {"output_text": "x"}
+        assert not _spans(exported, "chat gpt-x") and timing.stats.filled == 0
+        assert timing.stats.unmatched == 1

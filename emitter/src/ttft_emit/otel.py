@@ -77,21 +77,29 @@ class FirstChunkStats:
     first_chunks: int
     unmatched: int
     errors: int
+    #: Calls that started no LLM span at all, given the helper's own (``fill_missing``).
+    filled: int = 0
 
 
 class _Call:
     """One wrapped call: whether it streams, the LLM span the processor matched to it (if any), and the span
     that was current when it was made (the framework's LLM span, when the client's own is suppressed)."""
 
-    __slots__ = ("caller", "first_started", "span", "stream")
+    __slots__ = ("caller", "context", "first_started", "model", "span", "started", "started_ns", "stream")
 
-    def __init__(self, stream: bool) -> None:
+    def __init__(self, stream: bool, model: Any = None) -> None:
         self.stream = stream
+        self.model = model
         self.span: Any = None
         self.caller: Any = None
         #: The first span started inside the call, whatever its attributes (OpenLIT names its LLM span only
         #: when the call ends).
         self.first_started: Any = None
+        #: The spans started inside the call (up to :data:`_STARTED_KEPT`), and when and in which context the
+        #: call was made: kept only when the helper fills in missing LLM spans.
+        self.started: list[Any] = []
+        self.started_ns = 0
+        self.context: Any = None
 
 
 _CALL: ContextVar[_Call | None] = ContextVar("ttft_emit_otel_call", default=None)
@@ -121,8 +129,10 @@ class FirstChunkTiming:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = {"calls": 0, "spans": 0, "first_chunks": 0, "unmatched": 0, "errors": 0}
+        self._counts = {"calls": 0, "spans": 0, "first_chunks": 0, "unmatched": 0, "errors": 0, "filled": 0}
         self._processor: Any = None
+        #: The tracer of the helper's own LLM spans (:meth:`fill_missing_spans`); None: it makes none.
+        self._tracer: Any = None
 
     @property
     def stats(self) -> FirstChunkStats:
@@ -160,6 +170,8 @@ class FirstChunkTiming:
         try:
             if call.first_started is None:
                 call.first_started = span
+            if self._tracer is not None and len(call.started) < _STARTED_KEPT:
+                call.started.append(span)
             if not is_llm_span(getattr(span, "attributes", None)):
                 return
             call.span = span
@@ -242,11 +254,49 @@ class FirstChunkTiming:
 
     def _finished(self, call: _Call, result: Any) -> Any:
         self._adopt_caller(call)
+        filler = self._fill(call)
         if not call.stream:
-            if call.span is None:
+            if filler is not None:
+                filler.end()
+            elif call.span is None:
                 self._count("unmatched")
             return result
-        return TimedStream(result, lambda: self._first_chunk(call))
+        return TimedStream(result, lambda: self._first_chunk(call), None if filler is None else filler.end)
+
+    def fill_missing_spans(self, tracer_provider: Any) -> None:
+        """From now on, a wrapped call that started no LLM span at all (its instrumentation does not cover the
+        method: openai-v2 2.4b0 and the Responses API) gets the helper's own: ``chat <model>`` (CLIENT,
+        ``gen_ai.operation.name = chat``, ``gen_ai.request.model``, ``gen_ai.request.stream``), a child of the
+        span current at the call, from the call's start to its answer or its stream's end, with its first chunk."""
+        self._tracer = tracer_provider.get_tracer("ttft_emit.otel")
+
+    def _fill(self, call: _Call) -> Any:
+        """The helper's own LLM span for ``call`` (:meth:`fill_missing_spans`), if it is on and the call started no
+        LLM span (none of the spans started inside it names one by now, nor was the caller's taken)."""
+        if self._tracer is None or call.span is not None:
+            return None
+        try:
+            if any(is_llm_span(getattr(span, "attributes", None)) for span in call.started):
+                return None  # named after its start (OpenLLMetry's Responses span): it has its own
+            from opentelemetry.trace import SpanKind
+
+            model = call.model if isinstance(call.model, str) else ""
+            attributes = {"gen_ai.operation.name": "chat", STREAM_ATTR: call.stream}
+            if model:
+                attributes["gen_ai.request.model"] = model
+            span = self._tracer.start_span(
+                f"chat {model}".strip(),
+                context=call.context,
+                kind=SpanKind.CLIENT,
+                attributes=attributes,
+                start_time=call.started_ns,
+            )
+        except Exception:
+            self._count("errors")
+            return None
+        call.span = span
+        self._count("filled")
+        return span
 
     def wrap(self, create: Callable[..., Any], stream: bool | None = None) -> Callable[..., Any]:
         """``create`` (a client's sync or async method) wrapped: same arguments, same result, except that a
@@ -254,8 +304,10 @@ class FirstChunkTiming:
         always or never does (``generate_content_stream``, ``generate_content``), else its ``stream=`` keyword."""
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            call = _Call(kwargs.get("stream") is True if stream is None else stream)
+            call = _Call(kwargs.get("stream") is True if stream is None else stream, kwargs.get("model"))
             call.caller = self._caller_span()
+            if self._tracer is not None:
+                self._note_start(call)
             self._count("calls")
             token = _CALL.set(call)
             try:
@@ -284,6 +336,13 @@ class FirstChunkTiming:
 
         managed.__wrapped__ = stream  # type: ignore[attr-defined]
         return managed
+
+    @staticmethod
+    def _note_start(call: _Call) -> None:
+        from opentelemetry import context
+
+        call.started_ns = time.time_ns()
+        call.context = context.get_current()
 
     @contextmanager
     def _during(self, call: _Call, adopt: bool = True) -> Iterator[None]:
@@ -346,11 +405,13 @@ _DEFAULT_LOCK = threading.Lock()
 _PROVIDERS: list[Any] = []
 
 
-def time_first_chunk(client: Any, tracer_provider: Any = None) -> FirstChunkTiming:
+def time_first_chunk(client: Any, tracer_provider: Any = None, fill_missing: bool = False) -> FirstChunkTiming:
     """Set the first chunk on the LLM spans of ``client``'s generating calls (:data:`CLIENT_METHODS`): adds the
     helper's span processor to ``tracer_provider`` (default: the global one; an SDK ``TracerProvider``; once per
-    provider) and wraps the client's methods (:meth:`FirstChunkTiming.instrument`). Returns the process's helper
-    (its ``stats``). Raises ``TypeError`` at set-up when the provider cannot take a span processor."""
+    provider) and wraps the client's methods (:meth:`FirstChunkTiming.instrument`). ``fill_missing``: a call that
+    starts no LLM span gets the helper's own (:meth:`FirstChunkTiming.fill_missing_spans`; openai-v2 2.4b0 does not
+    trace the Responses API). Returns the process's helper (its ``stats``). Raises ``TypeError`` at set-up when
+    the provider cannot take a span processor."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
@@ -368,6 +429,8 @@ def time_first_chunk(client: Any, tracer_provider: Any = None) -> FirstChunkTimi
         if not any(p is tracer_provider for p in _PROVIDERS):
             add(timing.span_processor())
             _PROVIDERS.append(tracer_provider)
+        if fill_missing:
+            timing.fill_missing_spans(tracer_provider)
     timing.instrument(client)
     return timing
 

@@ -38,9 +38,11 @@ class TimedStream:
     comes out; iterates (sync or async), enters, exits and closes as the wrapped stream does, and proxies every
     other attribute."""
 
-    def __init__(self, stream: Any, on_first: Callable[[], None]) -> None:
+    def __init__(self, stream: Any, on_first: Callable[[], None], on_end: Callable[[], None] | None = None) -> None:
         self._stream = stream
         self._on_first: Callable[[], None] | None = on_first
+        #: Called once when the stream ends: exhausted, failed, closed or exited (the helper's own span ends).
+        self._on_end = on_end
         self._iterator: Any = None
 
     def __getattr__(self, name: str) -> Any:
@@ -52,13 +54,22 @@ class TimedStream:
         on_first, self._on_first = self._on_first, None
         on_first()
 
+    def _ended(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end()
+
     def __iter__(self) -> TimedStream:
         return self
 
     def __next__(self) -> Any:
         if self._iterator is None:
             self._iterator = iter(self._stream)
-        chunk = next(self._iterator)
+        try:
+            chunk = next(self._iterator)
+        except BaseException:
+            self._ended()
+            raise
         self._seen(chunk)
         return chunk
 
@@ -68,9 +79,18 @@ class TimedStream:
     async def __anext__(self) -> Any:
         if self._iterator is None:
             self._iterator = self._stream.__aiter__()
-        chunk = await self._iterator.__anext__()
+        try:
+            chunk = await self._iterator.__anext__()
+        except BaseException:
+            self._ended()
+            raise
         self._seen(chunk)
         return chunk
+
+    def close(self) -> Any:
+        self._ended()
+        close = getattr(self._stream, "close", None)
+        return close() if close is not None else None
 
     def __enter__(self) -> TimedStream:
         enter = getattr(self._stream, "__enter__", None)
@@ -80,7 +100,10 @@ class TimedStream:
 
     def __exit__(self, *exc: Any) -> Any:
         exit_ = getattr(self._stream, "__exit__", None)
-        return exit_(*exc) if exit_ is not None else None
+        try:
+            return exit_(*exc) if exit_ is not None else None
+        finally:
+            self._ended()
 
     async def __aenter__(self) -> TimedStream:
         enter = getattr(self._stream, "__aenter__", None)
@@ -90,7 +113,10 @@ class TimedStream:
 
     async def __aexit__(self, *exc: Any) -> Any:
         exit_ = getattr(self._stream, "__aexit__", None)
-        return await exit_(*exc) if exit_ is not None else None
+        try:
+            return await exit_(*exc) if exit_ is not None else None
+        finally:
+            self._ended()
 
 
 def time_raw_stream(stream: Any, on_first: Callable[[], None]) -> Any:
