@@ -15,6 +15,7 @@ can dead-letter the span with that reason instead of failing the batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -84,16 +85,30 @@ STREAM_FLAG_ABSENT_MEANS: Final[dict[str, bool]] = {
     "opentelemetry.instrumentation.google_genai": False,
     "com.anthropic.sdk.python": False,
 }
-#: Scopes whose LLM span's name tells whether the call streamed (and nothing else does reliably): scope ->
-#: suffix of a streaming call's span name. OpenInference's google-genai instrumentor (1.4.14) names its spans
-#: after the method (``GenerateContentStream``, ``AsyncGenerateContentStream``; ``GenerateContent``), and its
-#: ``llm.invocation_parameters``, when set, is the generation config, which never has a ``stream`` key.
-STREAMING_BY_SPAN_NAME: Final[dict[str, str]] = {
-    "openinference.instrumentation.google_genai": "Stream",
-}
+#: Scopes whose LLM spans tell whether the call streamed by something other than a flag: scope -> the rule
+#: (``None``: it does not say). OpenInference's google-genai (1.4.14), Bedrock (0.1.61) and LlamaIndex (4.6.1)
+#: instrumentors name their spans after the method (``GenerateContentStream``, ``bedrock.converse_stream``,
+#: ``OpenAI.stream_chat``; ``GenerateContent``, ``bedrock.converse``, ``OpenAI.chat``), and their
+#: ``llm.invocation_parameters``, when set, are the generation config or the model's metadata, never with a
+#: ``stream`` key: read as a plain call, a Bedrock stream was stored as a ``complete`` request whose TTFT was the
+#: whole stream (324.3 ms for 201.4). OpenTelemetry's botocore instrumentation (0.66b2) names the API operation in
+#: ``rpc.method`` (``ConverseStream``, ``InvokeModelWithResponseStream``; ``Converse``, ``InvokeModel``).
+STREAMING_BY_SCOPE: Final[dict[str, Callable[[OtlpSpan], bool | None]]] = {}
+#: The OpenInference scopes whose ``llm.invocation_parameters`` are the request's own, so that no ``stream`` key
+#: means the API's default, a plain call (checked on captures). Other OpenInference scopes do not say.
+OPENINFERENCE_STREAM_KEY_SCOPES: Final = frozenset(
+    {
+        "openinference.instrumentation.openai",
+        "openinference.instrumentation.anthropic",
+        "openinference.instrumentation.langchain",
+    }
+)
+
+
 #: Boolean attributes that say whether an LLM call streamed, first found wins.
 STREAM_FLAGS: Final = ("gen_ai.is_streaming", "llm.is_streaming", "gen_ai.request.stream")
-#: OpenInference keeps the request's parameters as JSON; ``stream`` absent means the API default, no stream.
+#: OpenInference keeps the request's parameters as JSON; ``stream`` absent means the API default, no stream (on
+#: :data:`OPENINFERENCE_STREAM_KEY_SCOPES` and spans of no OpenInference scope).
 INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"
 _MAX_PARAMETERS_CHARS: Final = 65_536
 #: Token-count attributes -> the request attr they fill, first match wins.
@@ -117,6 +132,25 @@ TOKEN_ATTRS: Final[dict[str, tuple[str, ...]]] = {
 _MAX_TOKENS: Final = 10_000_000
 #: The model of an LLM span, first found wins (the ``route`` when no ``ttft.route`` is set).
 MODEL_ATTRS: Final = ("gen_ai.request.model", "gen_ai.response.model", "llm.model_name")
+
+
+def _name_says_stream(span: OtlpSpan) -> bool:
+    return "stream" in span.name.lower()
+
+
+def _rpc_method_says_stream(span: OtlpSpan) -> bool | None:
+    method = span.attributes.get("rpc.method")
+    return method.endswith("Stream") if isinstance(method, str) else None
+
+
+STREAMING_BY_SCOPE.update(
+    {
+        "openinference.instrumentation.google_genai": _name_says_stream,
+        "openinference.instrumentation.bedrock": _name_says_stream,
+        "openinference.instrumentation.llama_index": _name_says_stream,
+        "opentelemetry.instrumentation.botocore.bedrock-runtime": _rpc_method_says_stream,
+    }
+)
 
 
 def span_stage(a: dict[str, AttrValue]) -> str | None:
@@ -210,13 +244,20 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
 
 
 def span_streaming(span: OtlpSpan) -> bool | None:
-    """Whether an LLM span's call streamed: :func:`streaming`, but for the scopes that tell it by the span's name
-    (:data:`STREAMING_BY_SPAN_NAME`) or by a flag set only when true (:data:`STREAM_FLAG_ABSENT_MEANS`)."""
-    scope = span.scope_name
-    suffix = STREAMING_BY_SPAN_NAME.get(scope)
-    if suffix is not None:
-        return span.name.endswith(suffix)
-    told = streaming(span.attributes)
+    """Whether an LLM span's call streamed: a stream flag (:data:`STREAM_FLAGS`) if set, else its scope's rule
+    (:data:`STREAMING_BY_SCOPE`), else :func:`streaming` (OpenInference's missing ``stream`` key tells a plain call
+    only on :data:`OPENINFERENCE_STREAM_KEY_SCOPES`), else what a missing flag means on its scope
+    (:data:`STREAM_FLAG_ABSENT_MEANS`)."""
+    a, scope = span.attributes, span.scope_name
+    for name in STREAM_FLAGS:
+        value = a.get(name)
+        if isinstance(value, bool):
+            return value
+    rule = STREAMING_BY_SCOPE.get(scope)
+    told = None if rule is None else rule(span)
+    if told is None:
+        key_tells = not scope.startswith("openinference.") or scope in OPENINFERENCE_STREAM_KEY_SCOPES
+        told = streaming(a, absent_key_means_plain=key_tells)
     if told is None:
         return _by_scope(STREAM_FLAG_ABSENT_MEANS, scope)
     return told
@@ -230,9 +271,10 @@ def _by_scope(table: dict[str, bool], scope: str) -> bool | None:
     return found
 
 
-def streaming(a: dict[str, AttrValue]) -> bool | None:
+def streaming(a: dict[str, AttrValue], absent_key_means_plain: bool = True) -> bool | None:
     """Whether an LLM call streamed, as its span says (:data:`STREAM_FLAGS`, a Vercel provider call, or
-    OpenInference's invocation parameters); ``None`` when it does not say."""
+    OpenInference's invocation parameters: without a ``stream`` key, a plain call if ``absent_key_means_plain``);
+    ``None`` when it does not say."""
     for name in STREAM_FLAGS:
         value = a.get(name)
         if isinstance(value, bool):
@@ -248,8 +290,10 @@ def streaming(a: dict[str, AttrValue]) -> bool | None:
             return None
         if isinstance(doc, dict):
             stream = doc.get("stream")
-            if stream is None or isinstance(stream, bool):
-                return bool(stream)
+            if isinstance(stream, bool):
+                return stream
+            if stream is None and absent_key_means_plain:
+                return False
     return None
 
 

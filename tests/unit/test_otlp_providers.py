@@ -41,6 +41,10 @@ EXPECTED: dict[str, dict[str, str]] = {
     "google_genai_otel": dict.fromkeys(("stream", "non_stream", "stream_async"), DONE),
     "google_genai_openinference": {"stream": UNTIMED, "non_stream": DONE, "stream_async": UNTIMED},
     "google_genai_openllmetry": dict.fromkeys(("stream", "non_stream", "stream_async"), UNTIMED),
+    # OpenInference streams were read as plain calls before (no stream key): complete, TTFT the whole stream.
+    "bedrock_openinference": {"converse_stream": UNTIMED, "converse": DONE, "invoke_stream": UNTIMED},
+    "bedrock_otel": {"converse_stream": UNTIMED, "converse": DONE, "invoke_stream": UNTIMED},  # by rpc.method
+    "bedrock_openllmetry": dict.fromkeys(("converse_stream", "converse", "invoke_stream"), UNTIMED),
     **{
         f"google_genai_{library}_helper": dict.fromkeys(("stream", "non_stream", "stream_async"), DONE)
         for library in ("otel", "openinference", "openllmetry")
