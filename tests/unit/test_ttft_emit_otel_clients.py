@@ -7,6 +7,7 @@ tests/data/otel_instrumentations (``*_helper``) and read by tests/unit/test_otlp
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -300,3 +301,55 @@ def test_no_span_is_filled_when_off_or_when_the_instrumentation_named_its_own_la
         assert client.responses.create(model="gpt-x") == {"output_text": "x"}
         assert not _spans(exported, "chat gpt-x") and timing.stats.filled == 0
         assert timing.stats.unmatched == 1
+
+
+class BedrockRuntime:
+    """boto3's ``bedrock-runtime`` client as an instrumentation sees it (OpenTelemetry's botocore: ``chat <model>``
+    named at its start): the stream is a key of the result, an iterable of one-key dicts."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("opentelemetry.instrumentation.botocore.bedrock-runtime")
+
+    def _span(self, model_id: str) -> Any:
+        return self.tracer.start_span(f"chat {model_id}", attributes={"gen_ai.operation.name": "chat"})
+
+    def _events(self, model_id: str, events: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        span = self._span(model_id)  # in the call; the stream ends it
+
+        def read() -> Iterator[dict[str, Any]]:
+            time.sleep(PREAMBLE_S)
+            yield events[0]
+            time.sleep(FIRST_TOKEN_S)
+            yield from events[1:]
+            span.end()
+
+        return read()
+
+    def converse_stream(self, *, modelId: str, messages: list[Any]) -> dict[str, Any]:
+        events = [{"messageStart": {"role": "assistant"}}, {"contentBlockDelta": {"delta": {"text": "x"}}}]
+        return {"ResponseMetadata": {}, "stream": self._events(modelId, events)}
+
+    def invoke_model_with_response_stream(self, *, modelId: str, body: str) -> dict[str, Any]:
+        def chunk(doc: dict[str, Any]) -> dict[str, Any]:
+            return {"chunk": {"bytes": json.dumps(doc).encode()}}
+
+        events = [chunk({"type": "message_start"}), chunk({"type": "content_block_delta", "delta": {"text": "x"}})]
+        return {"contentType": "application/json", "body": self._events(modelId, events)}
+
+    def converse(self, *, modelId: str, messages: list[Any]) -> dict[str, Any]:
+        self._span(modelId).end()
+        return {"output": {"message": {"content": [{"text": "x"}]}}}
+
+
+def test_bedrock_streams_are_timed_at_their_first_delta_inside_the_result() -> None:
+    provider, exported, timing = _provider()
+    client = timing.instrument(BedrockRuntime(provider))
+    assert len(list(client.converse_stream(modelId="claude", messages=[])["stream"])) == 2
+    assert len(list(client.invoke_model_with_response_stream(modelId="claude", body="{}")["body"])) == 2
+    assert client.converse(modelId="claude", messages=[])["output"]
+    streamed_a, streamed_b, plain = _spans(exported, "chat claude")
+    for span in (streamed_a, streamed_b):
+        assert (span.attributes or {})[STREAM_ATTR] is True
+        assert _first_chunk_s(span) >= FIRST_TOKEN_S  # not messageStart / message_start (PREAMBLE_S)
+    assert (plain.attributes or {})[STREAM_ATTR] is False
+    assert timing.stats.calls == 3 and timing.stats.first_chunks == 2 and timing.stats.unmatched == 0

@@ -56,7 +56,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ttft_emit.otel_streams import TimedStream, TimedStreamManager
+from ttft_emit.otel_streams import TimedStream, TimedStreamManager, is_bedrock_output
 
 #: The GenAI semantic conventions' time to first chunk of a streamed response, in seconds.
 FIRST_CHUNK_ATTR: Final = "gen_ai.response.time_to_first_chunk"
@@ -85,11 +85,23 @@ class _Call:
     """One wrapped call: whether it streams, the LLM span the processor matched to it (if any), and the span
     that was current when it was made (the framework's LLM span, when the client's own is suppressed)."""
 
-    __slots__ = ("caller", "context", "first_started", "model", "span", "started", "started_ns", "stream")
+    __slots__ = (
+        "caller",
+        "context",
+        "first_started",
+        "model",
+        "result_key",
+        "span",
+        "started",
+        "started_ns",
+        "stream",
+    )
 
-    def __init__(self, stream: bool, model: Any = None) -> None:
+    def __init__(self, stream: bool, model: Any = None, result_key: str | None = None) -> None:
         self.stream = stream
         self.model = model
+        #: The key of a streaming result's stream, when the result is a dict holding it (boto3's Bedrock calls).
+        self.result_key = result_key
         self.span: Any = None
         self.caller: Any = None
         #: The first span started inside the call, whatever its attributes (OpenLIT names its LLM span only
@@ -261,7 +273,13 @@ class FirstChunkTiming:
             elif call.span is None:
                 self._count("unmatched")
             return result
-        return TimedStream(result, lambda: self._first_chunk(call), None if filler is None else filler.end)
+        on_first, on_end = (lambda: self._first_chunk(call)), None if filler is None else filler.end
+        key = call.result_key
+        if key is None:
+            return TimedStream(result, on_first, on_end)
+        if isinstance(result, dict) and key in result:  # boto3: {"stream": EventStream, ...}
+            result[key] = TimedStream(result[key], on_first, on_end, is_bedrock_output)
+        return result
 
     def fill_missing_spans(self, tracer_provider: Any) -> None:
         """From now on, a wrapped call that started no LLM span at all (its instrumentation does not cover the
@@ -298,13 +316,17 @@ class FirstChunkTiming:
         self._count("filled")
         return span
 
-    def wrap(self, create: Callable[..., Any], stream: bool | None = None) -> Callable[..., Any]:
+    def wrap(
+        self, create: Callable[..., Any], stream: bool | None = None, result_key: str | None = None
+    ) -> Callable[..., Any]:
         """``create`` (a client's sync or async method) wrapped: same arguments, same result, except that a
-        streaming result comes back as a :class:`TimedStream`. Whether a call streams: ``stream`` for a method that
-        always or never does (``generate_content_stream``, ``generate_content``), else its ``stream=`` keyword."""
+        streaming result comes back as a :class:`TimedStream` (or, with ``result_key``, holds one there: boto3's
+        Bedrock calls return a dict). Whether a call streams: ``stream`` for a method that always or never does
+        (``generate_content_stream``, ``converse``), else its ``stream=`` keyword."""
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            call = _Call(kwargs.get("stream") is True if stream is None else stream, kwargs.get("model"))
+            model = kwargs.get("model", kwargs.get("modelId"))
+            call = _Call(kwargs.get("stream") is True if stream is None else stream, model, result_key)
             call.caller = self._caller_span()
             if self._tracer is not None:
                 self._note_start(call)
@@ -376,7 +398,12 @@ class FirstChunkTiming:
             method = getattr(resource, path[-1], None)
             if method is None or getattr(method, "_ttft_first_chunk", False):
                 continue
-            timed = self.wrap_manager(method) if isinstance(how, str) else self.wrap(method, how)
+            if how == "manager":
+                timed = self.wrap_manager(method)
+            elif isinstance(how, str):  # the stream is this key of the result
+                timed = self.wrap(method, True, result_key=how)
+            else:
+                timed = self.wrap(method, how)
             timed._ttft_first_chunk = True  # type: ignore[attr-defined]
             setattr(resource, path[-1], timed)
         return client
@@ -384,8 +411,9 @@ class FirstChunkTiming:
 
 #: The methods :meth:`FirstChunkTiming.instrument` wraps, by attribute path from the client, and how: ``None``
 #: streams when called with ``stream=True``; ``True`` / ``False`` always / never streams; ``"manager"`` returns a
-#: stream helper's manager. ``client.responses.stream(...)`` (OpenAI) sends its request through
-#: ``client.responses.create``, so it is timed too.
+#: stream helper's manager; another string: always streams, the stream being that key of the result (boto3).
+#: ``client.responses.stream(...)`` (OpenAI) sends its request through ``client.responses.create``, so it is
+#: timed too.
 CLIENT_METHODS: Final[tuple[tuple[tuple[str, ...], bool | str | None], ...]] = (
     (("chat", "completions", "create"), None),  # OpenAI
     (("completions", "create"), None),  # OpenAI, Anthropic (legacy text completions)
@@ -396,6 +424,10 @@ CLIENT_METHODS: Final[tuple[tuple[tuple[str, ...], bool | str | None], ...]] = (
     (("models", "generate_content"), False),
     (("aio", "models", "generate_content_stream"), True),
     (("aio", "models", "generate_content"), False),
+    (("converse_stream",), "stream"),  # boto3 bedrock-runtime: {"stream": EventStream}
+    (("invoke_model_with_response_stream",), "body"),
+    (("converse",), False),
+    (("invoke_model",), False),
 )
 
 

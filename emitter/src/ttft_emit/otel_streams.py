@@ -16,6 +16,7 @@ intercepts ``_raw_stream`` the same way).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -33,13 +34,41 @@ def is_output(chunk: Any) -> bool:
     return kind in OUTPUT_EVENT_TYPES or kind.endswith(OUTPUT_EVENT_SUFFIX)
 
 
-class TimedStream:
-    """A streaming response that calls ``on_first`` once, when its first chunk of output (:func:`is_output`)
-    comes out; iterates (sync or async), enters, exits and closes as the wrapped stream does, and proxies every
-    other attribute."""
+def is_bedrock_output(event: Any) -> bool:
+    """Whether an event of a Bedrock stream (boto3's ``EventStream``: one-key dicts) carries output: a
+    ``contentBlockDelta`` (``converse_stream``), or a ``chunk`` (``invoke_model_with_response_stream``) whose
+    model's JSON is an output event by :func:`is_output`'s rule (Anthropic's ``content_block_delta``) or untyped
+    (other models' chunks carry text). ``messageStart``, ``contentBlockStart``, ``messageStop`` and ``metadata``
+    do not."""
+    if not isinstance(event, dict):
+        return True
+    if "contentBlockDelta" in event:
+        return True
+    chunk = event.get("chunk")
+    if not isinstance(chunk, dict):
+        return False
+    try:
+        doc = json.loads(chunk.get("bytes") or b"null")
+    except (TypeError, ValueError):
+        return True
+    kind = doc.get("type") if isinstance(doc, dict) else None
+    return not isinstance(kind, str) or kind in OUTPUT_EVENT_TYPES or kind.endswith(OUTPUT_EVENT_SUFFIX)
 
-    def __init__(self, stream: Any, on_first: Callable[[], None], on_end: Callable[[], None] | None = None) -> None:
+
+class TimedStream:
+    """A streaming response that calls ``on_first`` once, when its first chunk of output (``output``, by default
+    :func:`is_output`) comes out; iterates (sync or async), enters, exits and closes as the wrapped stream does,
+    and proxies every other attribute."""
+
+    def __init__(
+        self,
+        stream: Any,
+        on_first: Callable[[], None],
+        on_end: Callable[[], None] | None = None,
+        output: Callable[[Any], bool] = is_output,
+    ) -> None:
         self._stream = stream
+        self._output = output
         self._on_first: Callable[[], None] | None = on_first
         #: Called once when the stream ends: exhausted, failed, closed or exited (the helper's own span ends).
         self._on_end = on_end
@@ -49,7 +78,7 @@ class TimedStream:
         return getattr(self._stream, name)
 
     def _seen(self, chunk: Any) -> None:
-        if self._on_first is None or not is_output(chunk):
+        if self._on_first is None or not self._output(chunk):
             return
         on_first, self._on_first = self._on_first, None
         on_first()
@@ -162,4 +191,4 @@ class TimedStreamManager:
         return await self._manager.__aexit__(*exc)
 
 
-__all__ = ["TimedStream", "TimedStreamManager", "is_output", "time_raw_stream"]
+__all__ = ["TimedStream", "TimedStreamManager", "is_bedrock_output", "is_output", "time_raw_stream"]
