@@ -46,6 +46,10 @@ EXPECTED: dict[str, dict[str, str]] = {
     "bedrock_otel": {"converse_stream": UNTIMED, "converse": DONE, "invoke_stream": UNTIMED},  # by rpc.method
     "bedrock_openllmetry": dict.fromkeys(("converse_stream", "converse", "invoke_stream"), UNTIMED),
     **{
+        f"bedrock_{library}_helper": dict.fromkeys(("converse_stream", "converse", "invoke_stream"), DONE)
+        for library in ("otel", "openinference", "openllmetry")
+    },
+    **{
         f"google_genai_{library}_helper": dict.fromkeys(("stream", "non_stream", "stream_async"), DONE)
         for library in ("otel", "openinference", "openllmetry")
     },
@@ -72,11 +76,14 @@ def test_stored_status_and_ttft_are_what_the_client_saw(capture: str, case: str)
         assert record["ttft_ms"] is None and record["llm_ttft_ms"] is None
         return
     assert record["ttft_ms"] == pytest.approx(client_ttft, abs=TOLERANCE_MS)
-    # The LLM span starts after the client's clock, by the instrumentations' own work (up to 1.6 ms with two).
-    assert client_llm - 2 * TOLERANCE_MS <= record["llm_ttft_ms"] <= client_llm + 0.5
+    # The LLM span starts after the client's clock, by the instrumentations' own work (up to 1.6 ms with two; 3.9
+    # on botocore's first Bedrock call, which imports its Bedrock extension before starting the span).
+    assert client_llm - 5.0 <= record["llm_ttft_ms"] <= client_llm + 0.5
     assert record["llm_unmeasured_ms"] is None
     assert 0.0 <= record["other_ms"] - (record["rerank_ms"] or 0.0) < 1.0
-    assert record["cached_tokens"] == (None if capture == "responses_openai_v2_helper" else 512)
+    # Not told: by the helper's own span, and by every Bedrock instrumentation on invoke_model_with_response_stream.
+    untold = capture == "responses_openai_v2_helper" or case == "invoke_stream"
+    assert record["cached_tokens"] == (None if untold else 512)
 
 
 def test_openinference_on_the_responses_api_is_not_timed_from_response_created() -> None:

@@ -35,6 +35,11 @@ first text delta it got (streaming) and when the call was done; and the versions
     /root/.pyenv/versions/3.11.7/bin/python -m venv /tmp/bedr
     /tmp/bedr/bin/pip install -r tests/data/otel_instrumentations/requirements-bedrock.txt
     /tmp/bedr/bin/python tests/data/otel_instrumentations/capture_bedrock.py
+
+``--helper``: after the instrumentor is set up, the service's client is timed by ttft-emit's helper
+(``time_first_chunk(client, tracer_provider=provider)``, from this repository's ``emitter/src``, put on
+``sys.path``: nothing to install); writes bedrock_<library>_helper.otlp / .json, the .json with the helper's
+``stats`` at the end (``helper_stats``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capture  # write_traces, the timing constants
 
 OUT = Path(__file__).resolve().parent
+#: ttft-emit's sources (``--helper``), imported from the repository rather than installed.
+EMITTER_SRC = OUT.parents[2] / "emitter" / "src"
 #: Library name -> (distribution, module, class of its instrumentor, distributions it brings).
 LIBRARIES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "otel": (
@@ -316,9 +323,10 @@ def ask(library: str, tracer: Any, client: Any, case: str) -> dict[str, Any]:
     }
 
 
-def run_library(library: str, out: Path) -> None:
+def run_library(library: str, out: Path, helper: bool = False) -> None:
     """One process: instrument, run the cases, write the capture and print the span table."""
     import importlib
+    from dataclasses import asdict
 
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -339,15 +347,27 @@ def run_library(library: str, out: Path) -> None:
     server, endpoint = serve()
     config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=10)
     client = boto3.client("bedrock-runtime", endpoint_url=endpoint, config=config)
+    timing = None
+    if helper:  # the service's one line, after the instrumentor is set up
+        sys.path.insert(0, str(EMITTER_SRC))
+        from ttft_emit.otel import time_first_chunk
+
+        timing = time_first_chunk(client, tracer_provider=provider)
     tracer = provider.get_tracer("rag-api")
     truth = [ask(library, tracer, client, case) for case in CASES]
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
-    name = f"bedrock_{library}"
+    name = f"bedrock_{library}" + ("_helper" if helper else "")
     capture.write_traces(out / f"{name}.otlp", spans, truth)
-    doc: dict[str, Any] = {"library": name, "versions": versions(library), "tenant": capture.TENANT, "traces": truth}
+    doc: dict[str, Any] = {"library": name, "versions": versions(library), "tenant": capture.TENANT}
+    if timing is not None:
+        doc["helper"] = "ttft_emit.otel.time_first_chunk"
+        doc["helper_stats"] = asdict(timing.stats)
+    doc["traces"] = truth
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if timing is not None:
+        print(f"# helper stats: {doc['helper_stats']}")
     table(spans, truth)
 
 
@@ -383,6 +403,7 @@ def main() -> None:
     parser.add_argument("--library", choices=sorted(LIBRARIES), help="run one library (this process)")
     parser.add_argument("--only", nargs="+", choices=sorted(LIBRARIES), help="run these libraries (default: all)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--helper", action="store_true", help="time the client with ttft-emit's helper (*_helper.*)")
     args = parser.parse_args()
     # fake credentials and a region: the stub checks no signature, and nothing leaves loopback
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "AKIDSTUBSTUBSTUBSTUB")
@@ -390,12 +411,12 @@ def main() -> None:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     os.environ.pop("AWS_PROFILE", None)
     if args.library:
-        run_library(args.library, args.out)
+        run_library(args.library, args.out, args.helper)
         return
     for library in args.only or LIBRARIES:  # one process each: the libraries patch the same client
-        cmd = [sys.executable, __file__, "--library", library, "--out", str(args.out)]
+        cmd = [sys.executable, __file__, "--library", library, "--out", str(args.out)] + ["--helper"] * args.helper
         subprocess.run(cmd, check=True, timeout=120)
-        print(f"{library}: {args.out / f'bedrock_{library}.otlp'}")
+        print(f"{library}: {args.out / (f'bedrock_{library}' + ('_helper' if args.helper else '') + '.otlp')}")
 
 
 if __name__ == "__main__":
