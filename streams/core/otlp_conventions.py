@@ -38,6 +38,7 @@ GEN_AI_STAGES: Final[dict[str, str]] = {
     "chat": "llm_ttft",
     "text_completion": "llm_ttft",
     "generate_content": "llm_ttft",
+    "acompletion": "llm_ttft",  # LiteLLM's own callback names an async call so (``USE_OTEL_LITELLM_REQUEST_SPAN``)
 }
 #: Vercel AI SDK provider-call spans (``ai.operationId``) -> whether the call streams.
 VERCEL_LLM_OPERATIONS: Final[dict[str, bool]] = {
@@ -84,6 +85,7 @@ EVENTS_MARK_NO_TOKEN: Final[dict[tuple[str, str], str]] = {
 STREAM_FLAG_ABSENT_MEANS: Final[dict[str, bool]] = {
     "opentelemetry.instrumentation.google_genai": False,
     "com.anthropic.sdk.python": False,
+    "litellm": False,  # LiteLLM's own callback with the latest GenAI conventions (1.110): only a stream is told
 }
 #: Scopes whose LLM spans tell whether the call streamed by something other than a flag: scope -> the rule
 #: (``None``: it does not say). OpenInference's google-genai (1.4.14), Bedrock (0.1.61) and LlamaIndex (4.6.1)
@@ -101,12 +103,15 @@ OPENINFERENCE_STREAM_KEY_SCOPES: Final = frozenset(
         "openinference.instrumentation.openai",
         "openinference.instrumentation.anthropic",
         "openinference.instrumentation.langchain",
+        "openinference.instrumentation.litellm",  # the call's own keyword arguments (0.1.51)
     }
 )
 
 
-#: Boolean attributes that say whether an LLM call streamed, first found wins.
+#: Boolean attributes that say whether an LLM call streamed, first found wins (a bool, or the strings ``"True"`` /
+#: ``"False"`` in any case: LiteLLM's own callback, 1.110, writes ``llm.is_streaming = str(stream)``).
 STREAM_FLAGS: Final = ("gen_ai.is_streaming", "llm.is_streaming", "gen_ai.request.stream")
+_FLAG_STRINGS: Final = {"true": True, "false": False}
 #: OpenInference keeps the request's parameters as JSON; ``stream`` absent means the API default, no stream (on
 #: :data:`OPENINFERENCE_STREAM_KEY_SCOPES` and spans of no OpenInference scope).
 INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"
@@ -151,6 +156,18 @@ STREAMING_BY_SCOPE.update(
         "opentelemetry.instrumentation.botocore.bedrock-runtime": _rpc_method_says_stream,
     }
 )
+
+
+#: Attributes LiteLLM's own callback (1.110) writes onto whatever span is current when it makes no span of its own
+#: (its default mode since 1.81): the service's request span, say, then named an LLM call (``gen_ai.operation.name``)
+#: that ran from the request's start to its end, and only when that span had not ended yet (else they are
+#: dropped: a race). A span of another scope that carries one is the service's own, never an LLM call.
+BORROWED_BY: Final[dict[str, str]] = {"litellm.call_id": "litellm"}
+
+
+def borrowed(span: OtlpSpan) -> bool:
+    """Whether another library wrote its LLM call's attributes onto ``span`` (:data:`BORROWED_BY`)."""
+    return any(name in span.attributes and span.scope_name != scope for name, scope in BORROWED_BY.items())
 
 
 def span_stage(a: dict[str, AttrValue]) -> str | None:
@@ -250,8 +267,8 @@ def span_streaming(span: OtlpSpan) -> bool | None:
     (:data:`STREAM_FLAG_ABSENT_MEANS`)."""
     a, scope = span.attributes, span.scope_name
     for name in STREAM_FLAGS:
-        value = a.get(name)
-        if isinstance(value, bool):
+        value = _flag(a.get(name))
+        if value is not None:
             return value
     rule = STREAMING_BY_SCOPE.get(scope)
     told = None if rule is None else rule(span)
@@ -261,6 +278,12 @@ def span_streaming(span: OtlpSpan) -> bool | None:
     if told is None:
         return _by_scope(STREAM_FLAG_ABSENT_MEANS, scope)
     return told
+
+
+def _flag(value: AttrValue | None) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    return _FLAG_STRINGS.get(value.lower()) if isinstance(value, str) and len(value) <= 5 else None
 
 
 def _by_scope(table: dict[str, bool], scope: str) -> bool | None:
@@ -276,8 +299,8 @@ def streaming(a: dict[str, AttrValue], absent_key_means_plain: bool = True) -> b
     OpenInference's invocation parameters: without a ``stream`` key, a plain call if ``absent_key_means_plain``);
     ``None`` when it does not say."""
     for name in STREAM_FLAGS:
-        value = a.get(name)
-        if isinstance(value, bool):
+        value = _flag(a.get(name))
+        if value is not None:
             return value
     operation = a.get("ai.operationId")
     if isinstance(operation, str) and operation in VERCEL_LLM_OPERATIONS:

@@ -24,6 +24,7 @@ from schemas.vocabulary import LLM_UNMEASURED
 from streams.core.otlp_conventions import (
     EMBEDDING,
     MODEL_ATTRS,
+    borrowed,
     first_chunk,
     is_retriever,
     model_of,
@@ -115,7 +116,7 @@ class SpanNote:
 def note_span(span: OtlpSpan, offset: int) -> SpanNote:
     """Read one span: its stage (or ``None``), first chunk, attrs and context attributes (never raises)."""
     a = span.attributes
-    stage = span_stage(a)
+    stage = None if borrowed(span) else span_stage(a)
     context = {name: a[name] for name in _CONTEXT_NAMES if name in a}
     note = SpanNote(
         span_id=span.span_id,

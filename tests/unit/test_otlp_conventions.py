@@ -150,6 +150,9 @@ def test_an_event_after_the_span_end_counts() -> None:
         ({"llm.invocation_parameters": "not json"}, None),
         ({"ai.operationId": "ai.generateText.doGenerate"}, False),  # Vercel AI SDK
         ({"ai.operationId": "ai.streamText.doStream"}, True),
+        ({"llm.is_streaming": "True"}, True),  # LiteLLM's own callback: str(stream)
+        ({"llm.is_streaming": "false"}, False),
+        ({"llm.is_streaming": "yes"}, None),
         ({}, None),
     ],
 )

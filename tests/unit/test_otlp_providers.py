@@ -45,6 +45,22 @@ EXPECTED: dict[str, dict[str, str]] = {
     "bedrock_openinference": {"converse_stream": UNTIMED, "converse": DONE, "invoke_stream": UNTIMED},
     "bedrock_otel": {"converse_stream": UNTIMED, "converse": DONE, "invoke_stream": UNTIMED},  # by rpc.method
     "bedrock_openllmetry": dict.fromkeys(("converse_stream", "converse", "invoke_stream"), UNTIMED),
+    "litellm_openinference": {"stream": UNTIMED, "non_stream": DONE, "stream_async": UNTIMED},
+    # With OpenInference's OpenAI instrumentor too: LiteLLM calls the openai client's post, whose span is measured.
+    "litellm_openinference_openai": dict.fromkeys(("stream", "non_stream", "stream_async"), DONE),
+    "litellm_openllmetry": {"stream": UNTIMED, "non_stream": DONE, "stream_async": UNTIMED},
+    "litellm_openllmetry_openai": {"stream": UNTIMED, "non_stream": DONE, "stream_async": UNTIMED},
+    # LiteLLM's own callback: after the call, on the current span (the root, if still open: never an LLM call, and
+    # dropped if it ended) or, with USE_OTEL_LITELLM_REQUEST_SPAN, its own span without a first chunk; a sync
+    # stream's span loses the trace (a trace of its own: LiteLLM does not copy the context to its logging thread).
+    "litellm_otel": dict.fromkeys(("stream", "non_stream", "stream_async"), "timed_out"),
+    "litellm_otel_late_root": dict.fromkeys(("stream", "non_stream", "stream_async"), "timed_out"),
+    "litellm_otel_span": {"stream": "timed_out", "non_stream": DONE, "stream_async": UNTIMED},
+    "litellm_otel_semconv": {"stream": "timed_out", "non_stream": DONE, "stream_async": UNTIMED},
+    **{
+        f"litellm_{library}_helper": dict.fromkeys(("stream", "non_stream", "stream_async"), DONE)
+        for library in ("openinference", "openllmetry", "otel")
+    },
     **{
         f"bedrock_{library}_helper": dict.fromkeys(("converse_stream", "converse", "invoke_stream"), DONE)
         for library in ("otel", "openinference", "openllmetry")
@@ -56,6 +72,9 @@ EXPECTED: dict[str, dict[str, str]] = {
 }
 CASES = [(name, case) for name, cases in EXPECTED.items() for case in cases]
 TOLERANCE_MS = 1.5
+#: Where the measured LLM span is the model client's inside a wrapper that works before and after it: LiteLLM
+#: builds the request 3-4 ms before the openai client's span starts and converts the answer after it ends.
+SLACK_MS = {"litellm_openinference_openai": 6.0}
 
 
 def _client_ms(truth: dict[str, Any], spans: list[OtlpSpan]) -> tuple[float, float]:
@@ -75,14 +94,16 @@ def test_stored_status_and_ttft_are_what_the_client_saw(capture: str, case: str)
     if record["status"] != "complete":
         assert record["ttft_ms"] is None and record["llm_ttft_ms"] is None
         return
-    assert record["ttft_ms"] == pytest.approx(client_ttft, abs=TOLERANCE_MS)
+    slack = SLACK_MS.get(capture, 0.0)
+    assert client_ttft - slack - TOLERANCE_MS <= record["ttft_ms"] <= client_ttft + TOLERANCE_MS
     # The LLM span starts after the client's clock, by the instrumentations' own work (up to 1.6 ms with two; 3.9
     # on botocore's first Bedrock call, which imports its Bedrock extension before starting the span).
-    assert client_llm - 5.0 <= record["llm_ttft_ms"] <= client_llm + 0.5
+    assert client_llm - 5.0 - slack <= record["llm_ttft_ms"] <= client_llm + 0.5
     assert record["llm_unmeasured_ms"] is None
     assert 0.0 <= record["other_ms"] - (record["rerank_ms"] or 0.0) < 1.0
-    # Not told: by the helper's own span, and by every Bedrock instrumentation on invoke_model_with_response_stream.
-    untold = capture == "responses_openai_v2_helper" or case == "invoke_stream"
+    # Not told: by the helper's own span (fill_missing), by LiteLLM's callback, and by every Bedrock
+    # instrumentation on invoke_model_with_response_stream.
+    untold = capture == "responses_openai_v2_helper" or capture.startswith("litellm_otel") or case == "invoke_stream"
     assert record["cached_tokens"] == (None if untold else 512)
 
 
@@ -120,3 +141,13 @@ def _with(span: OtlpSpan, attributes: dict[str, Any]) -> OtlpSpan:
     from dataclasses import replace
 
     return replace(span, attributes={**span.attributes, **attributes})
+
+
+def test_a_span_litellm_wrote_its_call_onto_is_never_the_llm_call() -> None:
+    """LiteLLM's callback (default mode) set its attributes on the still-open root: read as an LLM call, the whole
+    request (334.9 ms) was the plain call's TTFT of a 159 ms call."""
+    _, spans = captured("litellm_otel_late_root")["non_stream"]
+    (root,) = [s for s in spans if s.is_root]
+    assert root.attributes["gen_ai.operation.name"] in ("completion", "acompletion", "chat")
+    record, _ = stored_record(spans)
+    assert record["status"] == "timed_out" and record["ttft_ms"] is None and record["llm_ttft_ms"] is None

@@ -353,3 +353,21 @@ def test_bedrock_streams_are_timed_at_their_first_delta_inside_the_result() -> N
         assert _first_chunk_s(span) >= FIRST_TOKEN_S  # not messageStart / message_start (PREAMBLE_S)
     assert (plain.attributes or {})[STREAM_ATTR] is False
     assert timing.stats.calls == 3 and timing.stats.first_chunks == 2 and timing.stats.unmatched == 0
+
+
+def test_a_module_of_functions_is_wrapped_in_place() -> None:
+    """``time_first_chunk(litellm)``: the module's ``completion`` and ``acompletion`` take ``stream=True``."""
+    provider, exported, timing = _provider()
+    module = type("litellm", (), {})()
+    messages = Messages(provider)
+    module.completion = lambda **kwargs: messages.create(**kwargs)
+
+    async def acompletion(**kwargs: Any) -> Any:
+        return messages.create(**kwargs)
+
+    module.acompletion = acompletion
+    timing.instrument(module)
+    assert len(list(module.completion(model="m", stream=True))) == len(ANTHROPIC)
+    assert asyncio.run(module.acompletion(model="m")) == {"content": "x"}
+    streamed, plain = _spans(exported, "anthropic.chat")
+    assert _first_chunk_s(streamed) >= FIRST_TOKEN_S and (plain.attributes or {})[STREAM_ATTR] is False

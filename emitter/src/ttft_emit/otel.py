@@ -12,7 +12,7 @@ no change to the instrumentation:
 
     from ttft_emit.otel import time_first_chunk
 
-    client = openai.OpenAI()  # or anthropic.Anthropic(), google.genai.Client()
+    client = openai.OpenAI()  # or anthropic.Anthropic(), google.genai.Client(), boto3's bedrock-runtime, litellm
     time_first_chunk(client, tracer_provider=provider)  # once, after the instrumentor is set up
 
 Each generating call of the client (:data:`CLIENT_METHODS`) then sets, on the LLM span the instrumentation
@@ -390,7 +390,9 @@ class FirstChunkTiming:
     def instrument(self, client: Any) -> Any:
         """Wrap the generating methods of an LLM client (:data:`CLIENT_METHODS`: OpenAI's chat completions,
         completions and Responses API, Anthropic's messages, Google Gen AI's ``generate_content`` and its
-        stream, sync and ``aio``), on this client object only, those it has; returns the client. Idempotent."""
+        stream, sync and ``aio``, boto3 Bedrock's ``converse`` and ``invoke_model`` forms, the ``litellm`` module's
+        ``completion`` and ``acompletion``), on this object only, those it has; returns it. Idempotent. A module's
+        functions are replaced on the module: code that imported them by name before keeps the originals."""
         for path, how in CLIENT_METHODS:
             resource: Any = client
             for name in path[:-1]:
@@ -428,6 +430,8 @@ CLIENT_METHODS: Final[tuple[tuple[tuple[str, ...], bool | str | None], ...]] = (
     (("invoke_model_with_response_stream",), "body"),
     (("converse",), False),
     (("invoke_model",), False),
+    (("completion",), None),  # the litellm module: time_first_chunk(litellm)
+    (("acompletion",), None),
 )
 
 
