@@ -23,7 +23,13 @@ from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
 from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED
 from streams.core.join import RequestJoin
-from streams.core.otlp_conventions import EMBEDDING, EVENTS_MARK_NO_TOKEN, FIRST_CHUNK_ATTRS, stage_and_source
+from streams.core.otlp_conventions import (
+    EMBEDDING,
+    EVENTS_MARK_NO_TOKEN,
+    FIRST_CHUNK_ATTRS,
+    borrowed,
+    stage_and_source,
+)
 from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, note_span
 from streams.core.otlp_nesting import nested_duplicates, partner
 from streams.core.otlp_outputs import ForwardedEvent
@@ -43,8 +49,8 @@ _ATTR_SOURCES: Final = frozenset(name for name, _ in FIRST_CHUNK_ATTRS)
 #: What is missing -> the one-line fix a team applies (docs/otlp-mapping.md has the recipes).
 FIXES: Final[dict[str, str]] = {
     "first chunk": "the LLM span tells no first chunk: set gen_ai.response.time_to_first_chunk (seconds) on it "
-    "when the first chunk arrives; for the openai, anthropic and google-genai clients, "
-    "ttft_emit.otel.time_first_chunk(client) does (docs/otlp-mapping.md, 'The helper')",
+    "when the first chunk arrives; for the openai, anthropic, google-genai and boto3 bedrock-runtime clients "
+    "and the litellm module, ttft_emit.otel.time_first_chunk(client) does (docs/otlp-mapping.md, 'The helper')",
     "tenant": "set tenant.id on the resource in the Collector (a resource or transform processor: "
     "docs/otlp-mapping.md, 'The tenant with the Collector alone')",
     "request_start": "the trace has no root span (still running, or not exported): check again once the requests ended",
@@ -64,6 +70,14 @@ FIXES: Final[dict[str, str]] = {
     "the request's round trip (8.5 ms on loopback, more to a remote provider). ttft_emit.otel.time_first_chunk("
     "client) sets gen_ai.response.time_to_first_chunk from the span's start, which wins (docs/otlp-mapping.md)",
 }
+#: A trace whose LLM call was written onto another span (:func:`streams.core.otlp_conventions.borrowed`).
+BORROWED_CALL: Final = "LLM call written onto another span"
+FIXES[BORROWED_CALL] = (
+    "LiteLLM's otel callback wrote its call's attributes onto a span of the service (its default mode; dropped "
+    "if that span had ended), so the trace has no LLM span: ttft_emit.otel.time_first_chunk(litellm, "
+    "fill_missing=True) gives each call an exact LLM span of its own (USE_OTEL_LITELLM_REQUEST_SPAN=true gives "
+    "one with no first chunk)"
+)
 #: OpenLIT's first-chunk attribute: on a streaming call it counts from the response headers.
 HEADERS_FIRST_CHUNK: Final = "gen_ai.server.time_to_first_token"
 
@@ -84,6 +98,21 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
         "this Google Gen AI instrumentation tells no first chunk: ttft_emit.otel.time_first_chunk(client) on the "
         "google.genai.Client does, or OpenTelemetry's own opentelemetry-instrumentation-google-genai "
         "(google-genai < 3) tells it (docs/otlp-mapping.md)",
+    ),
+    **dict.fromkeys(
+        (
+            "openinference.instrumentation.bedrock",
+            "opentelemetry.instrumentation.botocore.bedrock-runtime",
+            "opentelemetry.instrumentation.bedrock",
+        ),
+        "this Bedrock instrumentation tells no first chunk: ttft_emit.otel.time_first_chunk(client) on the boto3 "
+        "bedrock-runtime client does (converse_stream, invoke_model_with_response_stream; docs/otlp-mapping.md)",
+    ),
+    **dict.fromkeys(
+        ("openinference.instrumentation.litellm", "opentelemetry.instrumentation.litellm", "litellm"),
+        "LiteLLM's spans tell no first chunk: ttft_emit.otel.time_first_chunk(litellm) on the module does (before "
+        "code imports completion by name). With LiteLLM's own otel callback, add fill_missing=True: its span is "
+        "written after the call (docs/otlp-mapping.md)",
     ),
     "opentelemetry.instrumentation.langchain": "OpenLLMetry's LangChain spans tell no first chunk, and its OpenAI "
     "instrumentation's span is suppressed under them: call ttft_emit.otel.time_first_chunk(llm.root_client) once "
@@ -229,6 +258,8 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
         return finding
     if not finding.tenant and "tenant" not in finding.missing:
         finding.missing.append("tenant")
+    if first_llm is None and any(borrowed(span) or span.scope_name == "litellm" for span in spans):
+        finding.missing.append(BORROWED_CALL)
     if first_llm is not None and first_llm.first_chunk_problem:
         finding.missing.append(f"first chunk ignored: {first_llm.first_chunk_problem}")
     if first_llm is not None and first_llm.streaming is None and "first chunk" in finding.missing:
@@ -294,6 +325,8 @@ def _stage_source(event: dict[str, Any], notes: dict[str, tuple[OtlpSpan, SpanNo
     span, note = found
     named = stage_and_source(span.attributes)[1]
     if stage == "request_start":
+        if span.is_root and borrowed(span):
+            return "the root span (LiteLLM's callback wrote its call onto it: not an LLM span)"
         return "the root span" if span.is_root and not named else named
     if stage in ("llm_ttft", "first_token") and note.stage == "llm_ttft":
         if note.first_chunk_ns is None:

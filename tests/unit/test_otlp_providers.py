@@ -129,12 +129,19 @@ def test_openinference_google_genai_streams_by_span_name_whatever_its_parameters
     assert record["status"] == "no_first_chunk" and record["ttft_ms"] is None
 
 
-@pytest.mark.parametrize("capture", ["anthropic_openinference", "google_genai_openllmetry"])
-def test_check_names_the_fix_for_the_providers_instrumentation(capture: str) -> None:
+@pytest.mark.parametrize(
+    ("capture", "fix"),
+    [
+        ("anthropic_openinference", "open_telemetry"),  # the SDK's own tracing
+        ("google_genai_openllmetry", "google.genai.Client"),
+        ("bedrock_otel", "bedrock-runtime client"),
+        ("litellm_openllmetry", "time_first_chunk(litellm)"),
+    ],
+)
+def test_check_names_the_fix_for_the_providers_instrumentation(capture: str, fix: str) -> None:
     reports, _ = check_traces([s for _, spans in captured(capture).values() for s in spans])
     fixes = {item["what"]: item["fix"] for report in reports for item in report.to_json()["missing"]}
-    assert "time_first_chunk(client)" in fixes["first chunk"]
-    assert ("open_telemetry" in fixes["first chunk"]) is capture.startswith("anthropic")
+    assert fix in fixes["first chunk"] and "time_first_chunk(" in fixes["first chunk"]
 
 
 def _with(span: OtlpSpan, attributes: dict[str, Any]) -> OtlpSpan:
@@ -151,3 +158,11 @@ def test_a_span_litellm_wrote_its_call_onto_is_never_the_llm_call() -> None:
     assert root.attributes["gen_ai.operation.name"] in ("completion", "acompletion", "chat")
     record, _ = stored_record(spans)
     assert record["status"] == "timed_out" and record["ttft_ms"] is None and record["llm_ttft_ms"] is None
+
+
+@pytest.mark.parametrize("capture", ["litellm_otel", "litellm_otel_late_root"])
+def test_check_says_litellms_callback_left_no_llm_span(capture: str) -> None:
+    traces = captured(capture)
+    _, findings = check_traces([s for _, spans in traces.values() for s in spans])
+    flagged = [f for f in findings if "LLM call written onto another span" in f.missing]
+    assert len(flagged) >= 2 and all(f.status == "timed_out" for f in flagged)
