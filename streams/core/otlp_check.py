@@ -24,6 +24,7 @@ from schemas.otlp import OtlpSpan
 from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED
 from streams.core.join import RequestJoin
 from streams.core.otlp_conventions import (
+    ATTRS_MARK_NO_TOKEN,
     EMBEDDING,
     EVENTS_MARK_NO_TOKEN,
     FIRST_CHUNK_ATTRS,
@@ -195,7 +196,7 @@ def fix_for(what: str, scope: str = "") -> str:
     if what.startswith("dead letter"):
         return "see the detail: the span breaks the stage-event contract"
     if what.startswith("first chunk ignored"):
-        if any(reason in what for reason in EVENTS_MARK_NO_TOKEN.values()):
+        if any(reason in what for reason in (*EVENTS_MARK_NO_TOKEN.values(), *ATTRS_MARK_NO_TOKEN.values())):
             return FIXES["first chunk"]
         return "the first-chunk value must be a finite number within the span (seconds after its start)"
     return f"a span with ttft.stage = {what}"

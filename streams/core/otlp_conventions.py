@@ -77,6 +77,15 @@ EVENTS_MARK_NO_TOKEN: Final[dict[tuple[str, str], str]] = {
         "first token: ignored"
     ),
 }
+#: (scope, first-chunk attribute) pairs whose value marks no token. OpenLIT's Anthropic instrumentation (1.45.0)
+#: starts its clock when ``create()`` returns (the response headers) and stops it at the first server-sent event,
+#: ``message_start``, sent with the headers: 8-14 ms stored for a first text 126 ms after the call, ``complete``.
+ATTRS_MARK_NO_TOKEN: Final[dict[tuple[str, str], str]] = {
+    ("openlit.instrumentation.anthropic", "gen_ai.server.time_to_first_token"): (
+        "OpenLIT's Anthropic time to first token runs from the response headers to message_start, not to the "
+        "first token: ignored"
+    ),
+}
 #: Scopes whose LLM spans tell a streaming call only one way, so that not telling it means a plain call:
 #: scope (or its prefix before a ``.``) -> the stream flag's value when absent. OpenTelemetry's google-genai
 #: instrumentation (1.3b0) sets ``gen_ai.request.stream`` only in its stream wrapper, and the anthropic SDK's
@@ -170,6 +179,19 @@ def borrowed(span: OtlpSpan) -> bool:
     return any(name in span.attributes and span.scope_name != scope for name, scope in BORROWED_BY.items())
 
 
+#: Attributes that make a span a log record, never a stage: Logfire (5.4) writes, after a stream, a zero-length span
+#: ``streaming response from … took …`` with ``logfire.span_type = log`` and the call's ``gen_ai.operation.name``
+#: (read as a second LLM call of 0 ms before).
+LOG_SPAN_MARKS: Final[dict[str, str]] = {"logfire.span_type": "log"}
+
+
+def not_a_stage(span: OtlpSpan) -> bool:
+    """A span that names a stage but is none: another library's call written onto it (:func:`borrowed`), or a log
+    record (:data:`LOG_SPAN_MARKS`)."""
+    a = span.attributes
+    return borrowed(span) or any(a.get(name) == value for name, value in LOG_SPAN_MARKS.items())
+
+
 def span_stage(a: dict[str, AttrValue]) -> str | None:
     """The stage a span's attributes name: ``ttft.stage``, else its OpenInference kind, its GenAI operation
     or a Vercel AI SDK provider call; :data:`EMBEDDING` for an embedding span; ``None`` for no stage."""
@@ -225,6 +247,10 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
     problems: list[str] = []
     for name, ns_per_unit in FIRST_CHUNK_ATTRS:
         if name not in span.attributes:
+            continue
+        not_a_token = ATTRS_MARK_NO_TOKEN.get((span.scope_name, name))
+        if not_a_token is not None:
+            problems.append(not_a_token)
             continue
         value = span.attributes[name]
         if isinstance(value, bool) or not isinstance(value, int | float):

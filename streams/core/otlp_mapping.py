@@ -24,10 +24,10 @@ from schemas.vocabulary import LLM_UNMEASURED
 from streams.core.otlp_conventions import (
     EMBEDDING,
     MODEL_ATTRS,
-    borrowed,
     first_chunk,
     is_retriever,
     model_of,
+    not_a_stage,
     span_stage,
     span_streaming,
     token_attrs,
@@ -116,7 +116,7 @@ class SpanNote:
 def note_span(span: OtlpSpan, offset: int) -> SpanNote:
     """Read one span: its stage (or ``None``), first chunk, attrs and context attributes (never raises)."""
     a = span.attributes
-    stage = None if borrowed(span) else span_stage(a)
+    stage = None if not_a_stage(span) else span_stage(a)
     context = {name: a[name] for name in _CONTEXT_NAMES if name in a}
     note = SpanNote(
         span_id=span.span_id,

@@ -57,6 +57,16 @@ EXPECTED: dict[str, dict[str, str]] = {
     "litellm_otel_late_root": dict.fromkeys(("stream", "non_stream", "stream_async"), "timed_out"),
     "litellm_otel_span": {"stream": "timed_out", "non_stream": DONE, "stream_async": UNTIMED},
     "litellm_otel_semconv": {"stream": "timed_out", "non_stream": DONE, "stream_async": UNTIMED},
+    # OpenLIT: beside the anthropic SDK's own tracing, that span counts; alone, its Anthropic time to first token
+    # (headers to message_start) was stored as a complete 95.6 ms TTFT for 213.2. Its google-genai stream span is
+    # made after the stream, its Bedrock stream span never ends (no LLM span).
+    "openlit_anthropic": dict.fromkeys(("stream", "stream_helper", "non_stream"), DONE),
+    "openlit_anthropic_nosdk": {"stream": UNTIMED, "stream_helper": UNTIMED, "non_stream": DONE},
+    "openlit_google_genai": {"stream": UNTIMED, "non_stream": DONE, "stream_async": UNTIMED},
+    "openlit_bedrock": {"converse_stream": "timed_out", "converse": DONE, "invoke_stream": "timed_out"},
+    # Logfire: its request span ends with a stream's headers, and says nothing of streaming.
+    "logfire_openai": dict.fromkeys(("stream", "non_stream", "responses_stream"), UNTIMED),
+    "logfire_anthropic": dict.fromkeys(("stream", "stream_helper", "non_stream"), UNTIMED),
     **{
         f"litellm_{library}_helper": dict.fromkeys(("stream", "non_stream", "stream_async"), DONE)
         for library in ("openinference", "openllmetry", "otel")
@@ -100,7 +110,7 @@ def test_stored_status_and_ttft_are_what_the_client_saw(capture: str, case: str)
     # on botocore's first Bedrock call, which imports its Bedrock extension before starting the span).
     assert client_llm - 5.0 - slack <= record["llm_ttft_ms"] <= client_llm + 0.5
     assert record["llm_unmeasured_ms"] is None
-    assert 0.0 <= record["other_ms"] - (record["rerank_ms"] or 0.0) < 1.0
+    assert 0.0 <= record["other_ms"] - (record["rerank_ms"] or 0.0) < 2.0
     # Not told: by the helper's own span (fill_missing), by LiteLLM's callback, and by every Bedrock
     # instrumentation on invoke_model_with_response_stream.
     untold = capture == "responses_openai_v2_helper" or capture.startswith("litellm_otel") or case == "invoke_stream"
@@ -166,3 +176,12 @@ def test_check_says_litellms_callback_left_no_llm_span(capture: str) -> None:
     _, findings = check_traces([s for _, spans in traces.values() for s in spans])
     flagged = [f for f in findings if "LLM call written onto another span" in f.missing]
     assert len(flagged) >= 2 and all(f.status == "timed_out" for f in flagged)
+
+
+def test_logfires_log_span_after_a_stream_is_no_second_llm_call() -> None:
+    """``streaming response from … took …``: zero length, ``logfire.span_type = log``, ``gen_ai.operation.name = chat``
+    (a second LLM call of 0 ms before: ``stage_repeats``, and ``llm_unmeasured_ms`` 0.0 on complete requests)."""
+    _, spans = captured("logfire_openai")["stream"]
+    assert any(s.attributes.get("logfire.span_type") == "log" for s in spans)
+    record, _ = stored_record(spans)
+    assert record["stage_repeats"] == {} and record["llm_unmeasured_ms"] == pytest.approx(2.2, abs=1.0)
