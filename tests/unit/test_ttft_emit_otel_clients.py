@@ -371,3 +371,30 @@ def test_a_module_of_functions_is_wrapped_in_place() -> None:
     assert asyncio.run(module.acompletion(model="m")) == {"content": "x"}
     streamed, plain = _spans(exported, "anthropic.chat")
     assert _first_chunk_s(streamed) >= FIRST_TOKEN_S and (plain.attributes or {})[STREAM_ATTR] is False
+
+
+class HeadersOnly:
+    """Logfire's span of a stream (5.4): started in the call, ended when the call returns (the response headers)."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("logfire.openai")
+
+    def create(self, *, model: str, stream: bool = False) -> Any:
+        self.tracer.start_span("Chat Completion", attributes={"gen_ai.operation.name": "chat"}).end()
+        return _events(RESPONSES) if stream else {"output_text": "x"}
+
+
+def test_fill_missing_replaces_a_span_that_ended_before_its_streams_first_chunk() -> None:
+    provider, exported, timing = _provider()
+    timing.fill_missing_spans(provider)
+    client = type("Client", (), {})()
+    client.responses = HeadersOnly(provider)
+    timing.instrument(client)
+    called = time.time_ns()
+    assert len(list(client.responses.create(model="gpt-x", stream=True))) == len(RESPONSES)
+    (theirs,) = _spans(exported, "Chat Completion")
+    (ours,) = _spans(exported, "chat gpt-x")
+    assert called <= ours.start_time <= theirs.start_time  # type: ignore[operator]
+    assert theirs.end_time <= ours.end_time  # type: ignore[operator]  # holds it: the pipeline counts ours
+    assert _first_chunk_s(ours) >= FIRST_TOKEN_S and (ours.attributes or {})[STREAM_ATTR] is True
+    assert timing.stats.filled == 1 and timing.stats.first_chunks == 1 and timing.stats.errors == 0

@@ -88,6 +88,7 @@ class _Call:
     __slots__ = (
         "caller",
         "context",
+        "filler",
         "first_started",
         "model",
         "result_key",
@@ -112,6 +113,8 @@ class _Call:
         self.started: list[Any] = []
         self.started_ns = 0
         self.context: Any = None
+        #: The helper's own LLM span for the call (:meth:`FirstChunkTiming.fill_missing_spans`), until it ends.
+        self.filler: Any = None
 
 
 _CALL: ContextVar[_Call | None] = ContextVar("ttft_emit_otel_call", default=None)
@@ -199,6 +202,9 @@ class FirstChunkTiming:
         if span is None:
             self._count("unmatched")
             return
+        if self._tracer is not None and call.filler is None and not span.is_recording():
+            # Ended before its stream's first chunk (Logfire's span ends with the response headers): the helper's own.
+            span = self._fill(call, replacing=True) or span
         try:
             now_ns = time.time_ns()  # the SDK stamps a span's start with time.time_ns() too
             start_ns = getattr(span, "start_time", None)
@@ -266,14 +272,14 @@ class FirstChunkTiming:
 
     def _finished(self, call: _Call, result: Any) -> Any:
         self._adopt_caller(call)
-        filler = self._fill(call)
+        self._fill(call)
         if not call.stream:
-            if filler is not None:
-                filler.end()
+            if call.filler is not None:
+                self._end_filler(call)
             elif call.span is None:
                 self._count("unmatched")
             return result
-        on_first, on_end = (lambda: self._first_chunk(call)), None if filler is None else filler.end
+        on_first, on_end = (lambda: self._first_chunk(call)), (lambda: self._end_filler(call))
         key = call.result_key
         if key is None:
             return TimedStream(result, on_first, on_end)
@@ -283,18 +289,21 @@ class FirstChunkTiming:
 
     def fill_missing_spans(self, tracer_provider: Any) -> None:
         """From now on, a wrapped call that started no LLM span at all (its instrumentation does not cover the
-        method: openai-v2 2.4b0 and the Responses API) gets the helper's own: ``chat <model>`` (CLIENT,
+        method: openai-v2 2.4b0 and the Responses API), or whose LLM span ended before its stream's first chunk
+        (Logfire 5.4 ends it with the response headers), gets the helper's own: ``chat <model>`` (CLIENT,
         ``gen_ai.operation.name = chat``, ``gen_ai.request.model``, ``gen_ai.request.stream``), a child of the
         span current at the call, from the call's start to its answer or its stream's end, with its first chunk."""
         self._tracer = tracer_provider.get_tracer("ttft_emit.otel")
 
-    def _fill(self, call: _Call) -> Any:
+    def _fill(self, call: _Call, replacing: bool = False) -> Any:
         """The helper's own LLM span for ``call`` (:meth:`fill_missing_spans`), if it is on and the call started no
-        LLM span (none of the spans started inside it names one by now, nor was the caller's taken)."""
-        if self._tracer is None or call.span is not None:
+        LLM span (none of the spans started inside it names one by now, nor was the caller's taken), or
+        ``replacing`` the call's, which ended before its stream's first chunk (the pipeline counts the call once:
+        the measured span holds the other)."""
+        if self._tracer is None or (call.span is not None and not replacing):
             return None
         try:
-            if any(is_llm_span(getattr(span, "attributes", None)) for span in call.started):
+            if not replacing and any(is_llm_span(getattr(span, "attributes", None)) for span in call.started):
                 return None  # named after its start (OpenLLMetry's Responses span): it has its own
             from opentelemetry.trace import SpanKind
 
@@ -312,9 +321,15 @@ class FirstChunkTiming:
         except Exception:
             self._count("errors")
             return None
-        call.span = span
+        call.span = call.filler = span
         self._count("filled")
         return span
+
+    @staticmethod
+    def _end_filler(call: _Call) -> None:
+        filler, call.filler = call.filler, None
+        if filler is not None:
+            filler.end()
 
     def wrap(
         self, create: Callable[..., Any], stream: bool | None = None, result_key: str | None = None
