@@ -398,3 +398,31 @@ def test_fill_missing_replaces_a_span_that_ended_before_its_streams_first_chunk(
     assert theirs.end_time <= ours.end_time  # type: ignore[operator]  # holds it: the pipeline counts ours
     assert _first_chunk_s(ours) >= FIRST_TOKEN_S and (ours.attributes or {})[STREAM_ATTR] is True
     assert timing.stats.filled == 1 and timing.stats.first_chunks == 1 and timing.stats.errors == 0
+
+
+class HeadersOnlyMessages(Messages):
+    """Logfire's span of Anthropic's stream helper: ended when the request's headers came (entering the manager)."""
+
+    def stream(self, *, model: str) -> MessageStreamManager:
+        def request() -> RawStream:
+            span = self._span()
+            span.end()
+            return RawStream(ANTHROPIC, span)
+
+        return MessageStreamManager(request)
+
+
+def test_fill_missing_on_a_stream_helper_starts_at_the_call_and_ends_with_the_manager() -> None:
+    provider, exported, timing = _provider()
+    timing.fill_missing_spans(provider)
+    client = type("Client", (), {})()
+    client.messages = HeadersOnlyMessages(provider)
+    timing.instrument(client)
+    with provider.get_tracer("app").start_as_current_span("POST /ask") as root:
+        called = time.time_ns()
+        with client.messages.stream(model="claude") as stream:
+            assert stream.get_final_text() == "xx"
+    (ours,) = _spans(exported, "chat claude")
+    assert ours.parent is not None and ours.parent.span_id == root.get_span_context().span_id
+    assert called <= ours.start_time < called + 5_000_000  # type: ignore[operator]  # the call, not the first chunk
+    assert _first_chunk_s(ours) >= FIRST_TOKEN_S and timing.stats.filled == 1

@@ -300,7 +300,7 @@ class FirstChunkTiming:
         LLM span (none of the spans started inside it names one by now, nor was the caller's taken), or
         ``replacing`` the call's, which ended before its stream's first chunk (the pipeline counts the call once:
         the measured span holds the other)."""
-        if self._tracer is None or (call.span is not None and not replacing):
+        if self._tracer is None or not call.started_ns or (call.span is not None and not replacing):
             return None
         try:
             if not replacing and any(is_llm_span(getattr(span, "attributes", None)) for span in call.started):
@@ -364,12 +364,16 @@ class FirstChunkTiming:
         is made or while the manager is entered (the request sent) are matched to it; a streaming call."""
 
         def managed(*args: Any, **kwargs: Any) -> Any:
-            call = _Call(True)
+            call = _Call(True, kwargs.get("model"))
             call.caller = self._caller_span()
+            if self._tracer is not None:
+                self._note_start(call)
             self._count("calls")
             with self._during(call, adopt=False):
                 manager = stream(*args, **kwargs)
-            return TimedStreamManager(manager, lambda: self._during(call), lambda: self._first_chunk(call))
+            return TimedStreamManager(
+                manager, lambda: self._during(call), lambda: self._first_chunk(call), lambda: self._end_filler(call)
+            )
 
         managed.__wrapped__ = stream  # type: ignore[attr-defined]
         return managed

@@ -148,16 +148,16 @@ class TimedStream:
             self._ended()
 
 
-def time_raw_stream(stream: Any, on_first: Callable[[], None]) -> Any:
+def time_raw_stream(stream: Any, on_first: Callable[[], None], on_end: Callable[[], None] | None = None) -> Any:
     """``stream`` (what a stream manager's enter returned) timed: its raw event stream wrapped in place when it
     has one (``_raw_stream``, read lazily by every way of consuming it), else ``stream`` itself wrapped."""
     raw = getattr(stream, "_raw_stream", None)
     if raw is None:
-        return TimedStream(stream, on_first)
+        return TimedStream(stream, on_first, on_end)
     try:
-        stream._raw_stream = TimedStream(raw, on_first)
+        stream._raw_stream = TimedStream(raw, on_first, on_end)
     except Exception:  # a stream that refuses the attribute: iterating it is still timed
-        return TimedStream(stream, on_first)
+        return TimedStream(stream, on_first, on_end)
     return stream
 
 
@@ -166,10 +166,18 @@ class TimedStreamManager:
     manager the helper gives) runs around entering the wrapped manager, so spans started as the request is
     sent are matched to the call; the stream it returns is timed (:func:`time_raw_stream`)."""
 
-    def __init__(self, manager: Any, enter: Callable[[], Any], on_first: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        manager: Any,
+        enter: Callable[[], Any],
+        on_first: Callable[[], None],
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
         self._manager = manager
         self._enter = enter
         self._on_first = on_first
+        #: Called when the stream ends, and again (a no-op then) when the manager exits: a stream left unread.
+        self._on_end = on_end
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._manager, name)
@@ -177,18 +185,28 @@ class TimedStreamManager:
     def __enter__(self) -> Any:
         with self._enter():
             stream = self._manager.__enter__()
-        return time_raw_stream(stream, self._on_first)
+        return time_raw_stream(stream, self._on_first, self._on_end)
 
     def __exit__(self, *exc: Any) -> Any:
-        return self._manager.__exit__(*exc)
+        try:
+            return self._manager.__exit__(*exc)
+        finally:
+            self._ended()
+
+    def _ended(self) -> None:
+        if self._on_end is not None:
+            self._on_end()
 
     async def __aenter__(self) -> Any:
         with self._enter():
             stream = await self._manager.__aenter__()
-        return time_raw_stream(stream, self._on_first)
+        return time_raw_stream(stream, self._on_first, self._on_end)
 
     async def __aexit__(self, *exc: Any) -> Any:
-        return await self._manager.__aexit__(*exc)
+        try:
+            return await self._manager.__aexit__(*exc)
+        finally:
+            self._ended()
 
 
 __all__ = ["TimedStream", "TimedStreamManager", "is_bedrock_output", "is_output", "time_raw_stream"]

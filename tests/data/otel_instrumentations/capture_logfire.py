@@ -21,6 +21,15 @@ Libraries, each in its own process:
   Logfire set;
 - ``anthropic_nosdk``: the same with ``anthropic.Anthropic(open_telemetry=False)``: Logfire's spans alone.
 
+``openai_helper`` / ``anthropic_helper`` (run only when named): ``openai`` / ``anthropic`` with the client then timed
+by ttft-emit's helper, after ``logfire.instrument_*``: ``time_first_chunk(client, tracer_provider=<the global
+provider Logfire set>, fill_missing=True)`` (from this repository's ``emitter/src``, put on ``sys.path``, as
+capture_responses.py does). Logfire's ``ProxyTracerProvider`` takes a span processor
+(``add_span_processor`` hands it to its SDK ``TracerProvider``, which Logfire's spans go through), and its
+tracer gives the helper's own span (the span ends with the response headers, before the first chunk: the
+helper makes its own ``chat <model>``). The json also holds the helper's ``stats`` after the warm-up
+(``helper_stats_warm_up``) and at the end (``helper_stats``).
+
 With Logfire's default ``suppress_other_instrumentation=True`` the SDK's spans are not exported: the SDK starts
 its span inside ``client.request``, which Logfire wraps in ``suppress_instrumentation()``, so Logfire's tracer
 gives it a non-recording span. ``--library anthropic_unsuppressed`` (not run by default) is ``anthropic`` with
@@ -61,12 +70,16 @@ import capture_responses  # the OpenAI stub with POST /v1/responses
 OUT = Path(__file__).resolve().parent
 LIBRARIES = ("openai", "anthropic", "anthropic_nosdk")
 #: Run only when named (``--library`` / ``--only``).
-EXTRA_LIBRARIES = ("anthropic_unsuppressed",)
+EXTRA_LIBRARIES = ("anthropic_unsuppressed", "openai_helper", "anthropic_helper")
+#: ttft-emit's sources (the ``*_helper`` libraries), imported from the repository rather than installed.
+EMITTER_SRC = OUT.parents[2] / "emitter" / "src"
 CASES: dict[str, tuple[str, ...]] = {
     "openai": ("stream", "non_stream", "responses_stream"),
     "anthropic": capture_anthropic.CASES,
     "anthropic_nosdk": capture_anthropic.CASES,
     "anthropic_unsuppressed": capture_anthropic.CASES,
+    "openai_helper": ("stream", "non_stream", "responses_stream"),
+    "anthropic_helper": capture_anthropic.CASES,
 }
 COMMON_DISTRIBUTIONS = (
     "logfire",
@@ -90,7 +103,7 @@ UNSET_ENV = (
 
 
 def versions(library: str) -> dict[str, str]:
-    client = CLIENT_DISTRIBUTIONS["openai" if library == "openai" else "anthropic"]
+    client = CLIENT_DISTRIBUTIONS["openai" if library.startswith("openai") else "anthropic"]
     return {name: metadata.version(name) for name in (*COMMON_DISTRIBUTIONS, *client)}
 
 
@@ -153,6 +166,8 @@ def anthropic_warm_up(client: Any, case: str) -> None:
 
 def run_library(library: str, out: Path) -> None:
     """One process: configure Logfire, instrument the client, run the cases, write the capture, print the table."""
+    from dataclasses import asdict
+
     import logfire
     from opentelemetry import trace
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -172,14 +187,28 @@ def run_library(library: str, out: Path) -> None:
         inspect_arguments=False,
     )
     tracer = trace.get_tracer("rag-api")
-    if library == "openai":
+    helper = library.endswith("_helper")
+    timing = None
+
+    def time_client(client: Any) -> Any:
+        """The service's one line, after ``logfire.instrument_*``: ttft-emit's helper on the client."""
+        sys.path.insert(0, str(EMITTER_SRC))
+        from ttft_emit.otel import time_first_chunk
+
+        # The global provider Logfire set (its ProxyTracerProvider): add_span_processor goes to its SDK provider.
+        return time_first_chunk(client, tracer_provider=trace.get_tracer_provider(), fill_missing=True)
+
+    if library.startswith("openai"):
         import openai
 
         server, base_url = capture_responses.serve()
         client = openai.OpenAI(base_url=base_url, api_key="stub-key", max_retries=0, timeout=10.0)
         logfire.instrument_openai(client)
+        if helper:
+            timing = time_client(client)
         for case in CASES[library]:  # warm-up, not written
             openai_call(client, case)
+        warm_stats = asdict(timing.stats) if timing is not None else None
         truth = [openai_ask(tracer, client, case) for case in CASES[library]]
     else:
         import anthropic
@@ -188,17 +217,27 @@ def run_library(library: str, out: Path) -> None:
         options: dict[str, Any] = {"open_telemetry": False} if library == "anthropic_nosdk" else {}
         client = anthropic.Anthropic(base_url=base_url, api_key="stub-key", max_retries=0, timeout=10.0, **options)
         logfire.instrument_anthropic(client, suppress_other_instrumentation=library != "anthropic_unsuppressed")
+        if helper:
+            timing = time_client(client)
         for case in CASES[library]:  # warm-up, not written
             anthropic_warm_up(client, case)
+        warm_stats = asdict(timing.stats) if timing is not None else None
         truth = [capture_anthropic.ask("logfire", tracer, client, case) for case in CASES[library]]
     server.shutdown()
     logfire.force_flush()
     spans = exporter.get_finished_spans()
     name = f"logfire_{library}"
     capture.write_traces(out / f"{name}.otlp", spans, truth)
-    doc: dict[str, Any] = {"library": name, "versions": versions(library), "tenant": capture.TENANT, "traces": truth}
+    doc: dict[str, Any] = {"library": name, "versions": versions(library), "tenant": capture.TENANT}
+    if timing is not None:
+        doc["helper"] = "ttft_emit.otel.time_first_chunk"
+        doc["helper_stats_warm_up"] = warm_stats
+        doc["helper_stats"] = asdict(timing.stats)
+    doc["traces"] = truth
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(f"# {name}: {doc['versions']}")
+    if timing is not None:
+        print(f"# helper stats: after warm-up {warm_stats}, at the end {doc['helper_stats']}")
     table(spans, truth)
 
 
