@@ -115,6 +115,17 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
         "code imports completion by name). With LiteLLM's own otel callback, add fill_missing=True: its span is "
         "written after the call (docs/otlp-mapping.md)",
     ),
+    **dict.fromkeys(
+        (
+            "@arizeai/openinference-instrumentation-openai",
+            "@traceloop/instrumentation-openai",
+            "@opentelemetry/instrumentation-openai",
+        ),
+        "this JavaScript instrumentation of the openai client tells no first chunk (ttft-emit's helper is Python's): "
+        "set gen_ai.response.time_to_first_chunk (seconds since the LLM span's start) and gen_ai.request.stream "
+        "on the LLM span from a span processor when the first chunk reaches the caller, or emit the request's "
+        "stage events with ttft-emit; the Vercel AI SDK's spans tell it (docs/otlp-mapping.md)",
+    ),
     "opentelemetry.instrumentation.langchain": "OpenLLMetry's LangChain spans tell no first chunk, and its OpenAI "
     "instrumentation's span is suppressed under them: call ttft_emit.otel.time_first_chunk(llm.root_client) once "
     "per ChatOpenAI; it sets the first chunk on the ChatOpenAI.chat span (docs/otlp-mapping.md, 'The helper')",

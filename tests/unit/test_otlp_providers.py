@@ -70,6 +70,11 @@ EXPECTED: dict[str, dict[str, str]] = {
     # With the helper (fill_missing): its own span from the call to the stream's end holds Logfire's.
     "logfire_openai_helper": dict.fromkeys(("stream", "non_stream", "responses_stream"), DONE),
     "logfire_anthropic_helper": dict.fromkeys(("stream", "stream_helper", "non_stream"), DONE),
+    # The openai Node client (6.49) under the three JavaScript instrumentations: none tells a first chunk; only
+    # OpenInference tells a plain call (its parameters).
+    "openai_node_openinference": {"stream": UNTIMED, "non_stream": DONE, "responses_stream": UNTIMED},
+    "openai_node_openllmetry": dict.fromkeys(("stream", "non_stream", "responses_stream"), UNTIMED),
+    "openai_node_otel": dict.fromkeys(("stream", "non_stream", "responses_stream"), UNTIMED),
     **{
         f"litellm_{library}_helper": dict.fromkeys(("stream", "non_stream", "stream_async"), DONE)
         for library in ("openinference", "openllmetry", "otel")
