@@ -254,6 +254,41 @@ def write_traces(path: Path, spans: Any, traces: list[dict[str, Any]]) -> None:
             f.write(struct.pack(">I", len(raw)) + raw)
 
 
+def print_spans(spans: Any, truth: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    """For the eye, per trace of ``truth``: what the client saw, and each of its finished SDK spans (scope, kind,
+    parent, start and end in ms from the root's start, events, and the attributes whose names hold one of
+    ``keys``)."""
+    names = {s.context.span_id: s.name for s in spans}
+    for t in truth:
+        mine = sorted((s for s in spans if format(s.context.trace_id, "032x") == t["trace_id"]), key=_start_time)
+        roots = [s.start_time for s in mine if s.parent is None]
+        r0 = roots[0] if roots else t["called_ns"]
+
+        def ms(ns: int | None, r0: int = r0) -> str:
+            return "-" if ns is None else f"{(ns - r0) / 1e6:8.1f}"
+
+        print(
+            f"\n=== {t['case']}  trace {t['trace_id']}  client (ms from the root's start): call {ms(t['called_ns'])},"
+            f" first chunk {ms(t.get('first_chunk_ns'))}, answered {ms(t['answered_ns'])}"
+        )
+        for s in mine:
+            parent = names.get(s.parent.span_id, "?") if s.parent else "-"
+            scope = s.instrumentation_scope
+            print(
+                f"  {s.name!r:28} scope={scope.name}/{scope.version} kind={s.kind.name} parent={parent!r}"
+                f" start={ms(s.start_time)} end={ms(s.end_time)}"
+            )
+            for e in s.events:
+                print(f"      event {e.name!r} at {ms(e.timestamp)}")
+            for k, v in sorted((s.attributes or {}).items()):
+                if any(key in k.lower() for key in keys):
+                    print(f"      {k} = {str(v)[:160]!r}")
+
+
+def _start_time(span: Any) -> int:
+    return int(span.start_time)
+
+
 def run_library(library: str, out: Path) -> None:
     """One process: instrument, run the three requests, write ``<library>.otlp`` and ``<library>.json``."""
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

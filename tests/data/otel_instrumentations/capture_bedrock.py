@@ -368,34 +368,7 @@ def run_library(library: str, out: Path, helper: bool = False) -> None:
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     if timing is not None:
         print(f"# helper stats: {doc['helper_stats']}")
-    table(spans, truth)
-
-
-def table(spans: Any, truth: list[dict[str, Any]]) -> None:
-    names = {s.context.span_id: s.name for s in spans}
-    for t in truth:
-        mine = sorted(
-            (s for s in spans if format(s.context.trace_id, "032x") == t["trace_id"]), key=lambda s: s.start_time
-        )
-        r0 = t["started_ns"]
-        ms = lambda ns, r0=r0: f"{(ns - r0) / 1e6:7.1f}"  # noqa: E731
-        first = t["first_chunk_ns"]
-        print(
-            f"\n=== {t['case']}  trace {t['trace_id']}  client (ms from the root's start): call {ms(t['called_ns'])},"
-            f" first text {ms(first) if first else '-'}, answered {ms(t['answered_ns'])}"
-        )
-        for s in mine:
-            parent = names.get(s.parent.span_id, "?") if s.parent else "-"
-            sc = s.instrumentation_scope
-            print(
-                f"  {s.name!r:22} scope={sc.name}/{sc.version} kind={s.kind.name} parent={parent!r}"
-                f" start={ms(s.start_time)} end={ms(s.end_time)} status={s.status.status_code.name}"
-            )
-            for e in s.events:
-                print(f"      event {e.name!r} at {ms(e.timestamp)}")
-            for k, v in sorted(s.attributes.items()):
-                if any(key in k.lower() for key in KEYS):
-                    print(f"      {k} = {str(v)[:160]!r}")
+    capture.print_spans(spans, truth, KEYS)
 
 
 def main() -> None:

@@ -343,7 +343,7 @@ def run_library(library: str, out: Path) -> None:
         doc["first_chunk_helper"] = dataclasses.asdict(helper.stats)
         print(f"first_chunk_helper: {doc['first_chunk_helper']}")
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    table(spans, truth)
+    capture.print_spans(spans, truth, KEYS)
 
 
 def other_traces(spans: Any, truth: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -362,22 +362,6 @@ def other_traces(spans: Any, truth: list[dict[str, Any]]) -> list[dict[str, Any]
         roots = [r.name for r in spans if r.parent is None and format(r.context.trace_id, "032x") == trace_id]
         found[trace_id] = {"trace_id": trace_id, "during": during["case"], "root": roots[0] if roots else None}
     return list(found.values())
-
-
-def table(spans: Any, truth: list[dict[str, Any]]) -> None:
-    """Per request, its trace's spans (times in ms from the root's start); then the spans of other traces that
-    started during the requests (LiteLLM's callback writes a root span when it finds no current span), each
-    against the request that was running."""
-    names = {s.context.span_id: s.name for s in spans}
-    ours = {t["trace_id"] for t in truth}
-    first = min(t["started_ns"] for t in truth)
-    stray = [s for s in spans if format(s.context.trace_id, "032x") not in ours and s.start_time >= first]
-    for t in truth:
-        mine = [s for s in spans if format(s.context.trace_id, "032x") == t["trace_id"]]
-        _print_trace(t, mine, names, f"trace {t['trace_id']}")
-    for s in sorted(stray, key=lambda s: s.start_time):
-        t = max((t for t in truth if t["started_ns"] <= s.start_time), key=lambda t: t["started_ns"])
-        _print_trace(t, [s], names, f"a span of another trace, {format(s.context.trace_id, '032x')}, during")
 
 
 def _print_trace(t: dict[str, Any], spans: Any, names: dict[int, str], what: str) -> None:

@@ -238,32 +238,7 @@ def run_library(library: str, out: Path) -> None:
     print(f"# {name}: {doc['versions']}")
     if timing is not None:
         print(f"# helper stats: after warm-up {warm_stats}, at the end {doc['helper_stats']}")
-    table(spans, truth)
-
-
-def table(spans: Any, truth: list[dict[str, Any]]) -> None:
-    names = {s.context.span_id: s.name for s in spans}
-    for t in truth:
-        mine = sorted(
-            (s for s in spans if format(s.context.trace_id, "032x") == t["trace_id"]), key=lambda s: s.start_time
-        )
-        r0 = t["started_ns"]
-        ms = lambda ns, r0=r0: f"{(ns - r0) / 1e6:7.1f}" if ns else "      -"  # noqa: E731
-        print(
-            f"\n=== {t['case']}  trace {t['trace_id']}  client (ms from the root's start): call {ms(t['called_ns'])},"
-            f" first text {ms(t['first_chunk_ns'])}, answered {ms(t['answered_ns'])}"
-        )
-        for s in mine:
-            parent = names.get(s.parent.span_id, "?") if s.parent else "-"
-            sc = s.instrumentation_scope
-            print(
-                f"  {s.name!r:50} scope={sc.name}/{sc.version} kind={s.kind.name} parent={parent!r}"
-                f" start={ms(s.start_time)} end={ms(s.end_time)} status={s.status.status_code.name}"
-            )
-            for e in s.events:
-                print(f"      event {e.name!r} at {ms(e.timestamp)}")
-            for k, v in sorted(s.attributes.items()):
-                print(f"      {k} = {str(v)[:200]!r}")
+    capture.print_spans(spans, truth, ("",))  # every attribute
 
 
 def main() -> None:

@@ -111,36 +111,7 @@ def main() -> None:
     )
     doc = {"library": "openlit", "versions": {d: metadata.version(d) for d in dists}, "tenant": "acme", "traces": truth}
     (OUT / "openlit.json").write_text(json.dumps(doc, indent=1) + "\n")
-    table(spans, truth)
-
-
-def table(spans, truth) -> None:
-    names = {s.context.span_id: s.name for s in spans}
-    for t in truth:
-        mine = sorted(
-            (s for s in spans if format(s.context.trace_id, "032x") == t["trace_id"]), key=lambda s: s.start_time
-        )
-        root = next(s for s in mine if s.parent is None)
-        r0 = root.start_time
-        ms = lambda ns, r0=r0: f"{(ns - r0) / 1e6:8.1f}"  # noqa: E731
-        print(
-            f"\n=== {t['case']}  trace {t['trace_id']}  client: call at {ms(t['called_ns'])}, "
-            f"first chunk at {ms(t['first_chunk_ns']) if t['first_chunk_ns'] else '-'}, "
-            f"answered {ms(t['answered_ns'])}, started_ns at {ms(t['started_ns'])} "
-            f"(ttft client = {((t['first_chunk_ns'] or t['answered_ns']) - t['started_ns']) / 1e6:.1f} ms)"
-        )
-        for s in mine:
-            parent = names.get(s.parent.span_id, "?") if s.parent else "-"
-            sc = s.instrumentation_scope
-            print(
-                f"  {s.name!r:28} scope={sc.name}/{sc.version} kind={s.kind.name} parent={parent!r}"
-                f" start={ms(s.start_time)} end={ms(s.end_time)} dur={(s.end_time - s.start_time) / 1e6:.1f}"
-            )
-            for e in s.events:
-                print(f"      event {e.name!r} at {ms(e.timestamp)}")
-            for k, v in sorted(s.attributes.items()):
-                if any(key in k.lower() for key in KEYS):
-                    print(f"      {k} = {v!r}")
+    capture.print_spans(spans, truth, KEYS)
 
 
 if __name__ == "__main__":

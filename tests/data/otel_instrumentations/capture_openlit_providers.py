@@ -50,7 +50,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -163,38 +162,7 @@ def run_provider(provider_name: str, out: Path) -> None:
     capture.write_traces(out / f"{name}.otlp", spans, truth)
     doc = {"library": name, "versions": versions(), "tenant": capture.TENANT, "traces": truth}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    table(spans, truth)
-
-
-def table(spans: Any, truth: list[dict[str, Any]]) -> None:
-    names = {s.context.span_id: s.name for s in spans}
-    for t in truth:
-        mine = sorted(
-            (s for s in spans if format(s.context.trace_id, "032x") == t["trace_id"]), key=lambda s: s.start_time
-        )
-        root = next(s for s in mine if s.parent is None)
-        r0: int = root.start_time
-
-        def ms(ns: int, r0: int = r0) -> str:
-            return f"{(ns - r0) / 1e6:7.1f}"
-
-        first = t["first_chunk_ns"]
-        print(
-            f"\n=== {t['case']}  trace {t['trace_id']}  client (ms from the root's start): call {ms(t['called_ns'])},"
-            f" first text {ms(first) if first else '-'}, answered {ms(t['answered_ns'])}"
-        )
-        for s in mine:
-            parent = names.get(s.parent.span_id, "?") if s.parent else "-"
-            sc = s.instrumentation_scope
-            print(
-                f"  {s.name!r:44} scope={sc.name}/{sc.version} kind={s.kind.name} parent={parent!r}"
-                f" start={ms(s.start_time)} end={ms(s.end_time)} status={s.status.status_code.name}"
-            )
-            for e in s.events:
-                print(f"      event {e.name!r} at {ms(e.timestamp)}")
-            for k, v in sorted(s.attributes.items()):
-                if any(key in k.lower() for key in KEYS):
-                    print(f"      {k} = {str(v)[:160]!r}")
+    capture.print_spans(spans, truth, KEYS)
 
 
 def main() -> None:

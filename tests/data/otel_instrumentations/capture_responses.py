@@ -251,35 +251,7 @@ def run_library(library: str, out: Path, helper: bool = False) -> None:
     print(f"# {name}: {doc['versions']}")
     if timing is not None:
         print(f"# helper stats: after warm-up {warm_stats}, at the end {doc['helper_stats']}")
-    table(spans, truth)
-
-
-def table(spans: Any, truth: list[dict[str, Any]]) -> None:
-    names = {s.context.span_id: s.name for s in spans}
-    for t in truth:
-        mine = sorted(
-            (s for s in spans if format(s.context.trace_id, "032x") == t["trace_id"]), key=lambda s: s.start_time
-        )
-        root = next(s for s in mine if s.parent is None)
-        r0 = root.start_time
-        ms = lambda ns, r0=r0: f"{(ns - r0) / 1e6:8.1f}" if ns else "       -"  # noqa: E731
-        print(
-            f"\n=== {t['case']}  trace {t['trace_id']}  client (ms from root start): call {ms(t['called_ns'])},"
-            f" returned {ms(t['returned_ns'])}, first event {ms(t['first_event_ns'])},"
-            f" first delta {ms(t['first_chunk_ns'])}, answered {ms(t['answered_ns'])}"
-        )
-        for s in mine:
-            parent = names.get(s.parent.span_id, "?") if s.parent else "-"
-            sc = s.instrumentation_scope
-            print(
-                f"  {s.name!r:24} scope={sc.name}/{sc.version} kind={s.kind.name} parent={parent!r}"
-                f" start={ms(s.start_time)} end={ms(s.end_time)} dur={(s.end_time - s.start_time) / 1e6:.1f}"
-            )
-            for e in s.events:
-                print(f"      event {e.name!r} at {ms(e.timestamp)}")
-            for k, v in sorted(s.attributes.items()):
-                if any(key in k.lower() for key in KEYS):
-                    print(f"      {k} = {v!r}")
+    capture.print_spans(spans, truth, KEYS)
 
 
 def main() -> None:
