@@ -417,7 +417,7 @@ class FirstChunkTiming:
             for name in path[:-1]:
                 resource = getattr(resource, name, None)
             method = getattr(resource, path[-1], None)
-            if method is None or getattr(method, "_ttft_first_chunk", False):
+            if not callable(method) or getattr(method, "_ttft_first_chunk", False):
                 continue
             if how == "manager":
                 timed = self.wrap_manager(method)
