@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from ttft_emit.otel import FIRST_CHUNK_ATTR, STREAM_ATTR, FirstChunkTiming
+from ttft_emit.otel import FIRST_CHUNK_ATTR, STREAM_ATTR
 from ttft_emit.otel_streams import is_output
+
+from tests.unit.test_ttft_emit_otel import _provider
 
 #: Before the first token: the typed events a stream starts with (sent when the request is accepted).
 PREAMBLE_S = 0.005
@@ -32,15 +33,6 @@ class Event:
 
 ANTHROPIC = ["message_start", "content_block_start", "ping", "content_block_delta", "content_block_delta"]
 RESPONSES = ["response.created", "response.in_progress", "response.output_text.delta", "response.completed"]
-
-
-def _provider() -> tuple[TracerProvider, InMemorySpanExporter, FirstChunkTiming]:
-    provider = TracerProvider()
-    exported = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    timing = FirstChunkTiming()
-    provider.add_span_processor(timing.span_processor())
-    return provider, exported, timing
 
 
 def _events(types: list[str]) -> Iterator[Event]:

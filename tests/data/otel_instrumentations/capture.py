@@ -242,6 +242,18 @@ class RagService:
         }
 
 
+def retrieval_span(tracer: Any, convention: str, question: str = RagService.question) -> Any:
+    """The service's retrieval span by ``convention`` (a context manager): OpenInference's ``RETRIEVER`` kind, or
+    (any other) the GenAI ``retrieval`` operation."""
+    from opentelemetry.trace import SpanKind
+
+    if convention == "openinference":
+        attrs = {"openinference.span.kind": "RETRIEVER", "input.value": question}
+        return tracer.start_as_current_span("retrieve", attributes=attrs)
+    attrs = {"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": "docs"}
+    return tracer.start_as_current_span("retrieval docs", kind=SpanKind.CLIENT, attributes=attrs)
+
+
 def write_traces(path: Path, spans: Any, traces: list[dict[str, Any]]) -> None:
     """Each of ``traces``' spans as one ``ExportTraceServiceRequest`` after its 4-byte big-endian length, in
     ``traces``' order: what the Collector's Kafka exporter carries, one message per trace."""

@@ -204,13 +204,7 @@ def ask(library: str, tracer: Any, client: Any, case: str) -> dict[str, Any]:
     messages: Any = [{"role": "user", "content": QUESTION}]
     first_chunk_ns = None
     with tracer.start_as_current_span("POST /ask", kind=SpanKind.SERVER) as root:
-        if instrumentor(library) == "openinference":
-            attrs = {"openinference.span.kind": "RETRIEVER", "input.value": QUESTION}
-            retrieval = tracer.start_as_current_span("retrieve", attributes=attrs)
-        else:
-            attrs = {"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": "docs"}
-            retrieval = tracer.start_as_current_span("retrieval docs", kind=SpanKind.CLIENT, attributes=attrs)
-        with retrieval:
+        with capture.retrieval_span(tracer, instrumentor(library), QUESTION):
             time.sleep(RETRIEVAL_S)  # the vector search
         time.sleep(capture.PROMPT_WORK_S)
         called_ns = time.time_ns()

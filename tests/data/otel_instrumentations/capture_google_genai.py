@@ -190,16 +190,8 @@ class GeminiRag:
         self.client = genai.Client(api_key="stub", http_options=types.HttpOptions(base_url=base_url))
 
     def _retrieve(self) -> None:
-        from opentelemetry.trace import SpanKind
-
-        if self.library == "openinference":
-            attrs = {"openinference.span.kind": "RETRIEVER", "input.value": self.question}
-            with self.tracer.start_as_current_span("retrieve", attributes=attrs):
-                time.sleep(RETRIEVAL_S)
-        else:
-            attrs = {"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": "docs"}
-            with self.tracer.start_as_current_span("retrieval docs", kind=SpanKind.CLIENT, attributes=attrs):
-                time.sleep(RETRIEVAL_S)
+        with capture.retrieval_span(self.tracer, self.library, self.question):
+            time.sleep(RETRIEVAL_S)
 
     def warm_up(self) -> None:
         """A streaming and a plain call outside any request (the instrumentation's LLM span of each is a trace

@@ -194,13 +194,7 @@ class Service:
         self.base_url = base_url
 
     def _retrieval(self) -> Any:
-        from opentelemetry.trace import SpanKind
-
-        if self.convention == "openinference":
-            attrs = {"openinference.span.kind": "RETRIEVER", "input.value": QUESTION}
-            return self.tracer.start_as_current_span("retrieve", attributes=attrs)
-        attrs = {"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": "docs"}
-        return self.tracer.start_as_current_span("retrieval docs", kind=SpanKind.CLIENT, attributes=attrs)
+        return capture.retrieval_span(self.tracer, self.convention, QUESTION)
 
     def _kwargs(self, stream: bool) -> dict[str, Any]:
         kwargs: dict[str, Any] = {

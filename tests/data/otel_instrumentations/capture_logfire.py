@@ -133,8 +133,7 @@ def openai_ask(tracer: Any, client: Any, case: str) -> dict[str, Any]:
     from opentelemetry.trace import SpanKind
 
     with tracer.start_as_current_span("POST /ask", kind=SpanKind.SERVER) as root:
-        attrs = {"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": "docs"}
-        with tracer.start_as_current_span("retrieval docs", kind=SpanKind.CLIENT, attributes=attrs):
+        with capture.retrieval_span(tracer, "gen_ai"):
             time.sleep(capture_anthropic.RETRIEVAL_S)  # the vector search
         time.sleep(capture.PROMPT_WORK_S)
         called_ns = time.time_ns()
