@@ -412,7 +412,7 @@ class LocalBroker:
         for user, password in self.sasl_users.items():
             args += ["--add-scram", f"SCRAM-SHA-256=[name={user},password={password}]"]
         cmd = self._java_command("kafka.tools.StorageTool", *args, heap_mb=256)
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, env=_environment())
         if result.returncode != 0:
             raise BrokerError(
                 f"kafka storage format failed (exit {result.returncode}):\n{result.stdout}{result.stderr}"
@@ -433,6 +433,7 @@ class LocalBroker:
                 cwd=self.data_dir,
                 start_new_session=True,  # a Ctrl-C in the terminal must not kill the broker mid-write
                 preexec_fn=preexec,
+                env=_environment(),
             )
         self.pid_file.write_text(f"{self._proc.pid}\n")
 
@@ -493,3 +494,13 @@ def _probe(bootstrap: str, timeout_s: float) -> bool:
 def _properties_escape(value: str) -> str:
     # java.util.Properties treats backslash as an escape; newlines would end the entry.
     return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _environment() -> dict[str, str]:
+    """A copy of this process's environment for a child, taken under the GIL.
+
+    Without ``env=``, the child's ``execve`` reads the C ``environ`` array. A broker started from a worker
+    thread (the fault lab starts several at once) is forked while another thread may ``setenv``, which can
+    move that array: the exec then fails with ``OSError: [Errno 14] Bad address`` (seen in CI).
+    """
+    return dict(os.environ)
