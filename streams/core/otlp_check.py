@@ -126,6 +126,13 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
         "on the LLM span from a span processor when the first chunk reaches the caller, or emit the request's "
         "stage events with ttft-emit; the Vercel AI SDK's spans tell it (docs/otlp-mapping.md)",
     ),
+    **dict.fromkeys(
+        ("openinference.instrumentation.openai_agents", "opentelemetry.instrumentation.openai_agents"),
+        "the OpenAI Agents SDK's spans tell no first chunk, nor whether the call streamed: call "
+        "ttft_emit.otel.time_first_chunk(client) on the AsyncOpenAI client given to set_default_openai_client (or "
+        "to the agent's model); it times the streams the SDK reads through with_streaming_response and sets the "
+        "first chunk on the agents span (docs/otlp-mapping.md)",
+    ),
     "opentelemetry.instrumentation.langchain": "OpenLLMetry's LangChain spans tell no first chunk, and its OpenAI "
     "instrumentation's span is suppressed under them: call ttft_emit.otel.time_first_chunk(llm.root_client) once "
     "per ChatOpenAI; it sets the first chunk on the ChatOpenAI.chat span (docs/otlp-mapping.md, 'The helper')",

@@ -418,3 +418,97 @@ def test_fill_missing_on_a_stream_helper_starts_at_the_call_and_ends_with_the_ma
     assert ours.parent is not None and ours.parent.span_id == root.get_span_context().span_id
     assert called <= ours.start_time < called + 5_000_000  # type: ignore[operator]  # the call, not the first chunk
     assert _first_chunk_s(ours) >= FIRST_TOKEN_S and timing.stats.filled == 1
+
+
+class RawResponse:
+    """A Stainless client's raw response of a streaming call (``AsyncAPIResponse``): ``parse()`` (awaited) gives the
+    event stream; ``close()`` closes it."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.closed = False
+        self.request_id = "req_1"
+
+    async def parse(self) -> Any:
+        return self._stream
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class AsyncEvents:
+    """The event stream of an async client: the preamble at once, the first delta after FIRST_TOKEN_S."""
+
+    def __init__(self, types: list[str]) -> None:
+        self._types = types
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        await asyncio.sleep(PREAMBLE_S)
+        waited = False
+        for kind in self._types:
+            if not waited and is_output(Event(kind)):
+                await asyncio.sleep(FIRST_TOKEN_S)
+                waited = True
+            yield Event(kind, "x")
+
+
+class StainlessResponses:
+    """``client.responses`` of the async openai client, instrumented like OpenInference's OpenAI instrumentor does
+    with ``with_streaming_response``: its span starts in the call and ends when the call returns (the headers).
+    ``with_streaming_response`` is built when first read, around the ``create`` the resource has then."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("openinference.instrumentation.openai")
+
+    async def create(self, *, model: str, stream: bool = False, extra_headers: Any = None) -> Any:
+        self.tracer.start_span("Response", attributes={"openinference.span.kind": "LLM"}).end()
+        raw = (extra_headers or {}).get("X-Stainless-Raw-Response") == "stream"
+        events = AsyncEvents(RESPONSES)
+        return RawResponse(events) if raw else events
+
+    @property
+    def with_streaming_response(self) -> Any:
+        if "with_streaming_response" not in self.__dict__:
+            create = self.create
+
+            def streamed(**kwargs: Any) -> Any:
+                return create(**kwargs, extra_headers={"X-Stainless-Raw-Response": "stream"})
+
+            self.__dict__["with_streaming_response"] = type("WithStreaming", (), {"create": staticmethod(streamed)})()
+        return self.__dict__["with_streaming_response"]
+
+
+async def _agents_run(provider: TracerProvider, client: Any) -> tuple[int, int]:
+    """As the OpenAI Agents SDK streams a run: its ``response`` span (an agents instrumentation's, not made current)
+    around ``client.responses.with_streaming_response.create``, the raw response entered, parsed and read."""
+    agents = provider.get_tracer("openinference.instrumentation.openai_agents")
+    span = agents.start_span("response", attributes={"openinference.span.kind": "LLM"})
+    started = time.time_ns()
+    response = await client.responses.with_streaming_response.create(model="gpt-x", stream=True)
+    first = 0
+    async for event in await response.parse():
+        if not first and event.type.endswith(".delta"):
+            first = time.time_ns()
+    await response.close()
+    span.end()
+    assert response.closed and response.request_id == "req_1"
+    return started, first
+
+
+def test_a_with_streaming_response_call_is_timed_on_the_stream_its_parse_gives() -> None:
+    """The OpenAI Agents SDK's path: the raw response's parsed stream is timed; the client's span ended with the
+    headers, so the first chunk goes on the agents ``response`` span, which still records (before: ``errors`` 2,
+    no first chunk anywhere: ``no_first_chunk`` for every streamed run)."""
+    provider, exported, timing = _provider()
+    client = type("AsyncClient", (), {})()
+    client.responses = StainlessResponses(provider)
+    _ = client.responses.with_streaming_response  # read before the helper: it must not keep the unwrapped create
+    timing.instrument(client)
+    started, first = asyncio.run(_agents_run(provider, client))
+    (outer,) = _spans(exported, "response")
+    (inner,) = _spans(exported, "Response")
+    assert FIRST_CHUNK_ATTR not in (inner.attributes or {})
+    measured_ns = outer.start_time + _first_chunk_s(outer) * 1e9  # type: ignore[operator]
+    assert first - 2_000_000 <= measured_ns <= first and first - started >= FIRST_TOKEN_S * 1e9
+    assert (outer.attributes or {})[STREAM_ATTR] is True
+    assert timing.stats.first_chunks == 1 and timing.stats.errors == 0

@@ -50,18 +50,21 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ttft_emit.otel_streams import TimedStream, TimedStreamManager, is_bedrock_output
+from ttft_emit.otel_streams import TimedRawResponse, TimedStream, TimedStreamManager, is_bedrock_output
 
 #: The GenAI semantic conventions' time to first chunk of a streamed response, in seconds.
 FIRST_CHUNK_ATTR: Final = "gen_ai.response.time_to_first_chunk"
 #: Whether the request streamed (GenAI semantic conventions).
 STREAM_ATTR: Final = "gen_ai.request.stream"
+#: The header Stainless clients (openai, anthropic) add to a call made through ``with_streaming_response`` or
+#: ``with_raw_response``: the call returns the raw response, whose ``parse()`` gives the stream.
+RAW_RESPONSE_HEADER: Final = "X-Stainless-Raw-Response"
 #: ``gen_ai.operation.name`` values of an LLM inference span.
 LLM_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content"})
 
@@ -91,6 +94,7 @@ class _Call:
         "filler",
         "first_started",
         "model",
+        "raw",
         "result_key",
         "span",
         "started",
@@ -103,6 +107,8 @@ class _Call:
         self.model = model
         #: The key of a streaming result's stream, when the result is a dict holding it (boto3's Bedrock calls).
         self.result_key = result_key
+        #: Made through ``with_streaming_response`` / ``with_raw_response``: the result is the raw response.
+        self.raw = False
         self.span: Any = None
         self.caller: Any = None
         #: The first span started inside the call, whatever its attributes (OpenLIT names its LLM span only
@@ -202,6 +208,8 @@ class FirstChunkTiming:
         if span is None:
             self._count("unmatched")
             return
+        if not span.is_recording():
+            span = self._open_caller(call) or span
         if self._tracer is not None and call.filler is None and not span.is_recording():
             # Ended before its stream's first chunk (Logfire's span ends with the response headers): the helper's own.
             span = self._fill(call, replacing=True) or span
@@ -215,6 +223,23 @@ class FirstChunkTiming:
             self._count("first_chunks")
         except Exception:
             self._count("errors")
+
+    def _open_caller(self, call: _Call) -> Any:
+        """The caller's LLM span, if it still records, for a call whose own span ended before its stream's first
+        chunk (OpenInference's OpenAI span of a ``with_streaming_response`` call ends with the response headers,
+        inside the OpenAI Agents SDK's ``response`` span): marked as streaming. The pipeline then counts the outer
+        span, which tells the first chunk, and drops the inner one, which does not (docs/otlp-mapping.md)."""
+        span = call.caller
+        try:
+            if span is None or span is call.span or not span.is_recording():
+                return None
+            if not is_llm_span(getattr(span, "attributes", None)):
+                return None
+            span.set_attribute(STREAM_ATTR, True)
+        except Exception:
+            self._count("errors")
+            return None
+        return span
 
     def _still_streaming(self, call: _Call) -> Any:
         """A streaming call that matched no LLM span: the first span started inside it, if it still records at the
@@ -282,6 +307,8 @@ class FirstChunkTiming:
         on_first, on_end = (lambda: self._first_chunk(call)), (lambda: self._end_filler(call))
         key = call.result_key
         if key is None:
+            if call.raw:  # the stream is what the raw response's parse() returns
+                return TimedRawResponse(result, on_first, on_end)
             return TimedStream(result, on_first, on_end)
         if isinstance(result, dict) and key in result:  # boto3: {"stream": EventStream, ...}
             result[key] = TimedStream(result[key], on_first, on_end, is_bedrock_output)
@@ -342,6 +369,8 @@ class FirstChunkTiming:
         def timed(*args: Any, **kwargs: Any) -> Any:
             model = kwargs.get("model", kwargs.get("modelId"))
             call = _Call(kwargs.get("stream") is True if stream is None else stream, model, result_key)
+            headers = kwargs.get("extra_headers")
+            call.raw = isinstance(headers, Mapping) and headers.get(RAW_RESPONSE_HEADER) is not None
             call.caller = self._caller_span()
             if self._tracer is not None:
                 self._note_start(call)
@@ -427,7 +456,19 @@ class FirstChunkTiming:
                 timed = self.wrap(method, how)
             timed._ttft_first_chunk = True  # type: ignore[attr-defined]
             setattr(resource, path[-1], timed)
+            _forget_raw_wrappers(resource)
         return client
+
+
+def _forget_raw_wrappers(resource: Any) -> None:
+    """Drop a Stainless resource's cached ``with_streaming_response`` / ``with_raw_response``: each copies the
+    resource's methods when first read, so one read before :meth:`FirstChunkTiming.instrument` would keep calling
+    the unwrapped ``create``. Read again, they wrap the timed one (the OpenAI Agents SDK streams through
+    ``client.responses.with_streaming_response.create``)."""
+    cached = getattr(resource, "__dict__", None)
+    if isinstance(cached, dict):
+        for name in ("with_streaming_response", "with_raw_response"):
+            cached.pop(name, None)
 
 
 #: The methods :meth:`FirstChunkTiming.instrument` wraps, by attribute path from the client, and how: ``None``

@@ -16,6 +16,7 @@ intercepts ``_raw_stream`` the same way).
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from typing import Any
@@ -161,6 +162,58 @@ def time_raw_stream(stream: Any, on_first: Callable[[], None], on_end: Callable[
     return stream
 
 
+class TimedRawResponse:
+    """The raw response of a streaming call made through a Stainless client's ``with_streaming_response`` or
+    ``with_raw_response`` (the OpenAI Agents SDK streams with ``client.responses.with_streaming_response.create``):
+    the stream its ``parse()`` returns (awaited, for an async client) is a :class:`TimedStream`; closing or exiting
+    the response ends it too. Reading the body another way (``iter_lines``, ``iter_bytes``) is not timed."""
+
+    def __init__(self, response: Any, on_first: Callable[[], None], on_end: Callable[[], None] | None = None) -> None:
+        self._response = response
+        self._on_first = on_first
+        self._on_end = on_end
+        self._parsed: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._response, name)
+
+    def _timed(self, stream: Any) -> Any:
+        if self._parsed is None or self._parsed._stream is not stream:
+            self._parsed = TimedStream(stream, self._on_first, self._on_end)
+        return self._parsed
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        parsed = self._response.parse(*args, **kwargs)
+        if inspect.isawaitable(parsed):
+            return self._parsed_later(parsed)
+        return self._timed(parsed)
+
+    async def _parsed_later(self, pending: Any) -> Any:
+        return self._timed(await pending)
+
+    def _ended(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end()
+
+    def close(self) -> Any:
+        try:
+            closed = self._response.close()
+        except BaseException:
+            self._ended()
+            raise
+        if inspect.isawaitable(closed):
+            return self._closed_later(closed)
+        self._ended()
+        return closed
+
+    async def _closed_later(self, pending: Any) -> Any:
+        try:
+            return await pending
+        finally:
+            self._ended()
+
+
 class TimedStreamManager:
     """A stream helper's manager (``with client.messages.stream(...) as stream``): ``enter`` (a context
     manager the helper gives) runs around entering the wrapped manager, so spans started as the request is
@@ -209,4 +262,4 @@ class TimedStreamManager:
             self._ended()
 
 
-__all__ = ["TimedStream", "TimedStreamManager", "is_bedrock_output", "is_output", "time_raw_stream"]
+__all__ = ["TimedRawResponse", "TimedStream", "TimedStreamManager", "is_bedrock_output", "is_output", "time_raw_stream"]

@@ -1,0 +1,203 @@
+"""Capture the spans an OpenAI Agents SDK service exports under the agents instrumentations of OpenInference and
+OpenLLMetry, against the loopback stub of capture_responses.py (capture.py's OpenAI stub plus ``POST /v1/responses``
+with real SSE events); write ``agents_<set-up>.otlp`` (capture.py's ``write_traces``) and ``agents_<set-up>.json``
+(what the client saw) beside this file, then print a span table.
+
+Set-ups, each in its own process (the instrumentors register Agents SDK trace processors and patch the client):
+
+- ``openinference``: ``openinference-instrumentation-openai-agents`` (its processor replaces the SDK's exporter to
+  OpenAI);
+- ``openllmetry``: ``opentelemetry-instrumentation-openai-agents`` (``replace_existing_processors=True``: the same);
+- ``openinference_openai`` / ``openllmetry_openai``: the same with that family's OpenAI instrumentor too, so the
+  client's span runs inside the agents' LLM span;
+- ``<any of them>_helper``: the service's client then timed by ttft-emit's helper, ``time_first_chunk(client,
+  tracer_provider=provider)`` (from this repository's ``emitter/src``, put on ``sys.path``). The json also holds
+  the helper's ``stats`` after the warm-up and at the end.
+
+The SDK streams the Responses API through ``client.responses.with_streaming_response.create``: the call returns
+the raw response, whose ``parse()`` gives the event stream. Its agents span (OpenInference's ``response``,
+OpenLLMetry's ``openai.response``) runs from before the call to the stream's end and tells no first token.
+
+Each request is a trace: root span ``POST /ask`` (SERVER), a retrieval span (capture.py's ``retrieval_span``, by
+the family's convention) around 50 ms of vector search, :data:`capture.PROMPT_WORK_S` of prompt work, then the
+agent, one of three cases:
+
+1. ``stream``: ``Runner.run_streamed`` on the Responses API, ``stream_events()`` iterated;
+2. ``non_stream``: ``Runner.run`` on the Responses API;
+3. ``chat_stream``: the same agent on ``OpenAIChatCompletionsModel``, ``Runner.run_streamed``.
+
+``first_chunk_ns`` is when the service's ``stream_events()`` gives the first ``response.output_text.delta`` raw
+event (``chat_stream`` too: the SDK turns chat chunks into Responses events); ``answered_ns`` when the run's final
+output is there. One warm-up run of each case first, not written (imports, type building).
+
+    python -m venv /tmp/agents && /tmp/agents/bin/pip install -r requirements-agents.txt
+    /tmp/agents/bin/python capture_agents.py [--only openinference openinference_helper ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import capture  # the retrieval conventions, write_traces, print_spans
+import capture_responses  # the stub with POST /v1/responses
+
+OUT = Path(__file__).resolve().parent
+EMITTER_SRC = OUT.parents[2] / "emitter" / "src"
+CASES = ("stream", "non_stream", "chat_stream")
+KEYS = ("first", "token", "stream", "operation", "time", "span.kind", "model", "invocation", "llm.system")
+FAMILIES = {
+    "openinference": ("openinference-instrumentation-openai-agents", "openinference-instrumentation-openai"),
+    "openllmetry": ("opentelemetry-instrumentation-openai-agents", "opentelemetry-instrumentation-openai"),
+}
+SETUPS = tuple(
+    f"{family}{openai}{helper}" for helper in ("", "_helper") for family in FAMILIES for openai in ("", "_openai")
+)
+OTHER = ("openai-agents", "openai", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-common")
+
+
+def instrument(family: str, with_openai: bool, provider: Any) -> None:
+    if family == "openinference":
+        from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+        OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)  # exclusive_processor defaults to True
+        if with_openai:
+            from openinference.instrumentation.openai import OpenAIInstrumentor
+
+            OpenAIInstrumentor().instrument(tracer_provider=provider)
+    else:
+        from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+        OpenAIAgentsInstrumentor(replace_existing_processors=True).instrument(tracer_provider=provider)
+        if with_openai:
+            from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+
+            OpenAIInstrumentor().instrument(tracer_provider=provider)
+
+
+class AgentService:
+    """A RAG service whose answer is an OpenAI Agents SDK run."""
+
+    question = "What is the capital of France?"
+
+    def __init__(self, family: str, provider: Any, base_url: str) -> None:
+        from agents import Agent, OpenAIChatCompletionsModel, set_default_openai_client
+        from openai import AsyncOpenAI
+
+        self.convention = family
+        self.tracer = provider.get_tracer("rag-api")
+        self.client = AsyncOpenAI(base_url=base_url, api_key="stub-key", max_retries=0)
+        # The stub key is never used to upload the SDK's own traces (its exporter is replaced anyway).
+        set_default_openai_client(self.client, use_for_tracing=False)
+        self.agent = Agent(name="Assistant", instructions="Answer briefly.", model=capture.MODEL)
+        chat_model = OpenAIChatCompletionsModel(model=capture.MODEL, openai_client=self.client)
+        self.chat_agent = Agent(name="Assistant", instructions="Answer briefly.", model=chat_model)
+
+    async def call(self, case: str) -> dict[str, Any]:
+        from agents import Runner
+
+        seen: dict[str, int | None] = {"first_event_ns": None, "first_chunk_ns": None}
+        called_ns = time.time_ns()
+        if case == "non_stream":
+            output = (await Runner.run(self.agent, self.question)).final_output
+        else:
+            result = Runner.run_streamed(self.chat_agent if case == "chat_stream" else self.agent, self.question)
+            async for event in result.stream_events():
+                now = time.time_ns()
+                if event.type != "raw_response_event":
+                    continue
+                if seen["first_event_ns"] is None:
+                    seen["first_event_ns"] = now
+                kind = getattr(event.data, "type", None)
+                if seen["first_chunk_ns"] is None and kind == "response.output_text.delta":
+                    seen["first_chunk_ns"] = now
+            output = result.final_output
+        answered_ns = time.time_ns()
+        assert output == "".join(capture.CHUNKS), output
+        return {"called_ns": called_ns, **seen, "answered_ns": answered_ns}
+
+    async def ask(self, case: str) -> dict[str, Any]:
+        from opentelemetry.trace import SpanKind
+
+        with self.tracer.start_as_current_span("POST /ask", kind=SpanKind.SERVER) as root:
+            with capture.retrieval_span(self.tracer, self.convention, self.question):
+                await asyncio.sleep(0.050)
+            await asyncio.sleep(capture.PROMPT_WORK_S)
+            seen = await self.call(case)
+        trace_id = format(root.get_span_context().trace_id, "032x")
+        return {"case": case, "trace_id": trace_id, "streaming": case != "non_stream", "retrieval_attempts": 1, **seen}
+
+
+async def _run(service: AgentService, timing: Any) -> tuple[list[dict[str, Any]], Any]:
+    for case in CASES:  # warm-up, not written
+        await service.call(case)
+    warm = asdict(timing.stats) if timing is not None else None
+    return [await service.ask(case) for case in CASES], warm
+
+
+def run_setup(setup: str, out: Path) -> None:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    family = setup.split("_")[0]
+    with_openai, helper = "_openai" in setup, setup.endswith("_helper")
+    exporter = InMemorySpanExporter()
+    resource = {"service.name": "rag-api", "service.version": "1.4.2", "tenant.id": capture.TENANT}
+    provider = TracerProvider(resource=Resource.create(resource))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrument(family, with_openai, provider)
+    server, base_url = capture_responses.serve()
+    service = AgentService(family, provider, base_url)
+    timing = None
+    if helper:  # the service's one line, after the instrumentors are set up
+        sys.path.insert(0, str(EMITTER_SRC))
+        from ttft_emit.otel import time_first_chunk
+
+        timing = time_first_chunk(service.client, tracer_provider=provider)
+    truth, warm = asyncio.run(_run(service, timing))
+    server.shutdown()
+    provider.force_flush()
+    spans = exporter.get_finished_spans()
+    name = f"agents_{setup}"
+    capture.write_traces(out / f"{name}.otlp", spans, truth)
+    versions = {d: metadata.version(d) for d in FAMILIES[family][: 2 if with_openai else 1] + OTHER}
+    doc: dict[str, Any] = {"library": name, "versions": versions, "tenant": capture.TENANT}
+    if timing is not None:
+        doc |= {"helper": "ttft_emit.otel.time_first_chunk", "helper_stats_warm_up": warm}
+        doc["helper_stats"] = asdict(timing.stats)
+    doc["traces"] = truth
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"# {name}: {versions}")
+    if timing is not None:
+        print(f"# helper stats: after warm-up {warm}, at the end {doc['helper_stats']}")
+    capture.print_spans(spans, truth, KEYS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--setup", choices=SETUPS, help="run one set-up (this process)")
+    parser.add_argument("--only", nargs="+", choices=SETUPS, help="run these set-ups (default: all)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    if args.setup:
+        run_setup(args.setup, args.out)
+        return
+    for setup in args.only or SETUPS:
+        cmd = [sys.executable, __file__, "--setup", setup, "--out", str(args.out)]
+        subprocess.run(cmd, check=True, timeout=120)
+        print(f"{setup}: {args.out / f'agents_{setup}.otlp'}")
+
+
+if __name__ == "__main__":
+    main()
