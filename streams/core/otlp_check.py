@@ -121,10 +121,10 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
             "@traceloop/instrumentation-openai",
             "@opentelemetry/instrumentation-openai",
         ),
-        "this JavaScript instrumentation of the openai client tells no first chunk (ttft-emit's helper is Python's): "
-        "set gen_ai.response.time_to_first_chunk (seconds since the LLM span's start) and gen_ai.request.stream "
-        "on the LLM span from a span processor when the first chunk reaches the caller, or emit the request's "
-        "stage events with ttft-emit; the Vercel AI SDK's spans tell it (docs/otlp-mapping.md)",
+        "this JavaScript instrumentation of the openai client tells no first chunk: ttft-emit-otel (npm install "
+        "./emitter/js) does, with FirstChunkTiming's spanProcessor() in the provider's spanProcessors and "
+        "timing.instrument(client) (fillMissing for @traceloop's Responses stream); it sets "
+        "gen_ai.response.time_to_first_chunk and gen_ai.request.stream on the LLM span (docs/otlp-mapping.md)",
     ),
     **dict.fromkeys(
         ("openinference.instrumentation.openai_agents", "opentelemetry.instrumentation.openai_agents"),

@@ -67,6 +67,7 @@ const opt = (name, dflt) => {
 };
 const library = opt('--library');
 const esm = args.includes('--esm');
+const helper = args.includes('--helper');
 const outDir = resolve(opt('--out', resolve(HERE, '..')));
 
 // Epoch ns from the clock OTel JS uses for span times (timeOrigin + performance.now(); a span's start is
@@ -94,7 +95,8 @@ async function orchestrate() {
     const chosen = args.filter((a) => a in LIBRARIES);
     for (const lib of chosen.length ? chosen : Object.keys(LIBRARIES)) {
       const child = spawn(process.execPath, [...process.execArgv, fileURLToPath(import.meta.url), '--library', lib,
-        '--base-url', baseURL, '--out', outDir, ...(esm ? ['--esm'] : [])], { stdio: 'inherit', timeout: 120_000 });
+        '--base-url', baseURL, '--out', outDir, ...(esm ? ['--esm'] : []), ...(helper ? ['--helper'] : [])],
+      { stdio: 'inherit', timeout: 120_000 });
       const rc = await new Promise((ok) => child.once('exit', ok));
       if (rc !== 0) throw new Error(`${lib}: exit ${rc}`);
     }
@@ -109,9 +111,12 @@ async function runLibrary(lib) {
   const baseURL = opt('--base-url');
   if (!(lib in LIBRARIES) || !baseURL) throw new Error('usage: node capture.mjs --library NAME --base-url URL [--out DIR] [--esm]');
   const exporter = new InMemorySpanExporter();
+  // --helper: ttft-emit-otel (this repository's emitter/js), its processor first, fillMissing for the Responses
+  // span @traceloop/instrumentation-openai ends with the headers.
+  const timing = helper ? new (require(resolve(HERE, '../../../../emitter/js')).FirstChunkTiming)() : null;
   const provider = new NodeTracerProvider({
     resource: resourceFromAttributes({ 'service.name': 'rag-api-node', 'service.version': '1.4.2', 'tenant.id': 'acme' }),
-    spanProcessors: [new SimpleSpanProcessor(exporter)],
+    spanProcessors: [...(timing ? [timing.spanProcessor()] : []), new SimpleSpanProcessor(exporter)],
   });
   provider.register();
   const { OpenAIInstrumentation } = await import(LIBRARIES[lib]);
@@ -128,6 +133,10 @@ async function runLibrary(lib) {
     OpenAI = require('openai').OpenAI; // after registerInstrumentations: require-in-the-middle patches it
   }
   const client = new OpenAI({ baseURL, apiKey: 'stub-key', maxRetries: 0, timeout: 20_000 });
+  if (timing) {
+    timing.fillMissingSpans(provider, require('@opentelemetry/api'));
+    timing.instrument(client);
+  }
   const tracer = trace.getTracer('rag-api-node');
 
   async function retrieve() {
@@ -208,7 +217,7 @@ async function runLibrary(lib) {
   const spans = exporter.getFinishedSpans();
   const skewAfter = clockSkewMs();
 
-  const name = `openai_node_${lib}${esm ? '_esm' : ''}`;
+  const name = `openai_node_${lib}${esm ? '_esm' : ''}${helper ? '_helper' : ''}`;
   const chunks = [];
   const hrToNs = (t) => BigInt(t[0]) * 1000000000n + BigInt(t[1]);
   for (const t of truth) {
@@ -246,6 +255,7 @@ async function runLibrary(lib) {
     node: process.version,
     openai_loaded: esm ? 'import() (ESM)' + (lib === 'otel' ? '' : ', manuallyInstrument') : 'require (CommonJS)',
     date_now_minus_span_clock_ms: [Number(skewBefore.toFixed(3)), Number(skewAfter.toFixed(3))],
+    ...(timing ? { helper: 'ttft-emit-otel FirstChunkTiming (fillMissing)', helper_stats: timing.stats } : {}),
     traces: truth,
   };
   // epoch ns as JSON integers (past 2**53: BigInt, written as digits)
