@@ -31,7 +31,7 @@ from streams.core.otlp_conventions import (
     borrowed,
     stage_and_source,
 )
-from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, note_span
+from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, agent_steps, note_span
 from streams.core.otlp_nesting import nested_duplicates, partner
 from streams.core.otlp_outputs import ForwardedEvent
 from streams.core.otlp_traces import TraceAssembler
@@ -251,7 +251,9 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
     parents = {s.span_id: s.parent_span_id for s in spans}
     nested = nested_duplicates(staged, parents)
     llms = [n for _, n in notes.values() if n.stage == "llm_ttft" and n.span_id not in nested]
-    first_llm = min(llms, key=lambda n: (n.start_ns, n.span_id)) if llms else None
+    steps = agent_steps(llms)  # an agent's tool-call turns: the answering call tells the first token
+    answering = [n for n in llms if n.span_id not in steps]
+    first_llm = min(answering, key=lambda n: (n.start_ns, n.span_id)) if answering else None
     scope = NO_LLM_SCOPE if first_llm is None else (first_llm.scope_name, first_llm.scope_version)
     finding = TraceFinding(trace_id, scope, "not stored", tenant=_tenant_source(spans))
     finding.nested = [_nested_item(notes[span_id], staged, notes, nested, parents) for span_id in sorted(nested)]

@@ -291,6 +291,35 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
     return FirstChunk(None, "", "; ".join(problems))
 
 
+#: Finish reasons of a model turn that ended by asking for tools (OpenAI ``tool_calls`` / ``function_call``,
+#: Anthropic ``tool_use``, the Vercel AI SDK's ``tool-calls``).
+TOOL_FINISH_REASONS: Final = frozenset({"tool_calls", "tool_call", "function_call", "tool_use", "tool-calls"})
+#: Where an LLM span says why its turn finished: a string, or a list of strings (GenAI
+#: ``gen_ai.response.finish_reasons``), per convention.
+FINISH_REASON_ATTRS: Final = (
+    "gen_ai.response.finish_reasons",  # GenAI semantic conventions (openai-v2, the anthropic SDK, Pydantic AI)
+    "llm.finish_reason",  # OpenInference
+    "gen_ai.completion.0.finish_reason",  # OpenLLMetry
+    "llm.response.finish_reason",
+    "ai.response.finishReason",  # Vercel AI SDK
+    "anthropic.message.stop_reason",
+)
+
+
+def asked_for_tools(a: dict[str, AttrValue]) -> bool:
+    """Whether an LLM span's turn ended by asking for tools (:data:`FINISH_REASON_ATTRS` naming one of
+    :data:`TOOL_FINISH_REASONS`): an agent's step, whose first chunk is a tool call, not the answer's first token."""
+    for name in FINISH_REASON_ATTRS:
+        value = a.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            return value.lower() in TOOL_FINISH_REASONS
+        if isinstance(value, (list, tuple)):
+            return any(isinstance(v, str) and v.lower() in TOOL_FINISH_REASONS for v in value)
+    return False
+
+
 def span_streaming(span: OtlpSpan) -> bool | None:
     """Whether an LLM span's call streamed: a stream flag (:data:`STREAM_FLAGS`) if set, else its scope's rule
     (:data:`STREAMING_BY_SCOPE`), else :func:`streaming` (OpenInference's missing ``stream`` key tells a plain call

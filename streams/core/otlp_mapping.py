@@ -24,6 +24,7 @@ from schemas.vocabulary import LLM_UNMEASURED
 from streams.core.otlp_conventions import (
     EMBEDDING,
     MODEL_ATTRS,
+    asked_for_tools,
     first_chunk,
     is_retriever,
     model_of,
@@ -83,6 +84,8 @@ class SpanNote:
     #: The instrumentation scope that made the span (name, version).
     scope_name: str = ""
     scope_version: str = ""
+    #: An LLM span whose turn ended by asking for tools (:func:`asked_for_tools`).
+    tool_call: bool = False
 
     def pack(self) -> list[Any]:
         row = [
@@ -105,6 +108,8 @@ class SpanNote:
                 self.scope_name,
                 self.scope_version,
             ]
+            if self.tool_call:  # most LLM spans are not: no byte for them
+                row.append(True)
         return row
 
     @classmethod
@@ -136,6 +141,7 @@ def note_span(span: OtlpSpan, offset: int) -> SpanNote:
         note.streaming = span_streaming(span)
         note.scope_name = span.scope_name[:_NOTE_TEXT_CHARS]
         note.scope_version = span.scope_version[:_NOTE_TEXT_CHARS]
+        note.tool_call = asked_for_tools(a)
         context.update(model_of(a))
     return note
 
@@ -171,6 +177,8 @@ class TraceContext:
     parents: dict[str, str]
     #: The tenant the trace is kept under (None: a trace of spans that name no tenant).
     tenant: str | None = None
+    #: LLM spans that are an agent's steps before its answer (:func:`agent_steps`): no first token of theirs.
+    agent_steps: frozenset[str] = frozenset()
 
     @property
     def request_id(self) -> str:
@@ -246,6 +254,9 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
     whole duration (its answer came at once, at the span's end), marked ``streaming = false``. A streaming
     call without a first chunk, or one that says neither, is the reserved stage ``llm_unmeasured`` (see
     :func:`is_unmeasured`) over the whole span, with the instrumentation scope in its attrs."""
+    if note.span_id in ctx.agent_steps:  # a model turn before the answer: all of it is LLM time before the first token
+        duration = (max(note.end_ns, note.start_ns) - note.start_ns) / 1e6
+        return [_event(note, ctx, "llm_ttft", ms, duration, {"agent_step": True})]
     extra: dict[str, AttrValue] = {} if note.streaming is not False else {"streaming": False}
     first = note.first_chunk_ns
     if first is None:
@@ -257,6 +268,18 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
     if not ctx.explicit_first_token:
         events.append(_event(note, ctx, "first_token", ns_to_ms(first), None))
     return events
+
+
+def agent_steps(llms: Iterable[SpanNote]) -> frozenset[str]:
+    """The LLM spans of a trace (nests counted once) that are an agent's steps before its answer: a turn that
+    ended by asking for tools (``tool_call``) with another LLM call starting after it ended. Its first chunk is
+    the tool call's, not the first token the user sees, which the answering call gives. A tool-call turn that
+    no call follows is the answer (structured output returned as a tool call) and keeps its first chunk."""
+    ordered = sorted(llms, key=lambda n: (n.start_ns, n.span_id))
+    if len(ordered) < 2:
+        return frozenset()
+    last_start = max(n.start_ns for n in ordered)
+    return frozenset(n.span_id for n in ordered if n.tool_call and last_start >= n.end_ns)
 
 
 def is_unmeasured(note: SpanNote) -> bool:

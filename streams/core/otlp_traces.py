@@ -60,6 +60,7 @@ from streams.core.otlp_mapping import (
     SpanNote,
     TraceContext,
     Unmappable,
+    agent_steps,
     derived_prompt_at,
     is_unmeasured,
     note_span,
@@ -368,6 +369,7 @@ class TraceAssembler:
                 waiting = root
         nested = self._nested(state, staged)
         kept = [n for n in notes if n.span_id not in nested]
+        ctx.agent_steps = agent_steps(n for n in kept if n.stage == "llm_ttft")
         for note in kept:
             out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
         try:

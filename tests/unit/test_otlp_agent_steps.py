@@ -1,0 +1,127 @@
+"""An agent's tool-call turn is no answer: the request's first token is the answering call's first chunk.
+
+An agent with tools calls the model, gets a tool call back (streamed: its first chunk is the tool call's), runs
+the tool, and calls the model again for the answer the user reads. Before, the earliest first chunk of the
+trace's LLM spans was the request's first token: a Pydantic AI agent's request was stored ``complete`` with a
+TTFT of 208.6 ms where the user waited 494.5 ms, and ``other_ms`` came out negative (-131.3 ms). The turn that
+asked for tools (its finish reason) and that another LLM call follows is now LLM time before the first token, all
+of it; the answering call tells the first token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schemas.otlp import AttrValue, OtlpSpan
+from streams.core.otlp_check import check_traces
+from streams.core.otlp_conventions import asked_for_tools
+from streams.core.otlp_mapping import SpanNote, note_span
+from tests.support.captured_otlp import stored_record
+
+T0 = 1_764_000_000_000_000_000  # ns
+MS = 1_000_000
+TRACE = "7a" * 16
+ROOT, RETRIEVAL, TURN_1, TOOL, TURN_2 = (f"{i:02x}" * 8 for i in range(1, 6))
+
+
+def _span(span_id: str, name: str, start_ms: float, end_ms: float, parent: str = ROOT, **attrs: AttrValue) -> OtlpSpan:
+    return OtlpSpan(
+        trace_id=TRACE,
+        span_id=span_id,
+        parent_span_id=parent if span_id != ROOT else "",
+        name=name,
+        start_ns=T0 + round(start_ms * MS),
+        end_ns=T0 + round(end_ms * MS),
+        attributes={"tenant.id": "acme", "service.name": "rag", **attrs},
+        scope_name="pydantic-ai",
+        scope_version="2.78.0",
+    )
+
+
+def _turn(span_id: str, start_ms: float, end_ms: float, first_chunk_ms: float, finish: Any) -> OtlpSpan:
+    return _span(
+        span_id,
+        "chat gpt-4o-mini",
+        start_ms,
+        end_ms,
+        **{
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.stream": True,
+            "gen_ai.response.time_to_first_chunk": first_chunk_ms / 1e3,
+            "gen_ai.response.finish_reasons": finish,
+        },
+    )
+
+
+def _agent_trace(first_finish: Any = ("tool_calls",), second: bool = True) -> list[OtlpSpan]:
+    """Retrieval 0-50 ms; turn 1 80-210 ms (first chunk, the tool call, at +120); the tool 212-242 ms; turn 2
+    245-490 ms (first text at +125 ms: 370 ms); the root ends at 495 ms."""
+    spans = [
+        _span(RETRIEVAL, "retrieval docs", 0.0, 50.0, **{"gen_ai.operation.name": "retrieval"}),
+        _turn(TURN_1, 80.0, 210.0, 120.0, list(first_finish)),
+        _span(TOOL, "execute_tool lookup_capital", 212.0, 242.0, **{"gen_ai.operation.name": "execute_tool"}),
+    ]
+    if second:
+        spans.append(_turn(TURN_2, 245.0, 490.0, 125.0, ["stop"]))
+    return [*spans, _span(ROOT, "POST /ask", 0.0, 495.0)]
+
+
+def test_the_first_token_is_the_answering_calls_first_chunk_not_the_tool_calls() -> None:
+    record, _ = _stored(_agent_trace())
+    assert record["status"] == "complete"
+    assert record["ttft_ms"] == pytest.approx(370.0)  # before: 200.0, turn 1's tool call
+    # Turn 1 whole (130 ms) and turn 2 to its first chunk (125 ms): the model's time before the first token.
+    assert record["llm_ttft_ms"] == pytest.approx(255.0)
+    assert record["stage_repeats"] == {"llm_ttft": 1}
+    # The tool's 30 ms and the gaps: the unattributed rest, never negative.
+    assert record["other_ms"] == pytest.approx(370.0 - 50.0 - 30.0 - 255.0)
+
+
+def test_a_tool_call_turn_that_no_call_follows_is_the_answer() -> None:
+    """Structured output returned as a tool call (Pydantic AI's ``final_result``): that turn is the answer."""
+    record, _ = _stored(_agent_trace(second=False))
+    assert record["status"] == "complete" and record["ttft_ms"] == pytest.approx(200.0)
+
+
+def test_turns_that_end_with_text_are_counted_as_before() -> None:
+    """Two calls that both answered (a retry): the earliest first chunk is the first token, the calls summed."""
+    record, _ = _stored(_agent_trace(first_finish=("stop",)))
+    assert record["ttft_ms"] == pytest.approx(200.0) and record["llm_ttft_ms"] == pytest.approx(120.0 + 125.0)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "asked"),
+    [
+        ({"gen_ai.response.finish_reasons": ["tool_calls"]}, True),  # GenAI: openai-v2, Pydantic AI
+        ({"gen_ai.response.finish_reasons": ("stop", "tool_calls")}, True),
+        ({"gen_ai.response.finish_reasons": ["tool_use"]}, True),  # the anthropic SDK
+        ({"llm.finish_reason": "tool_calls"}, True),  # OpenInference
+        ({"gen_ai.completion.0.finish_reason": "tool_calls"}, True),  # OpenLLMetry
+        ({"ai.response.finishReason": "tool-calls"}, True),  # Vercel AI SDK
+        ({"anthropic.message.stop_reason": "tool_use"}, True),  # OpenLIT on Anthropic
+        ({"gen_ai.response.finish_reasons": ["stop"]}, False),
+        ({"llm.finish_reason": "end_turn"}, False),
+        ({}, False),
+    ],
+)
+def test_which_finish_reasons_ask_for_tools(attrs: dict[str, AttrValue], asked: bool) -> None:
+    assert asked_for_tools(attrs) is asked
+
+
+def test_the_tool_call_flag_survives_the_trace_state() -> None:
+    note = note_span(_turn(TURN_1, 80.0, 210.0, 120.0, ["tool_calls"]), 0)
+    assert note.tool_call and SpanNote.unpack(note.pack()) == note
+    plain = note_span(_turn(TURN_2, 245.0, 490.0, 125.0, ["stop"]), 0)
+    assert len(plain.pack()) == len(note.pack()) - 1  # no byte for the usual case
+
+
+def test_check_reads_the_answering_calls_first_chunk() -> None:
+    (report,), (finding,) = check_traces(_agent_trace())
+    assert finding.status == "complete" and not finding.missing
+    assert report.to_json()["complete"] == 1
+
+
+def _stored(spans: list[OtlpSpan]) -> tuple[dict[str, Any], Any]:
+    return stored_record(spans)
