@@ -8,7 +8,7 @@ integers or names, and field names in lowerCamelCase or snake_case, as the OTLP 
 
 :func:`decode_otlp_message` never raises: a payload that does not parse, or a span without a valid
 trace or span id, dead-letters the whole message (``otlp_decode``). Only scalar attribute values are kept
-(arrays, maps and bytes never feed a stage event).
+(maps and bytes never feed a stage event), and the string arrays of :data:`STRING_ARRAY_KEYS`, as JSON text.
 """
 
 from __future__ import annotations
@@ -192,13 +192,31 @@ def _hex_id(value: bytes, size: int, what: str, *, optional: bool = False) -> st
     return value.hex()
 
 
+#: Array attributes kept, as the JSON text of their string items (some instrumentations write them that way
+#: already): the GenAI finish reasons, which tell an agent's tool-call turn (docs/otlp-mapping.md).
+STRING_ARRAY_KEYS: Final = frozenset({"gen_ai.response.finish_reasons"})
+_MAX_ARRAY_ITEMS: Final = 16
+
+
 def _attributes(pairs: Any) -> Attributes:
     out: Attributes = {}
     for pair in pairs:
         value = _scalar(pair)
+        if value is None and pair.key in STRING_ARRAY_KEYS:
+            value = _string_array(pair.value)
         if value is not None:
             out[pair.key] = value
     return out
+
+
+def _string_array(value: AnyValue) -> str | None:
+    """An array of strings as JSON text (its first :data:`_MAX_ARRAY_ITEMS` strings); None for anything else."""
+    if value.WhichOneof("value") != "array_value":
+        return None
+    items = [
+        v.string_value for v in value.array_value.values[:_MAX_ARRAY_ITEMS] if v.WhichOneof("value") == "string_value"
+    ]
+    return orjson.dumps(items).decode()
 
 
 def _scalar(pair: KeyValue) -> AttrValue | None:

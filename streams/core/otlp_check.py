@@ -28,6 +28,7 @@ from streams.core.otlp_conventions import (
     EMBEDDING,
     EVENTS_MARK_NO_TOKEN,
     FIRST_CHUNK_ATTRS,
+    TOOL_CALL,
     borrowed,
     stage_and_source,
 )
@@ -247,11 +248,12 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
     later = now + join.request_timeout_ms + join.grace_ms + join.idle_tick_ms
     outputs += asm.advance(0, later)
     notes = {s.span_id: (s, note_span(s, 0)) for s in spans}
-    staged = [(n.stage, n) for _, n in notes.values() if n.stage is not None and n.stage != EMBEDDING]
+    staged = [(n.stage, n) for _, n in notes.values() if n.stage is not None and n.stage not in (EMBEDDING, TOOL_CALL)]
     parents = {s.span_id: s.parent_span_id for s in spans}
     nested = nested_duplicates(staged, parents)
     llms = [n for _, n in notes.values() if n.stage == "llm_ttft" and n.span_id not in nested]
-    steps = agent_steps(llms)  # an agent's tool-call turns: the answering call tells the first token
+    tools = [n for _, n in notes.values() if n.stage == TOOL_CALL]
+    steps = agent_steps(llms, tools)  # an agent's tool-call turns: the answering call tells the first token
     answering = [n for n in llms if n.span_id not in steps]
     first_llm = min(answering, key=lambda n: (n.start_ns, n.span_id)) if answering else None
     scope = NO_LLM_SCOPE if first_llm is None else (first_llm.scope_name, first_llm.scope_version)

@@ -49,11 +49,17 @@ VERCEL_LLM_OPERATIONS: Final[dict[str, bool]] = {
 }
 #: The provisional stage of an embedding span: ``vector_recall`` if a retrieval span encloses it.
 EMBEDDING: Final = "~embedding"
+#: The provisional stage of a tool's span (held with the trace, never a stage): an LLM turn that a tool span
+#: and another LLM call follow is an agent's step (:func:`streams.core.otlp_mapping.agent_steps`).
+TOOL_CALL: Final = "~tool"
 #: First-chunk attributes, first found wins: (name, nanoseconds per unit).
 FIRST_CHUNK_ATTRS: Final = (
     ("gen_ai.response.time_to_first_chunk", 1e9),  # GenAI semantic conventions, seconds
     ("gen_ai.server.time_to_first_token", 1e9),  # OpenLIT, Strands: seconds
     ("ai.response.msToFirstChunk", 1e6),  # Vercel AI SDK: milliseconds
+    # Pydantic AI (2.78) on its chat span, seconds, under the GenAI client metric's name; from just before the
+    # request, so 1.2-1.7 ms short of the client's TTFT on its captures.
+    ("gen_ai.client.operation.time_to_first_chunk", 1e9),
 )
 #: Span events that mark a first chunk; the earliest one within the span counts.
 FIRST_CHUNK_EVENTS: Final = frozenset(
@@ -95,6 +101,7 @@ STREAM_FLAG_ABSENT_MEANS: Final[dict[str, bool]] = {
     "opentelemetry.instrumentation.google_genai": False,
     "com.anthropic.sdk.python": False,
     "litellm": False,  # LiteLLM's own callback with the latest GenAI conventions (1.110): only a stream is told
+    "pydantic-ai": False,  # Pydantic AI (2.78) sets no stream flag; a stream has its time to first chunk
 }
 #: Scopes whose LLM spans tell whether the call streamed by something other than a flag: scope -> the rule
 #: (``None``: it does not say). OpenInference's google-genai (1.4.14), Bedrock (0.1.61) and LlamaIndex (4.6.1)
@@ -213,17 +220,23 @@ def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
     if isinstance(kind, str):
         if kind == "EMBEDDING":
             return EMBEDDING, "openinference.span.kind = EMBEDDING"
+        if kind == "TOOL":
+            return TOOL_CALL, "openinference.span.kind = TOOL"
         if kind in OPENINFERENCE_STAGES:
             return OPENINFERENCE_STAGES[kind], f"openinference.span.kind = {kind}"
     operation = a.get("gen_ai.operation.name")
     if isinstance(operation, str):
         if operation == "embeddings":
             return EMBEDDING, "gen_ai.operation.name = embeddings"
+        if operation == "execute_tool":
+            return TOOL_CALL, "gen_ai.operation.name = execute_tool"
         if operation in GEN_AI_STAGES:
             return GEN_AI_STAGES[operation], f"gen_ai.operation.name = {operation}"
     operation_id = a.get("ai.operationId")
     if isinstance(operation_id, str) and operation_id in VERCEL_LLM_OPERATIONS:
         return "llm_ttft", f"ai.operationId = {operation_id}"
+    if operation_id == "ai.toolCall" or a.get("traceloop.span.kind") == "tool":
+        return TOOL_CALL, "a tool's span"
     return None, ""
 
 
@@ -306,6 +319,9 @@ FINISH_REASON_ATTRS: Final = (
 )
 
 
+_MAX_REASONS_CHARS: Final = 1024
+
+
 def asked_for_tools(a: dict[str, AttrValue]) -> bool:
     """Whether an LLM span's turn ended by asking for tools (:data:`FINISH_REASON_ATTRS` naming one of
     :data:`TOOL_FINISH_REASONS`): an agent's step, whose first chunk is a tool call, not the answer's first token."""
@@ -313,6 +329,11 @@ def asked_for_tools(a: dict[str, AttrValue]) -> bool:
         value = a.get(name)
         if value is None:
             continue
+        if isinstance(value, str) and value.startswith("[") and len(value) <= _MAX_REASONS_CHARS:
+            try:  # a string array, as JSON text (schemas.otlp keeps it so; some instrumentations write it so)
+                value = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return False
         if isinstance(value, str):
             return value.lower() in TOOL_FINISH_REASONS
         if isinstance(value, (list, tuple)):

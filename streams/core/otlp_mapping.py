@@ -15,6 +15,7 @@ order in which the exporter sent the spans.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -24,6 +25,7 @@ from schemas.vocabulary import LLM_UNMEASURED
 from streams.core.otlp_conventions import (
     EMBEDDING,
     MODEL_ATTRS,
+    TOOL_CALL,
     asked_for_tools,
     first_chunk,
     is_retriever,
@@ -235,6 +237,8 @@ def stage_of(note: SpanNote, ctx: TraceContext) -> str | None:
     """The stage ``note`` maps to in its trace, or ``None`` for a span that is no stage."""
     if note.stage == EMBEDDING:
         return "vector_recall" if ctx.inside_retriever(note) else None
+    if note.stage == TOOL_CALL:
+        return None
     return note.stage
 
 
@@ -270,16 +274,31 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
     return events
 
 
-def agent_steps(llms: Iterable[SpanNote]) -> frozenset[str]:
-    """The LLM spans of a trace (nests counted once) that are an agent's steps before its answer: a turn that
-    ended by asking for tools (``tool_call``) with another LLM call starting after it ended. Its first chunk is
-    the tool call's, not the first token the user sees, which the answering call gives. A tool-call turn that
-    no call follows is the answer (structured output returned as a tool call) and keeps its first chunk."""
-    ordered = sorted(llms, key=lambda n: (n.start_ns, n.span_id))
-    if len(ordered) < 2:
+def agent_steps(llms: Iterable[SpanNote], tools: Iterable[SpanNote] = ()) -> frozenset[str]:
+    """The LLM spans of a trace (nests counted once) that are an agent's steps before its answer: a turn with
+    another LLM call starting after it ended, that ended by asking for tools (``tool_call``, its finish reason)
+    or that a tool's span (``tools``) follows before that call (Pydantic AI says ``stop`` for a Responses API
+    turn that called a function). Its first chunk is the tool call's, not the first token the user sees, which
+    the answering call gives. A tool-call turn that no call follows is the answer (structured output returned as
+    a tool call) and keeps its first chunk. O((n + t) log(n + t)) in the trace's LLM and tool spans."""
+    starts = sorted(n.start_ns for n in llms)
+    if len(starts) < 2:
         return frozenset()
-    last_start = max(n.start_ns for n in ordered)
-    return frozenset(n.span_id for n in ordered if n.tool_call and last_start >= n.end_ns)
+    tool_starts = sorted(t.start_ns for t in tools)
+    steps: set[str] = set()
+    for note in llms:
+        later = bisect_left(starts, note.end_ns)
+        if later < len(starts) and starts[later] == note.start_ns == note.end_ns:
+            later += 1  # a zero-length span is not after itself
+        if later == len(starts):
+            continue  # no call after it: the answer
+        if note.tool_call:
+            steps.add(note.span_id)
+            continue
+        tool = bisect_left(tool_starts, note.end_ns)
+        if tool < len(tool_starts) and tool_starts[tool] <= starts[later]:
+            steps.add(note.span_id)
+    return frozenset(steps)
 
 
 def is_unmeasured(note: SpanNote) -> bool:

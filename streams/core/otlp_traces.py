@@ -56,6 +56,7 @@ from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
 from streams.core.join_state import exact_bytes
 from streams.core.otlp_bounds import FIXED_TRACE_BYTES, SPAN_LINK_BYTES, note_bytes, note_problem, span_problem
+from streams.core.otlp_conventions import TOOL_CALL
 from streams.core.otlp_mapping import (
     SpanNote,
     TraceContext,
@@ -318,7 +319,7 @@ class TraceAssembler:
                 ("otlp_spans_per_trace", _OVER_SPAN_CAP) if over_spans else ("otlp_trace_bytes", _OVER_STATE_BYTES)
             )
             self.counters.caps[cap] += 1
-            if note.stage is not None:
+            if note.stage is not None and note.stage != TOOL_CALL:
                 self.counters.spans["dead_letter"] += 1
                 out.append(self._letters.of_note(state, note, "too_many_events", detail, now_ms))
             else:
@@ -369,7 +370,8 @@ class TraceAssembler:
                 waiting = root
         nested = self._nested(state, staged)
         kept = [n for n in notes if n.span_id not in nested]
-        ctx.agent_steps = agent_steps(n for n in kept if n.stage == "llm_ttft")
+        llms = [n for n in kept if n.stage == "llm_ttft"]
+        ctx.agent_steps = agent_steps(llms, [n for n in kept if n.stage == TOOL_CALL]) if len(llms) > 1 else frozenset()
         for note in kept:
             out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
         try:
@@ -424,7 +426,7 @@ class TraceAssembler:
                 ("otlp_spans_per_trace", _OVER_SPAN_CAP) if over_spans else ("otlp_trace_bytes", _OVER_STATE_BYTES)
             )
             self.counters.caps[cap] += 1
-            if note.stage is None:
+            if note.stage is None or note.stage == TOOL_CALL:
                 self.counters.spans["not_stage"] += 1
                 return []
             self.counters.spans["dead_letter"] += 1

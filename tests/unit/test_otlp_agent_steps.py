@@ -3,7 +3,7 @@
 An agent with tools calls the model, gets a tool call back (streamed: its first chunk is the tool call's), runs
 the tool, and calls the model again for the answer the user reads. Before, the earliest first chunk of the
 trace's LLM spans was the request's first token: a Pydantic AI agent's request was stored ``complete`` with a
-TTFT of 208.6 ms where the user waited 494.5 ms, and ``other_ms`` came out negative (-131.3 ms). The turn that
+TTFT of 212.1 ms where the user waited 442.3 ms, and ``other_ms`` came out negative (-129.0 ms). The turn that
 asked for tools (its finish reason) and that another LLM call follows is now LLM time before the first token, all
 of it; the answering call tells the first token.
 """
@@ -55,14 +55,17 @@ def _turn(span_id: str, start_ms: float, end_ms: float, first_chunk_ms: float, f
     )
 
 
-def _agent_trace(first_finish: Any = ("tool_calls",), second: bool = True) -> list[OtlpSpan]:
+def _agent_trace(first_finish: Any = ("tool_calls",), second: bool = True, tool: bool = True) -> list[OtlpSpan]:
     """Retrieval 0-50 ms; turn 1 80-210 ms (first chunk, the tool call, at +120); the tool 212-242 ms; turn 2
     245-490 ms (first text at +125 ms: 370 ms); the root ends at 495 ms."""
     spans = [
         _span(RETRIEVAL, "retrieval docs", 0.0, 50.0, **{"gen_ai.operation.name": "retrieval"}),
         _turn(TURN_1, 80.0, 210.0, 120.0, list(first_finish)),
-        _span(TOOL, "execute_tool lookup_capital", 212.0, 242.0, **{"gen_ai.operation.name": "execute_tool"}),
     ]
+    if tool:
+        spans.append(
+            _span(TOOL, "execute_tool lookup_capital", 212.0, 242.0, **{"gen_ai.operation.name": "execute_tool"})
+        )
     if second:
         spans.append(_turn(TURN_2, 245.0, 490.0, 125.0, ["stop"]))
     return [*spans, _span(ROOT, "POST /ask", 0.0, 495.0)]
@@ -85,15 +88,34 @@ def test_a_tool_call_turn_that_no_call_follows_is_the_answer() -> None:
     assert record["status"] == "complete" and record["ttft_ms"] == pytest.approx(200.0)
 
 
-def test_turns_that_end_with_text_are_counted_as_before() -> None:
+def test_turns_that_end_with_text_and_no_tool_between_are_counted_as_before() -> None:
     """Two calls that both answered (a retry): the earliest first chunk is the first token, the calls summed."""
-    record, _ = _stored(_agent_trace(first_finish=("stop",)))
+    record, _ = _stored(_agent_trace(first_finish=("stop",), tool=False))
     assert record["ttft_ms"] == pytest.approx(200.0) and record["llm_ttft_ms"] == pytest.approx(120.0 + 125.0)
+
+
+@pytest.mark.parametrize(
+    "tool_attrs",
+    [
+        {"gen_ai.operation.name": "execute_tool"},  # GenAI: Pydantic AI, openai-agents under OpenLLMetry
+        {"openinference.span.kind": "TOOL"},  # OpenInference
+        {"traceloop.span.kind": "tool"},  # OpenLLMetry's frameworks
+        {"ai.operationId": "ai.toolCall"},  # Vercel AI SDK
+    ],
+)
+def test_a_turn_a_tool_span_follows_is_a_step_whatever_its_finish_reason(tool_attrs: dict[str, AttrValue]) -> None:
+    """Pydantic AI says ``stop`` for a Responses API turn that called a function; openai-v2 records no finish
+    reason on a stream: the tool's span between the two calls tells the step."""
+    spans = _agent_trace(first_finish=("stop",), tool=False)
+    spans.insert(2, _span(TOOL, "lookup_capital", 212.0, 242.0, **tool_attrs))
+    record, _ = _stored(spans)
+    assert record["ttft_ms"] == pytest.approx(370.0) and record["llm_ttft_ms"] == pytest.approx(255.0)
 
 
 @pytest.mark.parametrize(
     ("attrs", "asked"),
     [
+        ({"gen_ai.response.finish_reasons": '["tool_call"]'}, True),  # an OTLP string array, as schemas.otlp keeps it
         ({"gen_ai.response.finish_reasons": ["tool_calls"]}, True),  # GenAI: openai-v2, Pydantic AI
         ({"gen_ai.response.finish_reasons": ("stop", "tool_calls")}, True),
         ({"gen_ai.response.finish_reasons": ["tool_use"]}, True),  # the anthropic SDK
@@ -102,6 +124,8 @@ def test_turns_that_end_with_text_are_counted_as_before() -> None:
         ({"ai.response.finishReason": "tool-calls"}, True),  # Vercel AI SDK
         ({"anthropic.message.stop_reason": "tool_use"}, True),  # OpenLIT on Anthropic
         ({"gen_ai.response.finish_reasons": ["stop"]}, False),
+        ({"gen_ai.response.finish_reasons": '["stop"]'}, False),
+        ({"gen_ai.response.finish_reasons": "[not json"}, False),
         ({"llm.finish_reason": "end_turn"}, False),
         ({}, False),
     ],
@@ -125,3 +149,21 @@ def test_check_reads_the_answering_calls_first_chunk() -> None:
 
 def _stored(spans: list[OtlpSpan]) -> tuple[dict[str, Any], Any]:
     return stored_record(spans)
+
+
+def test_the_genai_finish_reasons_array_is_read_from_otlp() -> None:
+    """OTLP carries ``gen_ai.response.finish_reasons`` as an array value; scalars alone were kept before."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from schemas.otlp import parse_spans
+
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes.fromhex(TURN_1), "chat"
+    span.start_time_unix_nano, span.end_time_unix_nano = T0, T0 + 130 * MS
+    reasons = span.attributes.add(key="gen_ai.response.finish_reasons").value.array_value.values
+    reasons.add(string_value="tool_calls")
+    reasons.add(int_value=3)  # not a string: left out
+    (decoded,) = parse_spans(request.SerializeToString(), "otlp_proto")
+    assert decoded.attributes["gen_ai.response.finish_reasons"] == '["tool_calls"]'
+    assert asked_for_tools(decoded.attributes)

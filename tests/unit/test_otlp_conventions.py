@@ -15,6 +15,7 @@ from schemas.otlp import AttrValue, OtlpSpan, OtlpSpanEvent
 from streams.core.otlp_conventions import (
     EMBEDDING,
     LATE_FIRST_CHUNK_NS,
+    TOOL_CALL,
     first_chunk,
     span_stage,
     streaming,
@@ -262,7 +263,7 @@ def test_token_counts_are_read_from_llm_spans_only() -> None:
         ({"gen_ai.operation.name": "retrieval"}, "retrieval"),
         ({"gen_ai.operation.name": "embeddings"}, EMBEDDING),
         ({"gen_ai.operation.name": "chat"}, "llm_ttft"),
-        ({"gen_ai.operation.name": "execute_tool"}, None),
+        ({"gen_ai.operation.name": "execute_tool"}, TOOL_CALL),  # held, never a stage: it tells an agent step
         ({"ttft.stage": "prompt_assemble", "openinference.span.kind": "LLM"}, "prompt_assemble"),
     ],
 )
