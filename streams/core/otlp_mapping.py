@@ -274,17 +274,18 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
     return events
 
 
-def agent_steps(llms: Iterable[SpanNote], tools: Iterable[SpanNote] = ()) -> frozenset[str]:
-    """The LLM spans of a trace (nests counted once) that are an agent's steps before its answer: a turn with
-    another LLM call starting after it ended, that ended by asking for tools (``tool_call``, its finish reason)
-    or that a tool's span (``tools``) follows before that call (Pydantic AI says ``stop`` for a Responses API
-    turn that called a function). Its first chunk is the tool call's, not the first token the user sees, which
-    the answering call gives. A tool-call turn that no call follows is the answer (structured output returned as
-    a tool call) and keeps its first chunk. O((n + t) log(n + t)) in the trace's LLM and tool spans."""
+def agent_steps(llms: Iterable[SpanNote], fed: Iterable[SpanNote] = ()) -> frozenset[str]:
+    """The LLM spans of a trace (nests counted once) that are steps before its answer: a turn with another LLM
+    call starting after it ended, that ended by asking for tools (``tool_call``, its finish reason) or whose
+    output fed other work before that call: a tool's or a retrieval's span of ``fed`` starting in between (Pydantic
+    AI says ``stop`` for a Responses API turn that called a function; a question condensed or rewritten by a model
+    before the retrieval). Its first chunk is not the first token the user sees, which the answering call gives.
+    A tool-call turn that no call follows is the answer (structured output returned as a tool call) and keeps
+    its first chunk. O((n + t) log(n + t)) in the trace's LLM and ``fed`` spans."""
     starts = sorted(n.start_ns for n in llms)
     if len(starts) < 2:
         return frozenset()
-    tool_starts = sorted(t.start_ns for t in tools)
+    tool_starts = sorted(t.start_ns for t in fed)
     steps: set[str] = set()
     for note in llms:
         later = bisect_left(starts, note.end_ns)
@@ -320,17 +321,22 @@ def unmeasured_attrs(note: SpanNote) -> dict[str, AttrValue]:
 
 
 def prompt_plan(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[SpanNote, int | None] | None:
-    """Where a trace's derived ``prompt_assemble`` goes: its (first) LLM span and the end (ns) of its last
-    retrieval or rerank span before that span's start (None: nothing retrieved before it yet, a late span may
-    bring it). ``None`` when the trace has a prompt span or no LLM span: nothing is derived. The event runs
-    from that end to the LLM span's start (:func:`derived_prompt_at` of :func:`prompt_template`)."""
+    """Where a trace's derived ``prompt_assemble`` goes: its first LLM span after its last retrieval or rerank
+    span (else its first LLM span) and the end (ns) of its last retrieval or rerank span before that span's start
+    (None: nothing retrieved before it yet, a late span may bring it). ``None`` when the trace has a prompt span or
+    no LLM span: nothing is derived. The event runs from that end to the LLM span's start
+    (:func:`derived_prompt_at` of :func:`prompt_template`)."""
     staged = [(stage_of(n, ctx), n) for n in notes]
     if any(stage == "prompt_assemble" for stage, _ in staged):
         return None
     llms = [n for stage, n in staged if stage == "llm_ttft"]
     if not llms:
         return None
-    llm = min(llms, key=lambda n: (n.start_ns, n.span_id))
+    # The first LLM call after the last retrieval: a call before it (a question condensed or rewritten, a query
+    # routed) is a step whose output fed the retrieval, and the prompt is assembled from what was retrieved.
+    last = max((n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT), default=None)
+    after = [n for n in llms if last is not None and n.start_ns >= last]
+    llm = min(after or llms, key=lambda n: (n.start_ns, n.span_id))
     ends = [n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT and n.end_ns <= llm.start_ns]
     return llm, max(ends) if ends else None
 

@@ -167,3 +167,32 @@ def test_the_genai_finish_reasons_array_is_read_from_otlp() -> None:
     (decoded,) = parse_spans(request.SerializeToString(), "otlp_proto")
     assert decoded.attributes["gen_ai.response.finish_reasons"] == '["tool_calls"]'
     assert asked_for_tools(decoded.attributes)
+
+
+def test_a_question_condensed_by_a_model_before_the_retrieval_is_a_step() -> None:
+    """Conversational RAG (LangChain's history-aware retriever, LlamaIndex's condense-question chat engine): a plain
+    call rewrites the question, the retrieval runs on it, the answering call streams. Before: TTFT 80 ms (the
+    rewrite's end) for 280, ``missing_stage`` without a prompt (the plan took the rewrite, before any retrieval)."""
+    spans = [
+        _span(TURN_1, "chat condense", 0.0, 80.0, **{"gen_ai.operation.name": "chat", "gen_ai.request.stream": False}),
+        _span(RETRIEVAL, "retrieval docs", 85.0, 135.0, **{"gen_ai.operation.name": "retrieval"}),
+        _turn(TURN_2, 160.0, 400.0, 120.0, ["stop"]),
+        _span(ROOT, "POST /ask", 0.0, 405.0),
+    ]
+    record, _ = _stored(spans)
+    assert record["status"] == "complete" and record["ttft_ms"] == pytest.approx(280.0)
+    assert record["prompt_assemble_ms"] == pytest.approx(25.0)  # the retrieval's end to the answering call
+    assert record["llm_ttft_ms"] == pytest.approx(80.0 + 120.0) and record["other_ms"] == pytest.approx(5.0)
+
+
+def test_a_retrieval_an_agent_calls_as_a_tool_makes_the_first_turn_a_step() -> None:
+    """Agentic RAG: the model asks for the retrieval (a tool), the answering call streams after it."""
+    spans = [
+        _turn(TURN_1, 10.0, 140.0, 120.0, ["tool_calls"]),
+        _span(RETRIEVAL, "retrieval docs", 145.0, 195.0, **{"gen_ai.operation.name": "retrieval"}),
+        _turn(TURN_2, 200.0, 440.0, 125.0, ["stop"]),
+        _span(ROOT, "POST /ask", 0.0, 445.0),
+    ]
+    record, _ = _stored(spans)
+    assert record["status"] == "complete" and record["ttft_ms"] == pytest.approx(325.0)
+    assert record["prompt_assemble_ms"] == pytest.approx(5.0) and record["llm_ttft_ms"] == pytest.approx(255.0)
