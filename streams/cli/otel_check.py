@@ -197,6 +197,12 @@ def report_lines(source: str, spans: int, reports: list[ScopeReport], findings: 
                 lines.append(f"  {stage:<16} {source} ({n})")
         for what, n in r.nested.most_common():
             lines.append(f"  counted once     {what} ({n})")
+        if r.steps:
+            lines.append(
+                f"  steps            {r.steps} LLM calls before the answer in {r.traces_with_steps} traces "
+                "(a tool call, a question rewritten before the retrieval): their whole time is llm_ttft, the "
+                "answering call's first chunk the first token"
+            )
         lines.append("  tenant           " + ", ".join(f"{t} ({n})" for t, n in r.tenant.most_common()))
         if not r.missing:
             lines.append("  missing          nothing")

@@ -154,6 +154,8 @@ class TraceFinding:
     missing: list[str] = field(default_factory=list)
     #: Stage spans counted once with another that holds them or that they hold (:mod:`streams.core.otlp_nesting`).
     nested: list[str] = field(default_factory=list)
+    #: LLM calls taken as steps before the answer (a tool call, a question rewritten before the retrieval).
+    steps: int = 0
 
 
 @dataclass(slots=True)
@@ -167,6 +169,9 @@ class ScopeReport:
     tenant: Counter[str] = field(default_factory=Counter)
     missing: Counter[str] = field(default_factory=Counter)
     nested: Counter[str] = field(default_factory=Counter)
+    #: LLM calls taken as steps before the answer, and the traces that had any.
+    steps: int = 0
+    traces_with_steps: int = 0
     #: Up to :data:`EXAMPLES` trace ids per missing item (for ``ttft request <trace id>``).
     examples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -182,6 +187,8 @@ class ScopeReport:
         self.tenant[finding.tenant or "(none)"] += 1
         self.missing.update(dict.fromkeys(finding.missing, 1))
         self.nested.update(finding.nested)
+        self.steps += finding.steps
+        self.traces_with_steps += finding.steps > 0
         for what in finding.missing:
             ids = self.examples.setdefault(what, [])
             if len(ids) < EXAMPLES:
@@ -198,6 +205,7 @@ class ScopeReport:
             "stages": {stage: dict(c.most_common()) for stage, c in self.stages.items()},
             "tenant": dict(self.tenant.most_common()),
             "counted_once": dict(self.nested.most_common()),
+            "llm_steps": {"calls": self.steps, "traces": self.traces_with_steps},
             "missing": [
                 {"what": what, "traces": n, "fix": fix_for(what, self.scope[0]), "examples": self.examples[what]}
                 for what, n in self.missing.most_common()
@@ -257,7 +265,7 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
     answering = [n for n in llms if n.span_id not in steps]
     first_llm = min(answering, key=lambda n: (n.start_ns, n.span_id)) if answering else None
     scope = NO_LLM_SCOPE if first_llm is None else (first_llm.scope_name, first_llm.scope_version)
-    finding = TraceFinding(trace_id, scope, "not stored", tenant=_tenant_source(spans))
+    finding = TraceFinding(trace_id, scope, "not stored", tenant=_tenant_source(spans), steps=len(steps))
     finding.nested = [_nested_item(notes[span_id], staged, notes, nested, parents) for span_id in sorted(nested)]
     requests = RequestJoin(join, _WINDOW_MS)
     for output in outputs:

@@ -145,6 +145,7 @@ def test_check_reads_the_answering_calls_first_chunk() -> None:
     (report,), (finding,) = check_traces(_agent_trace())
     assert finding.status == "complete" and not finding.missing
     assert report.to_json()["complete"] == 1
+    assert report.to_json()["llm_steps"] == {"calls": 1, "traces": 1}
 
 
 def _stored(spans: list[OtlpSpan]) -> tuple[dict[str, Any], Any]:
