@@ -279,13 +279,15 @@ def agent_steps(llms: Iterable[SpanNote], fed: Iterable[SpanNote] = ()) -> froze
     call starting after it ended, that ended by asking for tools (``tool_call``, its finish reason) or whose
     output fed other work before that call: a tool's or a retrieval's span of ``fed`` starting in between (Pydantic
     AI says ``stop`` for a Responses API turn that called a function; a question condensed or rewritten by a model
-    before the retrieval). Its first chunk is not the first token the user sees, which the answering call gives.
+    before the retrieval); or a plain call that a streamed call follows (a router, a guard, a classifier: the user
+    reads the stream). Its first chunk is not the first token the user sees, which the answering call gives.
     A tool-call turn that no call follows is the answer (structured output returned as a tool call) and keeps
     its first chunk. O((n + t) log(n + t)) in the trace's LLM and ``fed`` spans."""
     starts = sorted(n.start_ns for n in llms)
     if len(starts) < 2:
         return frozenset()
     tool_starts = sorted(t.start_ns for t in fed)
+    streamed_starts = sorted(n.start_ns for n in llms if n.streaming)
     steps: set[str] = set()
     for note in llms:
         later = bisect_left(starts, note.end_ns)
@@ -295,6 +297,9 @@ def agent_steps(llms: Iterable[SpanNote], fed: Iterable[SpanNote] = ()) -> froze
             continue  # no call after it: the answer
         if note.tool_call:
             steps.add(note.span_id)
+            continue
+        if note.streaming is False and bisect_left(streamed_starts, note.end_ns) < len(streamed_starts):
+            steps.add(note.span_id)  # a plain call (a router, a guard, a classifier) before the streamed answer
             continue
         tool = bisect_left(tool_starts, note.end_ns)
         if tool < len(tool_starts) and tool_starts[tool] <= starts[later]:

@@ -197,3 +197,31 @@ def test_a_retrieval_an_agent_calls_as_a_tool_makes_the_first_turn_a_step() -> N
     record, _ = _stored(spans)
     assert record["status"] == "complete" and record["ttft_ms"] == pytest.approx(325.0)
     assert record["prompt_assemble_ms"] == pytest.approx(5.0) and record["llm_ttft_ms"] == pytest.approx(255.0)
+
+
+def test_a_plain_call_before_the_streamed_answer_is_a_step() -> None:
+    """A router, guard or classifier call (not streamed) between the retrieval and the streamed answer: its end
+    was the first token before (130 ms stored for 370)."""
+    spans = [
+        _span(RETRIEVAL, "retrieval docs", 0.0, 50.0, **{"gen_ai.operation.name": "retrieval"}),
+        _span(TURN_1, "chat guard", 60.0, 130.0, **{"gen_ai.operation.name": "chat", "gen_ai.request.stream": False}),
+        _turn(TURN_2, 140.0, 400.0, 230.0, ["stop"]),
+        _span(ROOT, "POST /ask", 0.0, 405.0),
+    ]
+    record, _ = _stored(spans)
+    assert record["status"] == "complete" and record["ttft_ms"] == pytest.approx(370.0)
+    assert record["llm_ttft_ms"] == pytest.approx(70.0 + 230.0) and record["prompt_assemble_ms"] == pytest.approx(10.0)
+
+
+def test_a_streamed_call_before_a_plain_one_stays_the_answer() -> None:
+    """The answer streamed, then a plain call (follow-up suggestions): the stream's first chunk is the first token."""
+    spans = [
+        _span(RETRIEVAL, "retrieval docs", 0.0, 50.0, **{"gen_ai.operation.name": "retrieval"}),
+        _turn(TURN_1, 60.0, 300.0, 120.0, ["stop"]),
+        _span(
+            TURN_2, "chat follow-ups", 310.0, 400.0, **{"gen_ai.operation.name": "chat", "gen_ai.request.stream": False}
+        ),
+        _span(ROOT, "POST /ask", 0.0, 405.0),
+    ]
+    record, _ = _stored(spans)
+    assert record["ttft_ms"] == pytest.approx(180.0)
