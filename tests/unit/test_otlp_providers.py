@@ -22,6 +22,7 @@ from streams.core.otlp_check import check_traces
 from tests.support.captured_otlp import captured, stored_record
 
 UNTIMED, DONE = "no_first_chunk", "complete"
+AGENTS_CASES = ("stream", "non_stream", "chat_stream", "tool_stream", "tool_chat_stream")
 PYDANTIC_AI_CASES = (
     "stream",
     "non_stream",
@@ -92,13 +93,28 @@ EXPECTED: dict[str, dict[str, str]] = {
     # The OpenAI Agents SDK: its agents span tells no first token, nor whether the call streamed; the client's span
     # (the family's OpenAI instrumentor) tells a plain call and a chat stream, and ends with the headers of the
     # Responses stream the SDK reads through with_streaming_response. With the helper, every case is measured.
-    "agents_openinference": dict.fromkeys(("stream", "non_stream", "chat_stream"), UNTIMED),
-    "agents_openllmetry": dict.fromkeys(("stream", "non_stream", "chat_stream"), UNTIMED),
-    "agents_openinference_openai": {"stream": UNTIMED, "non_stream": DONE, "chat_stream": DONE},
-    "agents_openllmetry_openai": {"stream": UNTIMED, "non_stream": DONE, "chat_stream": DONE},
+    # With a tool (tool_*): turn 1 asks for it (OpenInference's agents span says "stop": the tool span between the
+    # turns tells the step), the answering turn's first chunk is the first token.
+    "agents_openinference": dict.fromkeys(AGENTS_CASES, UNTIMED),
+    "agents_openllmetry": dict.fromkeys(AGENTS_CASES, UNTIMED),
     **{
-        f"agents_{setup}_helper": dict.fromkeys(("stream", "non_stream", "chat_stream"), DONE)
+        f"agents_{family}_openai": {**dict.fromkeys(AGENTS_CASES, DONE), "stream": UNTIMED, "tool_stream": UNTIMED}
+        for family in ("openinference", "openllmetry")
+    },
+    **{
+        f"agents_{setup}_helper": dict.fromkeys(AGENTS_CASES, DONE)
         for setup in ("openinference", "openllmetry", "openinference_openai", "openllmetry_openai")
+    },
+    # Conversational RAG in LangChain (create_history_aware_retriever): a model condenses the question, the
+    # retrieval runs, the answering call streams. The condense call's first chunk was the first token before
+    # (136.4 ms stored for 441.2, complete).
+    **{
+        f"conversational_{setup}": {"conversational_stream": DONE}
+        for setup in ("openinference", "openinference_helper", "openllmetry_helper")
+    },
+    **{
+        f"conversational_{setup}": {"conversational_stream": UNTIMED}
+        for setup in ("openinference_langchain_only", "openllmetry")
     },
     # Pydantic AI 2.78's own instrumentation: no stream flag (absent = a plain call on its scope), its time to first
     # chunk under the GenAI metric's name, gen_ai.client.operation.time_to_first_chunk (every request
@@ -139,6 +155,11 @@ SLACK_MS = {"litellm_openinference_openai": 6.0}
 #: The OpenAI Agents SDK answers a plain run 1.5-1.8 ms after its LLM span ends (it converts the response), and
 #: starts that span 2.6-9.5 ms after ``Runner.run`` (the client's clock of the call).
 SLACK_MS |= {capture: 1.0 for capture in EXPECTED if capture.startswith("agents_")}
+#: The framework's own work between the model client's first chunk (or answer) and the service's first text, in no
+#: span: the Agents SDK 0.2-5.0 ms on its captures (its plain runs the most), LangChain's conversational chain
+#: 3.3-7.3 ms (captured on a host about 1.7x slower than the other captures' day, where the SDK took 1.5-1.8 ms).
+SLACK_MS |= {capture: 5.5 for capture in EXPECTED if capture.startswith("agents_")}
+SLACK_MS |= {capture: 8.0 for capture in EXPECTED if capture.startswith("conversational_")}
 LLM_SLACK_MS = {capture: 10.0 for capture in EXPECTED if capture.startswith(("agents_", "pydantic_ai"))}
 SLACK_MS |= {capture: 1.0 for capture in EXPECTED if capture.startswith("pydantic_ai")}
 #: An agent's tool: 30 ms of work between its two model calls, which the client's clock of the call holds and the
@@ -162,8 +183,8 @@ def test_stored_status_and_ttft_are_what_the_client_saw(capture: str, case: str)
     client_ttft, client_llm = _client_ms(truth, spans)
     if record["status"] != "complete":
         assert record["ttft_ms"] is None
-        # An agent's tool-call turn is measured whole even when the answering call is not.
-        assert (record["llm_ttft_ms"] is None) is not case.startswith("tool_")
+        # A step (a tool-call turn, a condensing call) is measured whole even when the answering call is not.
+        assert (record["llm_ttft_ms"] is None) is not case.startswith(("tool_", "conversational"))
         return
     slack = SLACK_MS.get(capture, 0.0)
     assert client_ttft - slack - TOLERANCE_MS <= record["ttft_ms"] <= client_ttft + TOLERANCE_MS
@@ -172,16 +193,23 @@ def test_stored_status_and_ttft_are_what_the_client_saw(capture: str, case: str)
     # The LLM span starts after the client's clock, by the instrumentations' own work (up to 1.6 ms with two; 3.9
     # on botocore's first Bedrock call, which imports its Bedrock extension before starting the span).
     tool = TOOL_MS if case.startswith("tool_") else 0.0
-    llm_low = client_llm - 5.0 - slack - LLM_SLACK_MS.get(capture, 0.0) - tool
-    assert llm_low <= record["llm_ttft_ms"] <= client_llm + 0.5 + whole_ms - tool
+    # The Agents SDK's own work between two turns (6-33 ms on its captures) is unattributed too.
+    between = 35.0 if tool and capture.startswith("agents_") else tool * 0.3
     assert record["llm_unmeasured_ms"] is None
-    assert tool - whole_ms <= record["other_ms"] - (record["rerank_ms"] or 0.0) < 2.0 + whole_ms + tool * 1.3
+    if case == "conversational_stream":  # the client's clock of the call holds the condense call and the retrieval
+        # LangChain's own work between its runnables (8.7-33.6 ms; under OpenInference its PROMPT spans take only
+        # the templates' 1.2 ms, so the rest of the assembly is unattributed too).
+        assert 0.0 <= record["other_ms"] < 45.0
+        return
+    llm_low = client_llm - 5.0 - slack - LLM_SLACK_MS.get(capture, 0.0) - tool - between
+    assert llm_low <= record["llm_ttft_ms"] <= client_llm + 0.5 + whole_ms - tool
+    assert tool - whole_ms <= record["other_ms"] - (record["rerank_ms"] or 0.0) < 2.0 + whole_ms + tool + between
     # Not told: by the helper's own span (fill_missing), by LiteLLM's callback, by every Bedrock instrumentation on
     # invoke_model_with_response_stream, by Logfire on a stream (only its log span after the stream has them).
     untold = capture == "responses_openai_v2_helper" or capture.startswith("litellm_otel") or case == "invoke_stream"
     untold = untold or (capture.startswith("logfire") and truth["streaming"])
     # The Agents SDK asks for no usage on a chat completions stream (ModelSettings.include_usage unset).
-    untold = untold or (capture.startswith("agents_") and case == "chat_stream")
+    untold = untold or (capture.startswith("agents_") and case.endswith("chat_stream"))
     untold = untold or capture.startswith("tools_openai_v2")  # openai-v2 2.4b0 reads no cache reads there
     # The JavaScript instrumentations: only OpenInference's tells cache reads, and not on a chat stream.
     if capture.startswith("openai_node"):

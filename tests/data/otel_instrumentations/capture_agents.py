@@ -1,7 +1,9 @@
 """Capture the spans an OpenAI Agents SDK service exports under the agents instrumentations of OpenInference and
-OpenLLMetry, against the loopback stub of capture_responses.py (capture.py's OpenAI stub plus ``POST /v1/responses``
-with real SSE events); write ``agents_<set-up>.otlp`` (capture.py's ``write_traces``) and ``agents_<set-up>.json``
-(what the client saw) beside this file, then print a span table.
+OpenLLMetry, against the loopback stub of capture_pydantic_ai.py (``ToolStubHandler``: capture_responses.py's, i.e.
+capture.py's OpenAI stub plus ``POST /v1/responses`` with real SSE events, that answers a request offering tools, and
+holding no tool result yet, with a call of ``lookup_capital``; a request offering no tools as capture_responses.py's
+stub does); write ``agents_<set-up>.otlp`` (capture.py's ``write_traces``) and ``agents_<set-up>.json`` (what the
+client saw) into ``--out`` (default: beside this file), then print a span table.
 
 Set-ups, each in its own process (the instrumentors register Agents SDK trace processors and patch the client):
 
@@ -20,15 +22,24 @@ OpenLLMetry's ``openai.response``) runs from before the call to the stream's end
 
 Each request is a trace: root span ``POST /ask`` (SERVER), a retrieval span (capture.py's ``retrieval_span``, by
 the family's convention) around 50 ms of vector search, :data:`capture.PROMPT_WORK_S` of prompt work, then the
-agent, one of three cases:
+agent, one of five cases:
 
 1. ``stream``: ``Runner.run_streamed`` on the Responses API, ``stream_events()`` iterated;
 2. ``non_stream``: ``Runner.run`` on the Responses API;
-3. ``chat_stream``: the same agent on ``OpenAIChatCompletionsModel``, ``Runner.run_streamed``.
+3. ``chat_stream``: the same agent on ``OpenAIChatCompletionsModel``, ``Runner.run_streamed``;
+4. ``tool_stream``: as 1 with the tool agent (below): a model request answered with a streamed ``function_call``,
+   the tool, then a model request answered with the usual streamed text;
+5. ``tool_chat_stream``: as 3 with the tool agent (the first answer a streamed tool call ending with
+   ``finish_reason: "tool_calls"``).
+
+The tool agent has one ``@function_tool``, ``lookup_capital(country)`` (capture_pydantic_ai's ``TOOL_S`` of work,
+answers ``"Paris"``), and its own question; the agents of cases 1-3 offer no tools, so the stub answers them as
+before. So a tool case's first token is the first token of its last model request, not of its first.
 
 ``first_chunk_ns`` is when the service's ``stream_events()`` gives the first ``response.output_text.delta`` raw
-event (``chat_stream`` too: the SDK turns chat chunks into Responses events); ``answered_ns`` when the run's final
-output is there. One warm-up run of each case first, not written (imports, type building).
+event (``chat_stream`` too: the SDK turns chat chunks into Responses events; with a tool, of the final answer: the
+tool turn gives function-call argument deltas, no text); ``answered_ns`` when the run's final output is there. One
+warm-up run of each case first, not written (imports, type building).
 
     python -m venv /tmp/agents && /tmp/agents/bin/pip install -r requirements-agents.txt
     /tmp/agents/bin/python capture_agents.py [--only openinference openinference_helper ...]
@@ -49,12 +60,25 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capture  # the retrieval conventions, write_traces, print_spans
-import capture_responses  # the stub with POST /v1/responses
+import capture_pydantic_ai  # the stub that also answers with a tool call: ToolStubHandler, serve()
 
 OUT = Path(__file__).resolve().parent
 EMITTER_SRC = OUT.parents[2] / "emitter" / "src"
-CASES = ("stream", "non_stream", "chat_stream")
-KEYS = ("first", "token", "stream", "operation", "time", "span.kind", "model", "invocation", "llm.system")
+CASES = ("stream", "non_stream", "chat_stream", "tool_stream", "tool_chat_stream")
+KEYS = (
+    "first",
+    "token",
+    "stream",
+    "operation",
+    "time",
+    "span.kind",
+    "model",
+    "invocation",
+    "llm.system",
+    "finish",
+    "tool",
+    "function",
+)
 FAMILIES = {
     "openinference": ("openinference-instrumentation-openai-agents", "openinference-instrumentation-openai"),
     "openllmetry": ("opentelemetry-instrumentation-openai-agents", "opentelemetry-instrumentation-openai"),
@@ -88,9 +112,10 @@ class AgentService:
     """A RAG service whose answer is an OpenAI Agents SDK run."""
 
     question = "What is the capital of France?"
+    tool_question = "What is the capital of France? Look it up."
 
     def __init__(self, family: str, provider: Any, base_url: str) -> None:
-        from agents import Agent, OpenAIChatCompletionsModel, set_default_openai_client
+        from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_default_openai_client
         from openai import AsyncOpenAI
 
         self.convention = family
@@ -102,6 +127,17 @@ class AgentService:
         chat_model = OpenAIChatCompletionsModel(model=capture.MODEL, openai_client=self.client)
         self.chat_agent = Agent(name="Assistant", instructions="Answer briefly.", model=chat_model)
 
+        @function_tool
+        async def lookup_capital(country: str) -> str:
+            """The capital city of a country."""
+            await asyncio.sleep(capture_pydantic_ai.TOOL_S)
+            return "Paris"
+
+        assert lookup_capital.name == capture_pydantic_ai.TOOL  # the name the stub calls
+        looked_up = "Answer briefly; look facts up with your tools."
+        self.tool_agent = Agent(name="Assistant", instructions=looked_up, model=capture.MODEL, tools=[lookup_capital])
+        self.tool_chat_agent = Agent(name="Assistant", instructions=looked_up, model=chat_model, tools=[lookup_capital])
+
     async def call(self, case: str) -> dict[str, Any]:
         from agents import Runner
 
@@ -110,7 +146,13 @@ class AgentService:
         if case == "non_stream":
             output = (await Runner.run(self.agent, self.question)).final_output
         else:
-            result = Runner.run_streamed(self.chat_agent if case == "chat_stream" else self.agent, self.question)
+            agent = {
+                "stream": self.agent,
+                "chat_stream": self.chat_agent,
+                "tool_stream": self.tool_agent,
+                "tool_chat_stream": self.tool_chat_agent,
+            }[case]
+            result = Runner.run_streamed(agent, self.tool_question if case.startswith("tool_") else self.question)
             async for event in result.stream_events():
                 now = time.time_ns()
                 if event.type != "raw_response_event":
@@ -157,7 +199,7 @@ def run_setup(setup: str, out: Path) -> None:
     provider = TracerProvider(resource=Resource.create(resource))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     instrument(family, with_openai, provider)
-    server, base_url = capture_responses.serve()
+    server, base_url = capture_pydantic_ai.serve()
     service = AgentService(family, provider, base_url)
     timing = None
     if helper:  # the service's one line, after the instrumentors are set up
@@ -193,6 +235,7 @@ def main() -> None:
     if args.setup:
         run_setup(args.setup, args.out)
         return
+    args.out.mkdir(parents=True, exist_ok=True)
     for setup in args.only or SETUPS:
         cmd = [sys.executable, __file__, "--setup", setup, "--out", str(args.out)]
         subprocess.run(cmd, check=True, timeout=120)
