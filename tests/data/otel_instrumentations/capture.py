@@ -266,6 +266,47 @@ def write_traces(path: Path, spans: Any, traces: list[dict[str, Any]]) -> None:
             f.write(struct.pack(">I", len(raw)) + raw)
 
 
+def write_capture(
+    out: Path,
+    name: str,
+    spans: Any,
+    truth: list[dict[str, Any]],
+    versions: dict[str, str],
+    keys: tuple[str, ...],
+    *,
+    helper: bool = False,
+    timing: Any = None,
+    warm: dict[str, int] | None = None,
+) -> None:
+    """A capture's files in ``out``: ``<name>.otlp`` (:func:`write_traces`) and ``<name>.json`` (the versions, the
+    tenant, with ``helper`` or ``timing`` the helper and its ``stats`` after the warm-up and at the end, and what
+    the service saw per trace); then the span table (:func:`print_spans`)."""
+    from dataclasses import asdict
+
+    write_traces(out / f"{name}.otlp", spans, truth)
+    doc: dict[str, Any] = {"library": name, "versions": versions, "tenant": TENANT}
+    if helper or timing is not None:
+        doc["helper"] = "ttft_emit.otel.time_first_chunk"
+    if timing is not None:
+        doc |= {"helper_stats_warm_up": warm, "helper_stats": asdict(timing.stats)}
+    doc["traces"] = truth
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"# {name}: {versions}")
+    if timing is not None:
+        print(f"# helper stats: after warm-up {warm}, at the end {doc['helper_stats']}")
+    print_spans(spans, truth, keys)
+
+
+def run_setups(script: str, setups: Any, out: Path, prefix: str, timeout_s: float = 120) -> None:
+    """Each of ``setups`` in a process of its own (``script --setup S --out OUT``): their libraries patch the same
+    classes."""
+    out.mkdir(parents=True, exist_ok=True)
+    for setup in setups:
+        cmd = [sys.executable, script, "--setup", setup, "--out", str(out)]
+        subprocess.run(cmd, check=True, timeout=timeout_s)
+        print(f"{setup}: {out / f'{prefix}{setup}.otlp'}")
+
+
 def print_spans(spans: Any, truth: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
     """For the eye, per trace of ``truth``: what the client saw, and each of its finished SDK spans (scope, kind,
     parent, start and end in ms from the root's start, events, and the attributes whose names hold one of

@@ -49,8 +49,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -211,19 +209,8 @@ def run_setup(setup: str, out: Path) -> None:
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
-    name = f"agents_{setup}"
-    capture.write_traces(out / f"{name}.otlp", spans, truth)
     versions = {d: metadata.version(d) for d in FAMILIES[family][: 2 if with_openai else 1] + OTHER}
-    doc: dict[str, Any] = {"library": name, "versions": versions, "tenant": capture.TENANT}
-    if timing is not None:
-        doc |= {"helper": "ttft_emit.otel.time_first_chunk", "helper_stats_warm_up": warm}
-        doc["helper_stats"] = asdict(timing.stats)
-    doc["traces"] = truth
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"# {name}: {versions}")
-    if timing is not None:
-        print(f"# helper stats: after warm-up {warm}, at the end {doc['helper_stats']}")
-    capture.print_spans(spans, truth, KEYS)
+    capture.write_capture(out, f"agents_{setup}", spans, truth, versions, KEYS, timing=timing, warm=warm)
 
 
 def main() -> None:
@@ -235,11 +222,7 @@ def main() -> None:
     if args.setup:
         run_setup(args.setup, args.out)
         return
-    args.out.mkdir(parents=True, exist_ok=True)
-    for setup in args.only or SETUPS:
-        cmd = [sys.executable, __file__, "--setup", setup, "--out", str(args.out)]
-        subprocess.run(cmd, check=True, timeout=120)
-        print(f"{setup}: {args.out / f'agents_{setup}.otlp'}")
+    capture.run_setups(__file__, args.only or SETUPS, args.out, "agents_")
 
 
 if __name__ == "__main__":

@@ -35,8 +35,6 @@ in the call's config). One warm-up request first, not written.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from importlib import metadata
@@ -152,18 +150,10 @@ def run_setup(setup: str, out: Path) -> None:
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
-    name = f"conversational_{setup}"
-    capture.write_traces(out / f"{name}.otlp", spans, truth)
     versions = capture_langchain.versions(library)
     if helper:
         versions["ttft-emit"] = metadata.version("ttft-emit")
-    doc: dict[str, Any] = {"library": name, "versions": versions, "tenant": capture.TENANT}
-    if helper:
-        doc["helper"] = "ttft_emit.otel.time_first_chunk"
-    doc["traces"] = truth
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"# {name}: {versions}")
-    capture.print_spans(spans, truth, KEYS)
+    capture.write_capture(out, f"conversational_{setup}", spans, truth, versions, KEYS, helper=helper)
 
 
 def main() -> None:
@@ -175,10 +165,7 @@ def main() -> None:
     if args.setup:
         run_setup(args.setup, args.out)
         return
-    for setup in args.only or SETUPS:
-        cmd = [sys.executable, __file__, "--setup", setup, "--out", str(args.out)]
-        subprocess.run(cmd, check=True, timeout=180)
-        print(f"{setup}: {args.out / f'conversational_{setup}.otlp'}")
+    capture.run_setups(__file__, args.only or SETUPS, args.out, "conversational_", timeout_s=180)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -303,18 +302,8 @@ def run_setup(setup: str, out: Path) -> None:
     server.shutdown()
     provider.force_flush()
     spans = exporter.get_finished_spans()
-    name = f"tools_{setup}"
-    capture.write_traces(out / f"{name}.otlp", spans, truth)
-    doc: dict[str, Any] = {"library": name, "versions": capture.versions(library), "tenant": capture.TENANT}
-    if timing is not None:
-        doc |= {"helper": "ttft_emit.otel.time_first_chunk", "helper_stats_warm_up": warm}
-        doc["helper_stats"] = asdict(timing.stats)
-    doc["traces"] = truth
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"# {name}: {doc['versions']}")
-    if timing is not None:
-        print(f"# helper stats: after warm-up {warm}, at the end {doc['helper_stats']}")
-    capture.print_spans(spans, truth, KEYS)
+    versions = capture.versions(library)
+    capture.write_capture(out, f"tools_{setup}", spans, truth, versions, KEYS, timing=timing, warm=warm)
 
 
 def main() -> None:
@@ -326,11 +315,7 @@ def main() -> None:
     if args.setup:
         run_setup(args.setup, args.out)
         return
-    args.out.mkdir(parents=True, exist_ok=True)
-    for setup in args.only or SETUPS:  # one process each: the libraries patch the same client
-        cmd = [sys.executable, __file__, "--setup", setup, "--out", str(args.out)]
-        subprocess.run(cmd, check=True, timeout=120)
-        print(f"{setup}: {args.out / f'tools_{setup}.otlp'}")
+    capture.run_setups(__file__, args.only or SETUPS, args.out, "tools_")
 
 
 if __name__ == "__main__":
