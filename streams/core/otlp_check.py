@@ -260,8 +260,8 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
     parents = {s.span_id: s.parent_span_id for s in spans}
     nested = nested_duplicates(staged, parents)
     llms = [n for _, n in notes.values() if n.stage == "llm_ttft" and n.span_id not in nested]
-    fed = [n for _, n in notes.values() if n.stage in (TOOL_CALL, "retrieval", "rerank")]
-    steps = agent_steps(llms, fed)  # calls before the answer (tool calls, rewrites): the answering call tells it
+    # Calls before the answer (tool calls, rewrites), decided as the assembler does: the answering call tells it.
+    steps = agent_steps([n for _, n in notes.values() if n.span_id not in nested])
     answering = [n for n in llms if n.span_id not in steps]
     first_llm = min(answering, key=lambda n: (n.start_ns, n.span_id)) if answering else None
     scope = NO_LLM_SCOPE if first_llm is None else (first_llm.scope_name, first_llm.scope_version)

@@ -16,7 +16,7 @@ order in which the exporter sent the spans.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -274,19 +274,25 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
     return events
 
 
-def agent_steps(llms: Iterable[SpanNote], fed: Iterable[SpanNote] = ()) -> frozenset[str]:
-    """The LLM spans of a trace (nests counted once) that are steps before its answer: a turn with another LLM
-    call starting after it ended, that ended by asking for tools (``tool_call``, its finish reason) or whose
-    output fed other work before that call: a tool's or a retrieval's span of ``fed`` starting in between (Pydantic
-    AI says ``stop`` for a Responses API turn that called a function; a question condensed or rewritten by a model
-    before the retrieval); or a plain call that a streamed call follows (a router, a guard, a classifier: the user
-    reads the stream). Its first chunk is not the first token the user sees, which the answering call gives.
-    A tool-call turn that no call follows is the answer (structured output returned as a tool call) and keeps
-    its first chunk. O((n + t) log(n + t)) in the trace's LLM and ``fed`` spans."""
+#: What a step's output can feed before the next call: a tool, a retrieval (held spans' stages).
+_FED_STAGES: Final = frozenset({TOOL_CALL, "retrieval", "rerank"})
+
+
+def agent_steps(notes: Sequence[SpanNote]) -> frozenset[str]:
+    """The LLM spans among a trace's held spans ``notes`` (nests counted once) that are steps before its answer: a
+    turn with another LLM call starting after it ended, that ended by asking for tools (``tool_call``, its finish
+    reason) or whose output fed other work before that call: a tool's, retrieval or rerank span starting in
+    between (Pydantic AI says ``stop`` for a Responses API turn that called a function; a question condensed or
+    rewritten by a model before the retrieval); or a plain call that a streamed call follows (a router, a guard, a
+    classifier: the user reads the stream). Its first chunk is not the first token the user sees, which the
+    answering call gives. A tool-call turn that no call follows is the answer (structured output returned as a
+    tool call) and keeps its first chunk. O(n log n) in the trace's spans; the assembler and ``ttft otel check``
+    both decide by it."""
+    llms = [n for n in notes if n.stage == "llm_ttft"]
     starts = sorted(n.start_ns for n in llms)
     if len(starts) < 2:
         return frozenset()
-    tool_starts = sorted(t.start_ns for t in fed)
+    tool_starts = sorted(n.start_ns for n in notes if n.stage in _FED_STAGES)
     streamed_starts = sorted(n.start_ns for n in llms if n.streaming)
     steps: set[str] = set()
     for note in llms:

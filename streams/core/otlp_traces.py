@@ -370,10 +370,7 @@ class TraceAssembler:
                 waiting = root
         nested = self._nested(state, staged)
         kept = [n for n in notes if n.span_id not in nested]
-        llms = [n for n in kept if n.stage == "llm_ttft"]
-        if len(llms) > 1:  # a step's output fed a tool or a retrieval before the next call
-            fed = [n for n in kept if n.stage == TOOL_CALL or stage_of(n, ctx) in ("retrieval", "rerank")]
-            ctx.agent_steps = agent_steps(llms, fed)
+        ctx.agent_steps = agent_steps(kept)
         for note in kept:
             out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
         try:
