@@ -225,3 +225,16 @@ def test_a_streamed_call_before_a_plain_one_stays_the_answer() -> None:
     ]
     record, _ = _stored(spans)
     assert record["ttft_ms"] == pytest.approx(180.0)
+
+
+def test_a_zero_length_call_is_not_a_step_before_itself() -> None:
+    """A plain call of zero length (a cached answer) is not after itself: with nothing after it, it is the answer."""
+    spans = [
+        _span(RETRIEVAL, "retrieval docs", 0.0, 50.0, **{"gen_ai.operation.name": "retrieval"}),
+        _turn(TURN_1, 60.0, 300.0, 120.0, ["stop"]),
+        _span(TURN_2, "chat cached", 310.0, 310.0, **{"gen_ai.operation.name": "chat", "gen_ai.request.stream": False}),
+        _span(ROOT, "POST /ask", 0.0, 405.0),
+    ]
+    record, _ = _stored(spans)
+    assert record["status"] == "complete" and record["ttft_ms"] == pytest.approx(180.0)
+    assert record["stage_repeats"] == {"first_token": 1, "llm_ttft": 1}
