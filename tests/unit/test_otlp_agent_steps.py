@@ -170,6 +170,31 @@ def test_the_genai_finish_reasons_array_is_read_from_otlp() -> None:
     assert asked_for_tools(decoded.attributes)
 
 
+def test_the_finish_reasons_array_is_read_from_otlp_json_too() -> None:
+    """The Collector's Kafka exporter can write ``otlp_json``: the same array as ``arrayValue``, hex ids."""
+    import orjson
+
+    from schemas.otlp import parse_spans
+
+    span = {
+        "traceId": TRACE,
+        "spanId": TURN_1,
+        "name": "chat",
+        "startTimeUnixNano": str(T0),
+        "endTimeUnixNano": str(T0 + 130 * MS),
+        "attributes": [
+            {
+                "key": "gen_ai.response.finish_reasons",
+                "value": {"arrayValue": {"values": [{"stringValue": "tool_calls"}, {"intValue": "3"}]}},
+            }
+        ],
+    }
+    raw = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    (decoded,) = parse_spans(raw, "otlp_json")
+    assert decoded.attributes["gen_ai.response.finish_reasons"] == '["tool_calls"]'
+    assert asked_for_tools(decoded.attributes)
+
+
 def test_a_question_condensed_by_a_model_before_the_retrieval_is_a_step() -> None:
     """Conversational RAG (LangChain's history-aware retriever, LlamaIndex's condense-question chat engine): a plain
     call rewrites the question, the retrieval runs on it, the answering call streams. Before: TTFT 80 ms (the
