@@ -16,7 +16,7 @@ order in which the exporter sent the spans.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -179,8 +179,9 @@ class TraceContext:
     parents: dict[str, str]
     #: The tenant the trace is kept under (None: a trace of spans that name no tenant).
     tenant: str | None = None
-    #: LLM spans that are an agent's steps before its answer (:func:`agent_steps`): no first token of theirs.
-    agent_steps: frozenset[str] = frozenset()
+    #: LLM spans that are an agent's steps before its answer (:func:`agent_steps`): no first token of theirs. Each
+    #: maps to the ns of tool, retrieval and rerank work its span holds (not model time).
+    agent_steps: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def request_id(self) -> str:
@@ -258,9 +259,10 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
     whole duration (its answer came at once, at the span's end), marked ``streaming = false``. A streaming
     call without a first chunk, or one that says neither, is the reserved stage ``llm_unmeasured`` (see
     :func:`is_unmeasured`) over the whole span, with the instrumentation scope in its attrs."""
-    if note.span_id in ctx.agent_steps:  # a model turn before the answer: all of it is LLM time before the first token
-        duration = (max(note.end_ns, note.start_ns) - note.start_ns) / 1e6
-        return [_event(note, ctx, "llm_ttft", ms, duration, {"agent_step": True})]
+    held = ctx.agent_steps.get(note.span_id)
+    if held is not None:  # a model turn before the answer: all its model time is LLM time before the first token
+        duration = (max(note.end_ns, note.start_ns) - note.start_ns - held) / 1e6
+        return [_event(note, ctx, "llm_ttft", ms, max(duration, 0.0), {"agent_step": True})]
     extra: dict[str, AttrValue] = {} if note.streaming is not False else {"streaming": False}
     first = note.first_chunk_ns
     if first is None:
@@ -276,41 +278,64 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
 
 #: What a step's output can feed before the next call: a tool, a retrieval (held spans' stages).
 _FED_STAGES: Final = frozenset({TOOL_CALL, "retrieval", "rerank"})
+#: How far before a call's end the next call may seem to start and still be after it: OpenTelemetry JS starts a span
+#: at ``Date.now()``, in whole milliseconds, and ends it by ``performance.now()``. The Vercel AI SDK starts its next
+#: turn within a millisecond of the last one's end: 0.01-1.5 ms on its captures, once 0.17 ms *before* it.
+CLOCK_SLACK_NS: Final = 1_000_000
 
 
-def agent_steps(notes: Sequence[SpanNote]) -> frozenset[str]:
-    """The LLM spans among a trace's held spans ``notes`` (nests counted once) that are steps before its answer: a
-    turn with another LLM call starting after it ended, that ended by asking for tools (``tool_call``, its finish
-    reason) or whose output fed other work before that call: a tool's, retrieval or rerank span starting in
-    between (Pydantic AI says ``stop`` for a Responses API turn that called a function; a question condensed or
-    rewritten by a model before the retrieval); or a plain call that a streamed call follows (a router, a guard, a
-    classifier: the user reads the stream). Its first chunk is not the first token the user sees, which the
-    answering call gives. A tool-call turn that no call follows is the answer (structured output returned as a
-    tool call) and keeps its first chunk. O(n log n) in the trace's spans; the assembler and ``ttft otel check``
-    both decide by it."""
+def agent_steps(notes: Sequence[SpanNote]) -> dict[str, int]:
+    """The LLM spans among a trace's held spans ``notes`` (nests counted once) that are steps before its answer, each
+    with the ns of work its span holds that is not the model's (below). A step is a turn with another LLM call
+    starting after it ended (:data:`CLOCK_SLACK_NS`), that ended by asking for tools (``tool_call``, its finish
+    reason) or whose output fed other work before that call: a tool's, retrieval or rerank span starting in between
+    (Pydantic AI says ``stop`` for a Responses API turn that called a function; a question condensed or rewritten by
+    a model before the retrieval); or a plain call that a streamed call follows (a router, a guard, a classifier:
+    the user reads the stream). Its first chunk is not the first token the user sees, which the answering call
+    gives. A tool-call turn that no call follows is the answer (structured output returned as a tool call) and keeps
+    its first chunk. The Vercel AI SDK runs a streamed turn's tools before it ends that turn's span: the time of
+    the tool, retrieval and rerank spans a step's span holds is theirs, not the model's. O(n log n) in the trace's
+    spans (tools inside steps that overlap each other aside); the assembler and ``ttft otel check`` both decide by
+    it."""
     llms = [n for n in notes if n.stage == "llm_ttft"]
     starts = sorted(n.start_ns for n in llms)
     if len(starts) < 2:
-        return frozenset()
-    tool_starts = sorted(n.start_ns for n in notes if n.stage in _FED_STAGES)
+        return {}
+    fed = sorted((n.start_ns, max(n.end_ns, n.start_ns)) for n in notes if n.stage in _FED_STAGES)
+    tool_starts = [start for start, _ in fed]
     streamed_starts = sorted(n.start_ns for n in llms if n.streaming)
-    steps: set[str] = set()
+    steps: dict[str, int] = {}
     for note in llms:
-        later = bisect_left(starts, note.end_ns)
-        if later < len(starts) and starts[later] == note.start_ns == note.end_ns:
-            later += 1  # a zero-length span is not after itself
+        after = max(note.end_ns - CLOCK_SLACK_NS, note.start_ns + 1)  # a call is never after itself
+        later = bisect_left(starts, after)
         if later == len(starts):
             continue  # no call after it: the answer
         if note.tool_call:
-            steps.add(note.span_id)
-            continue
-        if note.streaming is False and bisect_left(streamed_starts, note.end_ns) < len(streamed_starts):
-            steps.add(note.span_id)  # a plain call (a router, a guard, a classifier) before the streamed answer
-            continue
-        tool = bisect_left(tool_starts, note.end_ns)
-        if tool < len(tool_starts) and tool_starts[tool] <= starts[later]:
-            steps.add(note.span_id)
-    return frozenset(steps)
+            steps[note.span_id] = 0
+        elif note.streaming is False and bisect_left(streamed_starts, after) < len(streamed_starts):
+            steps[note.span_id] = 0  # a plain call (a router, a guard, a classifier) before the streamed answer
+        else:
+            tool = bisect_left(tool_starts, after)
+            if tool < len(tool_starts) and tool_starts[tool] <= starts[later]:
+                steps[note.span_id] = 0
+    if steps and fed:
+        for note in llms:
+            if note.span_id in steps:
+                steps[note.span_id] = _held_ns(fed, tool_starts, note)
+    return steps
+
+
+def _held_ns(fed: Sequence[tuple[int, int]], fed_starts: Sequence[int], note: SpanNote) -> int:
+    """The ns of ``note``'s span that the spans ``fed`` (sorted ``(start, end)``) cover, overlaps counted once."""
+    held, reach = 0, note.start_ns
+    for start, end in fed[bisect_left(fed_starts, note.start_ns) :]:
+        if start >= note.end_ns:
+            break
+        start, end = max(start, reach), min(end, note.end_ns)
+        if end > start:
+            held += end - start
+            reach = end
+    return held
 
 
 def is_unmeasured(note: SpanNote) -> bool:

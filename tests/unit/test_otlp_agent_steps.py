@@ -263,3 +263,50 @@ def test_a_zero_length_call_is_not_a_step_before_itself() -> None:
     record, _ = _stored(spans)
     assert record["status"] == "complete" and record["ttft_ms"] == pytest.approx(180.0)
     assert record["stage_repeats"] == {"first_token": 1, "llm_ttft": 1}
+
+
+def test_a_turn_started_in_whole_milliseconds_just_before_the_last_ended_still_follows_it() -> None:
+    """The Vercel AI SDK's streamed tool loop under OpenTelemetry JS (captured: vercel_tools): a span starts at
+    ``Date.now()``, in whole ms, and ends by ``performance.now()``, so turn 2 seemed to start 0.168 ms before turn 1
+    ended. Turn 1's span stays open while the tool runs (``ai.toolCall`` inside it). Before, turn 1 was no step: TTFT
+    176.8 ms stored (its tool call) for the 490.6 the client saw, ``other_ms`` -132.2; the tool's 31 ms were LLM time."""
+    spans = [
+        _span(RETRIEVAL, "retrieve", 0.0, 43.6, **{"gen_ai.operation.name": "retrieval"}),
+        _turn(TURN_1, 47.0, 357.168, 129.9, ["tool-calls"]),
+        _span(TOOL, "ai.toolCall", 325.0, 356.0, **{"ai.operationId": "ai.toolCall"}),
+        _turn(TURN_2, 357.0, 616.2, 132.2, ["stop"]),
+        _span(ROOT, "POST /ask", 0.0, 617.3),
+    ]
+    record, _ = _stored(spans)
+    assert record["status"] == "complete" and record["ttft_ms"] == pytest.approx(489.2)
+    assert record["llm_ttft_ms"] == pytest.approx(310.168 - 31.0 + 132.2)  # turn 1 without its tool, turn 2 to +132.2
+    # The tool's 31 ms, less the 0.168 ms the two turns seem to overlap (counted in both).
+    assert record["other_ms"] == pytest.approx(31.0 - 0.168, abs=1e-3)
+
+
+def test_calls_that_overlap_by_more_than_the_clock_slack_are_not_steps() -> None:
+    """Two calls that overlap by 5 ms ran side by side: the second cannot have waited for the first's tool call."""
+    spans = [
+        _span(RETRIEVAL, "retrieval docs", 0.0, 50.0, **{"gen_ai.operation.name": "retrieval"}),
+        _turn(TURN_1, 60.0, 200.0, 120.0, ["tool_calls"]),
+        _turn(TURN_2, 195.0, 400.0, 125.0, ["stop"]),
+        _span(ROOT, "POST /ask", 0.0, 405.0),
+    ]
+    record, _ = _stored(spans)
+    assert record["ttft_ms"] == pytest.approx(180.0)  # the earliest first chunk, as for any two answering calls
+
+
+def test_the_work_a_steps_span_holds_is_counted_once() -> None:
+    """Tool and retrieval spans inside a step's span that overlap each other: their union comes off the step."""
+    from streams.core.otlp_mapping import agent_steps
+
+    def note(span: OtlpSpan) -> SpanNote:
+        return note_span(span, 0)
+
+    notes = [
+        note(_turn(TURN_1, 10.0, 200.0, 100.0, ["tool_calls"])),
+        note(_span(TOOL, "execute_tool a", 120.0, 160.0, **{"gen_ai.operation.name": "execute_tool"})),
+        note(_span(RETRIEVAL, "retrieval docs", 150.0, 190.0, **{"gen_ai.operation.name": "retrieval"})),
+        note(_turn(TURN_2, 205.0, 400.0, 125.0, ["stop"])),
+    ]
+    assert agent_steps(notes) == {TURN_1: 70 * MS}  # 120-190 ms

@@ -21,8 +21,10 @@
 // Collector's Kafka exporter carries them) and vercel_tools.json (what the client saw, the versions): the keys of
 // ../vercel/capture.mjs's vercel.json (the ns times as JSON integers here), and for the tool cases, as
 // ../capture_tools.py's tools_*.json: turn1_called_ns (= called_ns), turn1_first_chunk_ns (the tool call's first
-// part the caller saw; streaming only), turn1_done_ns (the first step finished), turn2_called_ns (the second step
-// started; streaming only), and first_chunk_ns = the first text delta of the answer (streaming only).
+// part the caller saw in fullStream; streaming only), turn1_done_ns (the SDK starts the tool:
+// experimental_onToolCallStart), tool_done_ns (experimental_onToolCallFinish), turn2_called_ns (step 2 starts:
+// experimental_onStepStart), and first_chunk_ns = the first text-delta of the answer in fullStream (streaming only).
+// The control case has no turn keys.
 import { writeFileSync, readFileSync } from 'node:fs';
 import { trace, SpanKind } from '@opentelemetry/api';
 import { NodeTracerProvider, SimpleSpanProcessor, InMemorySpanExporter } from '@opentelemetry/sdk-trace-node';
@@ -67,32 +69,30 @@ const tools = {
   }),
 };
 
-// One request's LLM work; what the client saw (ns, BigInt or null).
+// One request's LLM work; what the client saw (ns, BigInt or null). The turn boundaries come from the SDK's own
+// callbacks: the tool starting (turn 1's tool call received) and step 2 starting (turn 2 called).
 async function turns(kase) {
   const seen = { called_ns: nowNs(), first_chunk_ns: null };
   const withTools = kase !== 'stream';
   const options = {
     model, prompt, experimental_telemetry: telemetry, maxRetries: 0,
     ...(withTools ? { tools, stopWhen: stepCountIs(3) } : {}),
+    experimental_onToolCallStart: () => { if (seen.turn1_done_ns === undefined) seen.turn1_done_ns = nowNs(); },
+    experimental_onToolCallFinish: () => { if (seen.tool_done_ns === undefined) seen.tool_done_ns = nowNs(); },
+    experimental_onStepStart: (e) => { if (e.stepNumber === 1) seen.turn2_called_ns = nowNs(); },
   };
   let text = '';
   if (kase === 'tool_non_stream') {
-    const result = await generateText({
-      ...options,
-      onStepFinish: () => { if (seen.turn1_done_ns === undefined) seen.turn1_done_ns = nowNs(); },
-    });
+    const result = await generateText(options);
     text = result.text;
     if (result.steps.length !== 2) throw new Error(`expected 2 steps, got ${result.steps.length}`);
   } else {
     const result = streamText(options);
-    let step = 0;
+    let steps = 0;
     for await (const part of result.fullStream) {
       const t = nowNs();
       if (part.type === 'start-step') {
-        step += 1;
-        if (step === 2) seen.turn2_called_ns = t;
-      } else if (part.type === 'finish-step') {
-        if (step === 1 && withTools) seen.turn1_done_ns = t;
+        steps += 1;
       } else if (part.type.startsWith('tool-input') || part.type === 'tool-call') {
         if (seen.turn1_first_chunk_ns === undefined) seen.turn1_first_chunk_ns = t;
       } else if (part.type === 'text-delta') {
@@ -103,7 +103,7 @@ async function turns(kase) {
       }
     }
     await result.usage; // make sure the SDK has finished (and ended its spans)
-    if (withTools && step !== 2) throw new Error(`expected 2 steps, got ${step}`);
+    if (steps !== (withTools ? 2 : 1)) throw new Error(`unexpected number of steps ${steps}`);
   }
   if (text !== 'Paris is the capital.') throw new Error(`unexpected answer ${JSON.stringify(text)}`);
   seen.answered_ns = nowNs();
@@ -129,7 +129,7 @@ async function ask(kase) {
         first_chunk_ns: seen.first_chunk_ns,
         answered_ns: seen.answered_ns,
       };
-      for (const k of ['turn1_called_ns', 'turn1_first_chunk_ns', 'turn1_done_ns', 'turn2_called_ns']) {
+      for (const k of ['turn1_called_ns', 'turn1_first_chunk_ns', 'turn1_done_ns', 'tool_done_ns', 'turn2_called_ns']) {
         if (seen[k] !== undefined) out[k] = seen[k];
       }
       return out;
@@ -167,7 +167,7 @@ for (const t of truth) {
   const relNs = (ns) => (ns === null || ns === undefined ? '-' : '+' + (Number(BigInt(ns) - r0) / 1e6).toFixed(1));
   console.log(`\n=== ${t.case}  trace ${t.trace_id}  spans=${mine.length}`);
   console.log(`client (ms from the root's start): root entered ${relNs(t.started_ns)}, called ${relNs(t.called_ns)}, ` +
-    `turn1 first part ${relNs(t.turn1_first_chunk_ns)}, turn1 done ${relNs(t.turn1_done_ns)}, turn2 called ${relNs(t.turn2_called_ns)}, ` +
+    `turn1 first part ${relNs(t.turn1_first_chunk_ns)}, turn1 done/tool start ${relNs(t.turn1_done_ns)}, tool done ${relNs(t.tool_done_ns)}, turn2 called ${relNs(t.turn2_called_ns)}, ` +
     `first text chunk ${relNs(t.first_chunk_ns)}, answered ${relNs(t.answered_ns)}`);
   const sorted = [...mine].sort((a, b) => (a === root ? -1 : b === root ? 1 : Number(hrToNs(a.startTime) - hrToNs(b.startTime))));
   for (const s of sorted) {
