@@ -47,6 +47,23 @@ VERCEL_LLM_OPERATIONS: Final[dict[str, bool]] = {
     "ai.generateText.doGenerate": False,
     "ai.generateObject.doGenerate": False,
 }
+#: Haystack's own tracing (``haystack.component.run`` spans; ``opentelemetry-haystack`` 2.0 for Haystack 3.4) names
+#: each pipeline component's class in ``haystack.component.type``: class-name suffix -> stage, first match wins.
+HAYSTACK_COMPONENT_STAGES: Final = (
+    ("Retriever", "retrieval"),  # InMemoryBM25Retriever, QdrantEmbeddingRetriever, ...
+    ("Ranker", "rerank"),  # SentenceTransformersSimilarityRanker, ...
+    ("PromptBuilder", "prompt_assemble"),  # PromptBuilder, ChatPromptBuilder
+    ("Generator", "llm_ttft"),  # OpenAIChatGenerator, OpenAIGenerator, HuggingFaceAPIChatGenerator, ...
+)
+HAYSTACK_COMPONENT: Final = "haystack.component.type"
+#: Haystack's component span says what its ``run`` was given, as JSON: a streaming callback is a stream. (One set
+#: on the generator itself, not passed to ``run``, shows as ``NoneType``: then the span does not say.)
+HAYSTACK_INPUT_TYPES: Final = "haystack.component.input_types"
+#: An OpenInference ``LLM`` span with a prompt template and no model, parameters or messages is a prompt's rendering:
+#: OpenInference's Haystack instrumentor (0.1.46) gives ``PromptBuilder.run`` the kind ``LLM`` (read as an LLM call
+#: before: ``llm_unmeasured`` 0.2-2.2 ms, and the derived prompt assembly cut at its start).
+PROMPT_TEMPLATE: Final = "llm.prompt_template.template"
+_LLM_CALL_MARKS: Final = ("llm.model_name", "llm.invocation_parameters", "llm.input_messages.0.message.role")
 #: The provisional stage of an embedding span: ``vector_recall`` if a retrieval span encloses it.
 EMBEDDING: Final = "~embedding"
 #: The provisional stage of a tool's span (held with the trace, never a stage): an LLM turn that a tool span
@@ -222,6 +239,8 @@ def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
             return EMBEDDING, "openinference.span.kind = EMBEDDING"
         if kind == "TOOL":
             return TOOL_CALL, "openinference.span.kind = TOOL"
+        if kind == "LLM" and PROMPT_TEMPLATE in a and not any(name in a for name in _LLM_CALL_MARKS):
+            return "prompt_assemble", "openinference.span.kind = LLM, a prompt template and no model"
         if kind in OPENINFERENCE_STAGES:
             return OPENINFERENCE_STAGES[kind], f"openinference.span.kind = {kind}"
     operation = a.get("gen_ai.operation.name")
@@ -237,6 +256,11 @@ def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
         return "llm_ttft", f"ai.operationId = {operation_id}"
     if operation_id == "ai.toolCall" or a.get("traceloop.span.kind") == "tool":
         return TOOL_CALL, "a tool's span"
+    component = a.get(HAYSTACK_COMPONENT)
+    if isinstance(component, str):
+        for suffix, stage in HAYSTACK_COMPONENT_STAGES:
+            if component.endswith(suffix):
+                return stage, f"{HAYSTACK_COMPONENT} = {component[:64]}"
     return None, ""
 
 
@@ -386,6 +410,9 @@ def streaming(a: dict[str, AttrValue], absent_key_means_plain: bool = True) -> b
     operation = a.get("ai.operationId")
     if isinstance(operation, str) and operation in VERCEL_LLM_OPERATIONS:
         return VERCEL_LLM_OPERATIONS[operation]
+    inputs = a.get(HAYSTACK_INPUT_TYPES)
+    if isinstance(inputs, str) and len(inputs) <= _MAX_PARAMETERS_CHARS:
+        return _haystack_streaming(inputs)
     parameters = a.get(INVOCATION_PARAMETERS)
     if isinstance(parameters, str) and len(parameters) <= _MAX_PARAMETERS_CHARS:
         try:
@@ -399,6 +426,15 @@ def streaming(a: dict[str, AttrValue], absent_key_means_plain: bool = True) -> b
             if stream is None and absent_key_means_plain:
                 return False
     return None
+
+
+def _haystack_streaming(inputs: str) -> bool | None:
+    """A Haystack generator's run streams when it was given a streaming callback (:data:`HAYSTACK_INPUT_TYPES`)."""
+    try:
+        doc = orjson.loads(inputs)
+    except orjson.JSONDecodeError:
+        return None
+    return True if isinstance(doc, dict) and doc.get("streaming_callback") == "function" else None
 
 
 def token_attrs(a: dict[str, AttrValue]) -> dict[str, AttrValue]:

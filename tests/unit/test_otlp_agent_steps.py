@@ -269,7 +269,7 @@ def test_a_turn_started_in_whole_milliseconds_just_before_the_last_ended_still_f
     """The Vercel AI SDK's streamed tool loop under OpenTelemetry JS (captured: vercel_tools): a span starts at
     ``Date.now()``, in whole ms, and ends by ``performance.now()``, so turn 2 seemed to start 0.168 ms before turn 1
     ended. Turn 1's span stays open while the tool runs (``ai.toolCall`` inside it). Before, turn 1 was no step: TTFT
-    176.8 ms stored (its tool call) for the 490.6 the client saw, ``other_ms`` -132.2; the tool's 31 ms were LLM time."""
+    176.8 ms stored (its tool call) for the 490.6 the client saw, ``other_ms`` -132.2; the tool's 31 ms LLM time."""
     spans = [
         _span(RETRIEVAL, "retrieve", 0.0, 43.6, **{"gen_ai.operation.name": "retrieval"}),
         _turn(TURN_1, 47.0, 357.168, 129.9, ["tool-calls"]),

@@ -175,6 +175,56 @@ def test_a_call_made_inside_a_framework_llm_span_times_that_span() -> None:
     assert STREAM_ATTR not in (workflow.attributes or {}) and timing.stats.unmatched == 1
 
 
+class HeldKindSpan:
+    """OpenInference's span proxy (``OpenInferenceSpan``, openinference-instrumentation 0.1.72): it keeps
+    ``openinference.span.kind`` in ``_self_important_attributes`` and writes it onto the span only when it ends."""
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+        self._self_important_attributes: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._span, name)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # as wrapt's ObjectProxy: an instance of the span's class (OpenTelemetry checks)
+        return type(self._span)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if key == "openinference.span.kind":
+            self._self_important_attributes[key] = value
+        else:
+            self._span.set_attribute(key, value)
+
+    def end(self) -> None:
+        for key, value in self._self_important_attributes.items():
+            self._span.set_attribute(key, value)
+        self._span.end()
+
+
+def test_a_call_inside_an_openinference_llm_span_whose_kind_is_held_times_that_span() -> None:
+    """OpenInference's Haystack instrumentor (0.1.46) sets ``OpenAIChatGenerator.run``'s kind after its start: until
+    it ends, the span said nothing, and the helper found no LLM span (captured: haystack_openinference_haystack_only_
+    helper, every request ``no_first_chunk`` before)."""
+    provider, exported, timing = _provider()
+    create = timing.wrap(SuppressedCompletions().create)
+    tracer = provider.get_tracer("openinference.instrumentation.haystack")
+    generator = HeldKindSpan(tracer.start_span("OpenAIChatGenerator.run"))
+    generator.set_attribute("openinference.span.kind", "LLM")
+    token = attach(set_span_in_context(generator))  # type: ignore[arg-type]
+    try:
+        chunks = list(create(model="m", stream=True))
+    finally:
+        detach(token)
+    generator.end()
+    assert chunks == list(CHUNKS)
+    (span,) = exported.get_finished_spans()
+    attrs = span.attributes or {}
+    assert attrs["openinference.span.kind"] == "LLM" and attrs[STREAM_ATTR] is True
+    assert attrs[FIRST_CHUNK_ATTR] >= FIRST_CHUNK_S  # type: ignore[operator]
+    assert timing.stats.spans == 1 and timing.stats.first_chunks == 1 and timing.stats.unmatched == 0
+
+
 class LateNamingCompletions:
     """OpenLIT's way: ``create`` starts its LLM span with no attributes and names it (``gen_ai.operation.name``)
     when the stream ends; an HTTP client's span under it ends when the response headers arrive."""

@@ -140,6 +140,22 @@ def is_llm_span(attributes: Any) -> bool:
     return operation in LLM_OPERATIONS or kind == "LLM"
 
 
+#: Where OpenInference's span proxy (``OpenInferenceSpan``, openinference-instrumentation 0.1.72) keeps the
+#: attributes it writes onto the span only when the span ends: ``openinference.span.kind`` among them. Its Haystack
+#: instrumentor sets the kind of ``OpenAIChatGenerator.run`` after the span started, so the span said nothing while
+#: the call ran, and the helper found no LLM span to time.
+_HELD_ATTRIBUTES: Final = "_self_important_attributes"
+
+
+def names_llm_call(span: Any) -> bool:
+    """Whether ``span`` names an LLM inference by now (:func:`is_llm_span`), counting the attributes an
+    OpenInference span proxy holds until its end."""
+    if is_llm_span(getattr(span, "attributes", None)):
+        return True
+    held = getattr(span, _HELD_ATTRIBUTES, None)
+    return isinstance(held, Mapping) and is_llm_span(held)
+
+
 class FirstChunkTiming:
     """Sets the first chunk (and whether the call streamed) on the LLM spans of wrapped client calls.
 
@@ -233,7 +249,7 @@ class FirstChunkTiming:
         try:
             if span is None or span is call.span or not span.is_recording():
                 return None
-            if not is_llm_span(getattr(span, "attributes", None)):
+            if not names_llm_call(span):
                 return None
             span.set_attribute(STREAM_ATTR, True)
         except Exception:
@@ -270,7 +286,7 @@ class FirstChunkTiming:
             from opentelemetry import trace
 
             current = trace.get_current_span()
-            if is_llm_span(getattr(current, "attributes", None)):
+            if names_llm_call(current):
                 return current
             for span in _STARTED.get():
                 if span.is_recording() and is_llm_span(getattr(span, "attributes", None)):
@@ -287,7 +303,7 @@ class FirstChunkTiming:
         if call.span is not None or span is None:
             return
         try:
-            if not span.is_recording() or not is_llm_span(getattr(span, "attributes", None)):
+            if not span.is_recording() or not names_llm_call(span):
                 return
             call.span = span
             self._count("spans")
