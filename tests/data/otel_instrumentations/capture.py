@@ -44,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import metadata
 from pathlib import Path
@@ -305,6 +305,28 @@ def run_setups(script: str, setups: Any, out: Path, prefix: str, timeout_s: floa
         cmd = [sys.executable, script, "--setup", setup, "--out", str(out)]
         subprocess.run(cmd, check=True, timeout=timeout_s)
         print(f"{setup}: {out / f'{prefix}{setup}.otlp'}")
+
+
+def setup_main(
+    script: str,
+    doc: str | None,
+    setups: Any,
+    run_setup: Callable[[str, Path], None],
+    out: Path,
+    prefix: str,
+    timeout_s: float = 120,
+) -> None:
+    """The command line of a capture with set-ups: ``--setup S`` runs one in this process (``run_setup(S, out)``),
+    else each of ``--only S ...`` (default: every one of ``setups``) in a process of its own (:func:`run_setups`)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--setup", choices=sorted(setups), help="run one set-up (this process)")
+    parser.add_argument("--only", nargs="+", choices=sorted(setups), help="run these set-ups (default: all)")
+    parser.add_argument("--out", type=Path, default=out)
+    args = parser.parse_args()
+    if args.setup:
+        run_setup(args.setup, args.out)
+        return
+    run_setups(script, args.only or setups, args.out, prefix, timeout_s=timeout_s)
 
 
 def print_spans(spans: Any, truth: list[dict[str, Any]], keys: tuple[str, ...]) -> None:

@@ -42,7 +42,6 @@ Set-ups, each in its own process (the instrumentors patch the same classes):
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import sys
@@ -238,15 +237,7 @@ def run_setup(setup: str, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setup", choices=sorted(SETUPS), help="run one set-up (this process)")
-    parser.add_argument("--only", nargs="+", choices=sorted(SETUPS), help="run these set-ups (default: all)")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    if args.setup:
-        run_setup(args.setup, args.out)
-        return
-    capture.run_setups(__file__, args.only or SETUPS, args.out, "llamaindex_chat_", timeout_s=180)
+    capture.setup_main(__file__, __doc__, SETUPS, run_setup, OUT, "llamaindex_chat_", timeout_s=180)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ case first, not written (imports, type building).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 import json
@@ -326,15 +325,7 @@ def run_setup(setup: str, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setup", choices=SETUPS, help="run one set-up (this process)")
-    parser.add_argument("--only", nargs="+", choices=SETUPS, help="run these set-ups (default: all)")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    if args.setup:
-        run_setup(args.setup, args.out)
-        return
-    capture.run_setups(__file__, args.only or SETUPS, args.out, "")
+    capture.setup_main(__file__, __doc__, SETUPS, run_setup, OUT, "")
 
 
 if __name__ == "__main__":

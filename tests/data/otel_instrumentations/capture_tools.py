@@ -41,7 +41,6 @@ first (no root span), not written. Outputs ``tools_<set-up>.otlp`` (capture.py's
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import sys
@@ -307,15 +306,7 @@ def run_setup(setup: str, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setup", choices=SETUPS, help="run one set-up (this process)")
-    parser.add_argument("--only", nargs="+", choices=SETUPS, help="run these set-ups (default: all)")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    if args.setup:
-        run_setup(args.setup, args.out)
-        return
-    capture.run_setups(__file__, args.only or SETUPS, args.out, "tools_")
+    capture.setup_main(__file__, __doc__, SETUPS, run_setup, OUT, "tools_")
 
 
 if __name__ == "__main__":
