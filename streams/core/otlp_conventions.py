@@ -56,6 +56,10 @@ HAYSTACK_COMPONENT_STAGES: Final = (
     ("Generator", "llm_ttft"),  # OpenAIChatGenerator, OpenAIGenerator, HuggingFaceAPIChatGenerator, ...
 )
 HAYSTACK_COMPONENT: Final = "haystack.component.type"
+#: OpenLLMetry's LlamaIndex instrumentation (0.62.4) names a span after the component's class and what it is
+#: (``VectorIndexRetriever.task``), with ``traceloop.span.kind = task`` and the same ``traceloop.entity.name``:
+#: class-name suffix -> stage (its retrievers were no stage before: every request ``missing_stage``).
+TRACELOOP_TASK_STAGES: Final = (("Retriever", "retrieval"), ("Rerank", "rerank"))
 #: Haystack's component span says what its ``run`` was given, as JSON: a streaming callback is a stream. (One set
 #: on the generator itself, not passed to ``run``, shows as ``NoneType``: then the span does not say.)
 HAYSTACK_INPUT_TYPES: Final = "haystack.component.input_types"
@@ -254,20 +258,32 @@ def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
     operation_id = a.get("ai.operationId")
     if isinstance(operation_id, str) and operation_id in VERCEL_LLM_OPERATIONS:
         return "llm_ttft", f"ai.operationId = {operation_id}"
-    if operation_id == "ai.toolCall" or a.get("traceloop.span.kind") == "tool":
+    traceloop_kind = a.get("traceloop.span.kind")
+    if operation_id == "ai.toolCall" or traceloop_kind == "tool":
         return TOOL_CALL, "a tool's span"
+    if traceloop_kind == "task":
+        entity = a.get("traceloop.entity.name")
+        stage = _by_suffix(TRACELOOP_TASK_STAGES, entity.removesuffix(".task")) if isinstance(entity, str) else None
+        if stage is not None:
+            return stage, f"traceloop.entity.name = {entity!s:.64}"
     component = a.get(HAYSTACK_COMPONENT)
-    if isinstance(component, str):
-        for suffix, stage in HAYSTACK_COMPONENT_STAGES:
-            if component.endswith(suffix):
-                return stage, f"{HAYSTACK_COMPONENT} = {component[:64]}"
+    stage = _by_suffix(HAYSTACK_COMPONENT_STAGES, component) if isinstance(component, str) else None
+    if stage is not None:
+        return stage, f"{HAYSTACK_COMPONENT} = {component!s:.64}"
     return None, ""
 
 
+def _by_suffix(table: tuple[tuple[str, str], ...], name: str) -> str | None:
+    """The stage of the first ``(suffix, stage)`` of ``table`` that ``name`` ends with."""
+    return next((stage for suffix, stage in table if name.endswith(suffix)), None)
+
+
 def is_retriever(a: dict[str, AttrValue]) -> bool:
-    """A retrieval span by its kind or operation (an embedding span inside it is ``vector_recall``)."""
+    """A retrieval span by its kind, operation or name (an embedding span inside it is ``vector_recall``)."""
     kind, operation = a.get("openinference.span.kind"), a.get("gen_ai.operation.name")
-    return kind == "RETRIEVER" or (isinstance(operation, str) and GEN_AI_STAGES.get(operation) == "retrieval")
+    if kind == "RETRIEVER" or (isinstance(operation, str) and GEN_AI_STAGES.get(operation) == "retrieval"):
+        return True
+    return ("traceloop.span.kind" in a or HAYSTACK_COMPONENT in a) and stage_and_source(a)[0] == "retrieval"
 
 
 @dataclass(frozen=True, slots=True)
