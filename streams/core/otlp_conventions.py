@@ -75,6 +75,9 @@ EMBEDDING: Final = "~embedding"
 TOOL_CALL: Final = "~tool"
 #: First-chunk attributes, first found wins: (name, nanoseconds per unit).
 FIRST_CHUNK_ATTRS: Final = (
+    # ttft-emit's helper, seconds: beside the GenAI attribute, which an instrumentation may overwrite after it
+    # (util-genai 1.3b0 writes its own when the stream ends).
+    ("ttft_emit.time_to_first_chunk", 1e9),
     ("gen_ai.response.time_to_first_chunk", 1e9),  # GenAI semantic conventions, seconds
     ("gen_ai.server.time_to_first_token", 1e9),  # OpenLIT, Strands: seconds
     ("ai.response.msToFirstChunk", 1e6),  # Vercel AI SDK: milliseconds
@@ -112,6 +115,20 @@ ATTRS_MARK_NO_TOKEN: Final[dict[tuple[str, str], str]] = {
         "OpenLIT's Anthropic time to first token runs from the response headers to message_start, not to the "
         "first token: ignored"
     ),
+    ("opentelemetry.instrumentation.genai.openai", "gen_ai.response.time_to_first_chunk"): (
+        "OpenTelemetry's GenAI OpenAI instrumentation times a Responses API stream to its first server event "
+        "(response.created), not its first token: ignored"
+    ),
+}
+#: The pairs of :data:`ATTRS_MARK_NO_TOKEN` that mark no token only on some spans: (attribute, value) the span must
+#: have. ``opentelemetry-instrumentation-genai-openai`` (1.3b0, util-genai 1.3b0) counts every server-sent event of
+#: a stream as a chunk: right on chat completions, but on the Responses API the first is ``response.created``, sent
+#: when the request is accepted (5-14 ms stored for a first text 130 ms after the call, ``complete``).
+ATTRS_MARK_NO_TOKEN_ONLY_IF: Final[dict[tuple[str, str], tuple[str, str]]] = {
+    ("opentelemetry.instrumentation.genai.openai", "gen_ai.response.time_to_first_chunk"): (
+        "openai.api.type",
+        "responses",
+    ),
 }
 #: Scopes whose LLM spans tell a streaming call only one way, so that not telling it means a plain call:
 #: scope (or its prefix before a ``.``) -> the stream flag's value when absent. OpenTelemetry's google-genai
@@ -123,6 +140,9 @@ STREAM_FLAG_ABSENT_MEANS: Final[dict[str, bool]] = {
     "com.anthropic.sdk.python": False,
     "litellm": False,  # LiteLLM's own callback with the latest GenAI conventions (1.110): only a stream is told
     "pydantic-ai": False,  # Pydantic AI (2.78) sets no stream flag; a stream has its time to first chunk
+    # OpenTelemetry's GenAI instrumentations on util-genai 1.3b0 (``….genai.openai``, ``….genai.langchain``): the
+    # flag is set when a chunk is recorded, never ``False`` (their plain calls were ``no_first_chunk``).
+    "opentelemetry.instrumentation.genai": False,
 }
 #: Scopes whose LLM spans tell whether the call streamed by something other than a flag: scope -> the rule
 #: (``None``: it does not say). OpenInference's google-genai (1.4.14), Bedrock (0.1.61) and LlamaIndex (4.6.1)
@@ -307,7 +327,8 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
         if name not in span.attributes:
             continue
         not_a_token = ATTRS_MARK_NO_TOKEN.get((span.scope_name, name))
-        if not_a_token is not None:
+        only_if = ATTRS_MARK_NO_TOKEN_ONLY_IF.get((span.scope_name, name))
+        if not_a_token is not None and (only_if is None or span.attributes.get(only_if[0]) == only_if[1]):
             problems.append(not_a_token)
             continue
         value = span.attributes[name]

@@ -15,7 +15,14 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import set_span_in_context
-from ttft_emit.otel import FIRST_CHUNK_ATTR, STREAM_ATTR, FirstChunkTiming, TimedStream, time_first_chunk
+from ttft_emit.otel import (
+    FIRST_CHUNK_ATTR,
+    OWN_FIRST_CHUNK_ATTR,
+    STREAM_ATTR,
+    FirstChunkTiming,
+    TimedStream,
+    time_first_chunk,
+)
 
 #: The emitter's source: ttft_emit.otel's tests live here, not in emitter/tests, because they need
 #: OpenTelemetry's SDK, which the emitter's own Python 3.9 test run does not install.
@@ -106,6 +113,7 @@ def test_a_streaming_call_gets_its_first_chunk_and_stream_flag_on_its_llm_span()
     first_ns = span.start_time + round(float(attrs[FIRST_CHUNK_ATTR]) * 1e9)  # type: ignore[operator, arg-type]
     assert span.start_time >= called and first_ns <= seen_ns[0]
     assert attrs[FIRST_CHUNK_ATTR] >= FIRST_CHUNK_S  # type: ignore[operator]
+    assert attrs[OWN_FIRST_CHUNK_ATTR] == attrs[FIRST_CHUNK_ATTR]  # the one no instrumentation overwrites
     assert first_ns <= span.end_time  # type: ignore[operator]
     (root,) = [s for s in exported.get_finished_spans() if s.name == "POST /ask"]
     assert FIRST_CHUNK_ATTR not in (root.attributes or {}) and STREAM_ATTR not in (root.attributes or {})

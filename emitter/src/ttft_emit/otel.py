@@ -24,7 +24,8 @@ starts for it,
 - ``gen_ai.response.time_to_first_chunk`` (seconds, GenAI semantic conventions >= 1.41) when the first chunk
   *of output* of a streaming response reaches the caller: the wall time since the span's start. Typed events
   that carry no token (Anthropic's ``message_start``, the Responses API's ``response.created``) do not count
-  (:func:`ttft_emit.otel_streams.is_output`).
+  (:func:`ttft_emit.otel_streams.is_output`). The same value also as ``ttft_emit.time_to_first_chunk``
+  (:data:`OWN_FIRST_CHUNK_ATTR`), which the pipeline reads first: an instrumentation may overwrite the GenAI one.
 
 How: :meth:`FirstChunkTiming.wrap` wraps a ``create`` method (sync or async; any client whose streaming is
 a ``stream=True`` keyword) so that, for the duration of the call, spans started in the caller's context are
@@ -60,6 +61,10 @@ from ttft_emit.otel_streams import TimedRawResponse, TimedStream, TimedStreamMan
 
 #: The GenAI semantic conventions' time to first chunk of a streamed response, in seconds.
 FIRST_CHUNK_ATTR: Final = "gen_ai.response.time_to_first_chunk"
+#: The same value under the helper's own name, which the pipeline reads first: an instrumentation may overwrite the
+#: GenAI attribute after the helper set it (util-genai 1.3b0 writes its first server event's time when the stream
+#: ends: ``response.created`` on the Responses API, 120 ms before the first token).
+OWN_FIRST_CHUNK_ATTR: Final = "ttft_emit.time_to_first_chunk"
 #: Whether the request streamed (GenAI semantic conventions).
 STREAM_ATTR: Final = "gen_ai.request.stream"
 #: The header Stainless clients (openai, anthropic) add to a call made through ``with_streaming_response`` or
@@ -235,7 +240,9 @@ class FirstChunkTiming:
             if not isinstance(start_ns, int) or not span.is_recording():
                 self._count("errors")
                 return
-            span.set_attribute(FIRST_CHUNK_ATTR, max(now_ns - start_ns, 0) / 1e9)
+            seconds = max(now_ns - start_ns, 0) / 1e9
+            span.set_attribute(FIRST_CHUNK_ATTR, seconds)
+            span.set_attribute(OWN_FIRST_CHUNK_ATTR, seconds)
             self._count("first_chunks")
         except Exception:
             self._count("errors")
@@ -551,6 +558,7 @@ __all__ = [
     "CLIENT_METHODS",
     "FIRST_CHUNK_ATTR",
     "LLM_OPERATIONS",
+    "OWN_FIRST_CHUNK_ATTR",
     "STREAM_ATTR",
     "FirstChunkStats",
     "FirstChunkTiming",
