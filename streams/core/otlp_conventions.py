@@ -377,6 +377,7 @@ FINISH_REASON_ATTRS: Final = (
     "llm.response.finish_reason",
     "ai.response.finishReason",  # Vercel AI SDK
     "anthropic.message.stop_reason",
+    "gen_ai.response.finish_reason",  # Semantic Kernel 1.45: its enum's name, "FinishReason.TOOL_CALLS"
 )
 
 
@@ -396,10 +397,15 @@ def asked_for_tools(a: dict[str, AttrValue]) -> bool:
             except orjson.JSONDecodeError:
                 return False
         if isinstance(value, str):
-            return value.lower() in TOOL_FINISH_REASONS
+            return _reason(value) in TOOL_FINISH_REASONS
         if isinstance(value, (list, tuple)):
-            return any(isinstance(v, str) and v.lower() in TOOL_FINISH_REASONS for v in value)
+            return any(isinstance(v, str) and _reason(v) in TOOL_FINISH_REASONS for v in value)
     return False
+
+
+def _reason(value: str) -> str:
+    """A finish reason as :data:`TOOL_FINISH_REASONS` spells it: lower case, without an enum's class name."""
+    return value.lower().rpartition(".")[2]
 
 
 def span_streaming(span: OtlpSpan) -> bool | None:

@@ -126,6 +126,8 @@ def test_a_turn_a_tool_span_follows_is_a_step_whatever_its_finish_reason(tool_at
         ({"gen_ai.response.finish_reasons": ["stop"]}, False),
         ({"gen_ai.response.finish_reasons": '["stop"]'}, False),
         ({"gen_ai.response.finish_reasons": "[not json"}, False),
+        ({"gen_ai.response.finish_reason": "FinishReason.TOOL_CALLS"}, True),  # Semantic Kernel: its enum's name
+        ({"gen_ai.response.finish_reason": "FinishReason.STOP"}, False),
         ({"llm.finish_reason": "end_turn"}, False),
         ({}, False),
     ],

@@ -349,6 +349,9 @@ def test_the_stream_wrapper_proxies_the_stream() -> None:
     assert stream.response == "raw" and list(stream) == [1, 2] and seen == [1]
     stream.close()
     assert inner.closed
+    # An instance of the stream's class, as wrapt's proxies are: Semantic Kernel 1.45 checks isinstance(stream,
+    # openai.AsyncStream) on its streaming path and failed every streamed call under the helper.
+    assert isinstance(stream, Stream) and isinstance(stream, TimedStream) and type(stream) is TimedStream
 
 
 def test_importing_the_helper_imports_neither_opentelemetry_nor_the_kafka_client() -> None:

@@ -78,6 +78,13 @@ class TimedStream:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # type: ignore[override]
+        """The wrapped stream's class, as wrapt's proxies answer: a framework's ``isinstance(stream,
+        openai.AsyncStream)`` holds (Semantic Kernel 1.45 checks it twice on its streaming path, and failed every
+        streamed call under the helper). ``type()`` still tells the wrapper."""
+        return type(self._stream)
+
     def _seen(self, chunk: Any) -> None:
         if self._on_first is None or not self._output(chunk):
             return
@@ -177,6 +184,11 @@ class TimedRawResponse:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._response, name)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # type: ignore[override]
+        """The wrapped response's class (:attr:`TimedStream.__class__`)."""
+        return type(self._response)
+
     def _timed(self, stream: Any) -> Any:
         if self._parsed is None or self._parsed._stream is not stream:
             self._parsed = TimedStream(stream, self._on_first, self._on_end)
@@ -234,6 +246,11 @@ class TimedStreamManager:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._manager, name)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # type: ignore[override]
+        """The wrapped manager's class (:attr:`TimedStream.__class__`)."""
+        return type(self._manager)
 
     def __enter__(self) -> Any:
         with self._enter():
