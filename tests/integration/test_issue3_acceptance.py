@@ -215,6 +215,10 @@ def _window_state(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["count"], bins, row["zero_count"], row["slo_bad_count"], row["negative_count"])
 
 
+def _counts(row: dict[str, Any]) -> tuple[Any, ...]:
+    return row["count"], row["zero_count"], row["slo_bad_count"], row["negative_count"]
+
+
 def test_kill_9_during_aggregation_gives_the_clean_runs_windows(
     story_reference: StoryRun, story_crashed: StoryRun
 ) -> None:
@@ -229,7 +233,11 @@ def test_kill_9_during_aggregation_gives_the_clean_runs_windows(
     assert len(ref) > 200
     assert set(got) == set(ref), f"missing {sorted(set(ref) - set(got))[:5]}, extra {sorted(set(got) - set(ref))[:5]}"
     differ = [k for k in ref if _window_state(ref[k]) != _window_state(got[k])]
-    assert not differ, f"{len(differ)} of {len(ref)} windows differ, e.g. {differ[:5]}"
+    # Each differing key with its (count, zero, SLO-bad, negative) in the reference and in the crashed run, and the
+    # late request's window: a diagnosis without a rerun.
+    detail = [(k, _counts(ref[k]), _counts(got[k])) for k in differ[:5]]
+    late = story_crashed.late_window_ms
+    assert not differ, f"{len(differ)} of {len(ref)} windows differ (late window {late}), e.g. {detail}"
     print(f"{len(ref)} stage-window rows equal; {sum(r['count'] for r in ref.values())} samples")
 
 
