@@ -134,6 +134,19 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
         "to the agent's model); it times the streams the SDK reads through with_streaming_response and sets the "
         "first chunk on the agents span (docs/otlp-mapping.md)",
     ),
+    "gcp.vertex.agent": "Google ADK's spans tell no first chunk, nor whether the call streamed: "
+    "ttft_emit.otel.time_first_chunk(litellm) for a LiteLlm model (before ADK's first model call: ADK copies "
+    "litellm.acompletion then), or time_first_chunk(client) on its google.genai.Client; it sets both on ADK's "
+    "generate_content span (docs/otlp-mapping.md)",
+    "semantic_kernel.utils.telemetry.model_diagnostics.decorators": "Semantic Kernel's chat spans tell no first "
+    "chunk, nor whether the call streamed: ttft_emit.otel.time_first_chunk(async_client) on the AsyncOpenAI "
+    "client given to OpenAIChatCompletion sets both on SK's span (docs/otlp-mapping.md)",
+    "opentelemetry.instrumentation.haystack": "OpenLLMetry's Haystack spans tell no first chunk: instrument the "
+    "OpenAI client too (its OpenAIInstrumentor), or ttft_emit.otel.time_first_chunk(generator.client) after "
+    "warm_up() (docs/otlp-mapping.md)",
+    "openinference.instrumentation.haystack": "OpenInference's Haystack spans tell no first chunk: add its "
+    "OpenAIInstrumentor (the client's span inside counts), or ttft_emit.otel.time_first_chunk(generator.client) "
+    "after warm_up() (docs/otlp-mapping.md)",
     "opentelemetry.instrumentation.langchain": "OpenLLMetry's LangChain spans tell no first chunk, and its OpenAI "
     "instrumentation's span is suppressed under them: call ttft_emit.otel.time_first_chunk(llm.root_client) once "
     "per ChatOpenAI; it sets the first chunk on the ChatOpenAI.chat span (docs/otlp-mapping.md, 'The helper')",

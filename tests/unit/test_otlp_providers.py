@@ -248,6 +248,9 @@ def test_openinference_google_genai_streams_by_span_name_whatever_its_parameters
         ("litellm_openllmetry", "time_first_chunk(litellm)"),
         ("agents_openinference", "set_default_openai_client"),
         ("agents_openllmetry", "set_default_openai_client"),
+        ("genai_adk", "time_first_chunk(litellm)"),  # Google ADK's own tracing
+        ("genai_sk", "OpenAIChatCompletion"),  # Semantic Kernel's
+        ("haystack_openinference_haystack_only", "generator.client"),
     ],
 )
 def test_check_names_the_fix_for_the_providers_instrumentation(capture: str, fix: str) -> None:
