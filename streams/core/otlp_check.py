@@ -28,11 +28,12 @@ from streams.core.otlp_conventions import (
     EMBEDDING,
     EVENTS_MARK_NO_TOKEN,
     FIRST_CHUNK_ATTRS,
+    FIRST_CHUNK_HIDDEN_BY_SCOPE,
     TOOL_CALL,
     borrowed,
     stage_and_source,
 )
-from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, agent_steps, note_span
+from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, agent_steps, hidden_first_chunk, note_span
 from streams.core.otlp_nesting import nested_duplicates, partner
 from streams.core.otlp_outputs import ForwardedEvent
 from streams.core.otlp_traces import TraceAssembler
@@ -72,6 +73,11 @@ FIXES: Final[dict[str, str]] = {
     "the request's round trip (8.5 ms on loopback, more to a remote provider). ttft_emit.otel.time_first_chunk("
     "client) sets gen_ai.response.time_to_first_chunk from the span's start, which wins (docs/otlp-mapping.md)",
 }
+FIXES["first token shown later"] = (
+    "the framework shows the caller its first token after the model's first chunk (DSPy's StreamListener): "
+    "mark it in the service, a zero-length span with ttft.stage = first_token when the first StreamResponse "
+    "reaches the caller (docs/otlp-mapping.md)"
+)
 #: A trace whose LLM call was written onto another span (:func:`streams.core.otlp_conventions.borrowed`).
 BORROWED_CALL: Final = "LLM call written onto another span"
 FIXES[BORROWED_CALL] = (
@@ -236,6 +242,8 @@ def fix_for(what: str, scope: str = "") -> str:
     if what.startswith("dead letter"):
         return "see the detail: the span breaks the stage-event contract"
     if what.startswith("first chunk ignored"):
+        if any(reason in what for reason in FIRST_CHUNK_HIDDEN_BY_SCOPE.values()):
+            return FIXES["first token shown later"]
         if any(reason in what for reason in (*EVENTS_MARK_NO_TOKEN.values(), *ATTRS_MARK_NO_TOKEN.values())):
             return FIXES["first chunk"]
         return "the first-chunk value must be a finite number within the span (seconds after its start)"
@@ -306,6 +314,10 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
         finding.missing.append(BORROWED_CALL)
     if first_llm is not None and first_llm.first_chunk_problem:
         finding.missing.append(f"first chunk ignored: {first_llm.first_chunk_problem}")
+    held = [n for _, n in notes.values()]
+    hidden = hidden_first_chunk(held, any(n.stage == "first_token" for n in held))
+    if hidden and first_llm is not None and first_llm.streaming:  # its own fix, not the helper's
+        finding.missing = [m for m in finding.missing if m != "first chunk"] + [f"first chunk ignored: {hidden}"]
     if first_llm is not None and first_llm.streaming is None and "first chunk" in finding.missing:
         finding.missing.append("stream flag")
     if (

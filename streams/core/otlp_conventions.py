@@ -130,6 +130,18 @@ ATTRS_MARK_NO_TOKEN_ONLY_IF: Final[dict[tuple[str, str], tuple[str, str]]] = {
         "responses",
     ),
 }
+#: Frameworks whose streamed output reaches the caller later than the model's first chunk, by the scope of any span
+#: of theirs in the trace -> why. DSPy (3.4, OpenInference's instrumentor 0.1.48) streams its output fields' markers
+#: first (``[[ ## answer ## ]]``) and, in ``ReAct``'s extract step, the ``reasoning`` field; the caller's
+#: ``StreamListener`` gives the listened field's first token 61-66 ms later on the captures, 304-310 ms in ReAct.
+#: Taken as the first token, those requests were stored ``complete`` that much early. A streamed call in such a trace
+#: tells no first token (``llm_unmeasured``) unless the trace marks one (``ttft.stage = first_token``).
+FIRST_CHUNK_HIDDEN_BY_SCOPE: Final[dict[str, str]] = {
+    "openinference.instrumentation.dspy": (
+        "DSPy streams its output field markers (and other fields) before the listened field's first token: the "
+        "model's first chunk is not the caller's; ignored"
+    ),
+}
 #: Scopes whose LLM spans tell a streaming call only one way, so that not telling it means a plain call:
 #: scope (or its prefix before a ``.``) -> the stream flag's value when absent. OpenTelemetry's google-genai
 #: instrumentation (1.3b0) sets ``gen_ai.request.stream`` only in its stream wrapper, and the anthropic SDK's

@@ -24,6 +24,7 @@ from schemas.otlp import AttrValue, OtlpSpan
 from schemas.vocabulary import LLM_UNMEASURED
 from streams.core.otlp_conventions import (
     EMBEDDING,
+    FIRST_CHUNK_HIDDEN_BY_SCOPE,
     MODEL_ATTRS,
     TOOL_CALL,
     asked_for_tools,
@@ -182,6 +183,9 @@ class TraceContext:
     #: LLM spans that are an agent's steps before its answer (:func:`agent_steps`): no first token of theirs. Each
     #: maps to the ns of tool, retrieval and rerank work its span holds (not model time).
     agent_steps: Mapping[str, int] = field(default_factory=dict)
+    #: Why a streamed call's first chunk is not the caller's first token in this trace (:func:`hidden_first_chunk`),
+    #: empty when it is.
+    hidden_first_chunk: str = ""
 
     @property
     def request_id(self) -> str:
@@ -265,6 +269,10 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
         return [_event(note, ctx, "llm_ttft", ms, max(duration, 0.0), {"agent_step": True})]
     extra: dict[str, AttrValue] = {} if note.streaming is not False else {"streaming": False}
     first = note.first_chunk_ns
+    if note.streaming and ctx.hidden_first_chunk:  # the framework shows the caller its first token later
+        duration = (max(note.end_ns, note.start_ns) - note.start_ns) / 1e6
+        attrs = {**unmeasured_attrs(note), "first_chunk_ignored": ctx.hidden_first_chunk[:_UNMEASURED_ATTR_CHARS]}
+        return [_event(note, ctx, LLM_UNMEASURED, ms, duration, attrs)]
     if first is None:
         if note.streaming is not False:
             duration = (max(note.end_ns, note.start_ns) - note.start_ns) / 1e6
@@ -336,6 +344,16 @@ def _held_ns(fed: Sequence[tuple[int, int]], fed_starts: Sequence[int], note: Sp
             held += end - start
             reach = end
     return held
+
+
+def hidden_first_chunk(notes: Iterable[SpanNote], explicit_first_token: bool) -> str:
+    """Why the streamed calls of a trace with held spans ``notes`` tell no first token: a span of a framework of
+    :data:`FIRST_CHUNK_HIDDEN_BY_SCOPE` is among them and the trace marks no first token of its own; else ``""``."""
+    if explicit_first_token:
+        return ""
+    return next(
+        (FIRST_CHUNK_HIDDEN_BY_SCOPE[n.scope_name] for n in notes if n.scope_name in FIRST_CHUNK_HIDDEN_BY_SCOPE), ""
+    )
 
 
 def is_unmeasured(note: SpanNote) -> bool:

@@ -63,6 +63,7 @@ from streams.core.otlp_mapping import (
     Unmappable,
     agent_steps,
     derived_prompt_at,
+    hidden_first_chunk,
     is_unmeasured,
     note_span,
     own_tenant,
@@ -371,6 +372,7 @@ class TraceAssembler:
         nested = self._nested(state, staged)
         kept = [n for n in notes if n.span_id not in nested]
         ctx.agent_steps = agent_steps(kept)
+        ctx.hidden_first_chunk = hidden_first_chunk(notes, ctx.explicit_first_token)
         for note in kept:
             out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
         try:
