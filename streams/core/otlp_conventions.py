@@ -40,6 +40,9 @@ GEN_AI_STAGES: Final[dict[str, str]] = {
     "generate_content": "llm_ttft",
     "acompletion": "llm_ttft",  # LiteLLM's own callback names an async call so (``USE_OTEL_LITELLM_REQUEST_SPAN``)
 }
+#: OpenLLMetry's older name for the operation, read when ``gen_ai.operation.name`` is absent: its Mistral
+#: instrumentation (0.62.4, mistralai 1.x) writes only ``llm.request.type = chat`` (no LLM span before: timed_out).
+LEGACY_REQUEST_TYPE: Final = "llm.request.type"
 #: Vercel AI SDK provider-call spans (``ai.operationId``) -> whether the call streams.
 VERCEL_LLM_OPERATIONS: Final[dict[str, bool]] = {
     "ai.streamText.doStream": True,
@@ -85,6 +88,10 @@ FIRST_CHUNK_ATTRS: Final = (
     # request, so 1.2-1.7 ms short of the client's TTFT on its captures.
     ("gen_ai.client.operation.time_to_first_chunk", 1e9),
 )
+#: What :func:`first_chunk` says of a first-chunk attribute longer than its span. OpenLIT (1.45) exports a streamed
+#: call's span only as a 0.2-0.4 ms span made after the stream ended, with the whole time to first token on it: its
+#: start is not the call's (:func:`streams.core.otlp_mapping.prompt_plan` derives no prompt assembly up to it).
+PAST_END: Final = "is after the span's end"
 #: Span events that mark a first chunk; the earliest one within the span counts.
 FIRST_CHUNK_EVENTS: Final = frozenset(
     {
@@ -173,6 +180,7 @@ OPENINFERENCE_STREAM_KEY_SCOPES: Final = frozenset(
         "openinference.instrumentation.anthropic",
         "openinference.instrumentation.langchain",
         "openinference.instrumentation.litellm",  # the call's own keyword arguments (0.1.51)
+        "openinference.instrumentation.groq",  # the same (0.1.33): its plain calls were no_first_chunk
     }
 )
 
@@ -212,6 +220,13 @@ def _name_says_stream(span: OtlpSpan) -> bool:
     return "stream" in span.name.lower()
 
 
+def _url_says_stream(span: OtlpSpan) -> bool:
+    """The Mistral SDK's own tracing (mistralai 3.7, scope ``mistralai_sdk_tracer``) sets no stream flag; its
+    ``http.url`` ends in ``#stream`` on a streamed call."""
+    url = span.attributes.get("http.url")
+    return isinstance(url, str) and url.endswith("#stream")
+
+
 def _rpc_method_says_stream(span: OtlpSpan) -> bool | None:
     method = span.attributes.get("rpc.method")
     return method.endswith("Stream") if isinstance(method, str) else None
@@ -223,6 +238,7 @@ STREAMING_BY_SCOPE.update(
         "openinference.instrumentation.bedrock": _name_says_stream,
         "openinference.instrumentation.llama_index": _name_says_stream,
         "opentelemetry.instrumentation.botocore.bedrock-runtime": _rpc_method_says_stream,
+        "mistralai_sdk_tracer": _url_says_stream,
     }
 )
 
@@ -279,7 +295,7 @@ def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
             return "prompt_assemble", "openinference.span.kind = LLM, a prompt template and no model"
         if kind in OPENINFERENCE_STAGES:
             return OPENINFERENCE_STAGES[kind], f"openinference.span.kind = {kind}"
-    operation = a.get("gen_ai.operation.name")
+    operation = a.get("gen_ai.operation.name", a.get(LEGACY_REQUEST_TYPE))
     if isinstance(operation, str):
         if operation == "embeddings":
             return EMBEDDING, "gen_ai.operation.name = embeddings"
@@ -352,7 +368,7 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
             continue
         after = value * ns_per_unit
         if longest is None or after > longest:  # (a span that ends before it starts has no time within it)
-            problems.append(f"{name} = {value!r} is after the span's end")
+            problems.append(f"{name} = {value!r} {PAST_END}")
             continue
         return FirstChunk(start + round(after), name, "; ".join(problems))
     ignored = EVENTS_MARK_NO_TOKEN.get((span.scope_name, span.name))

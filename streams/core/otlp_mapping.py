@@ -26,6 +26,7 @@ from streams.core.otlp_conventions import (
     EMBEDDING,
     FIRST_CHUNK_HIDDEN_BY_SCOPE,
     MODEL_ATTRS,
+    PAST_END,
     TOOL_CALL,
     asked_for_tools,
     first_chunk,
@@ -391,6 +392,8 @@ def prompt_plan(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[SpanNote,
     last = max((n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT), default=None)
     after = [n for n in llms if last is not None and n.start_ns >= last]
     llm = min(after or llms, key=lambda n: (n.start_ns, n.span_id))
+    if llm.first_chunk_ns is None and PAST_END in llm.first_chunk_problem:
+        return None  # a span made after its stream (OpenLIT): its start is not the call's, the prompt unknown
     ends = [n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT and n.end_ns <= llm.start_ns]
     return llm, max(ends) if ends else None
 

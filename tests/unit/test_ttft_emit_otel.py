@@ -333,6 +333,42 @@ def test_time_first_chunk_wraps_the_client_once_and_adds_its_processor_once() ->
         time_first_chunk(client, tracer_provider=object())
 
 
+class FakeMistralChat:
+    """mistralai's chat: ``stream`` always streams and takes no ``stream=`` keyword, ``complete`` never does; its
+    own tracing (3.7, opt-in) names the span an LLM call."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("mistralai_sdk_tracer")
+
+    def stream(self, *, model: str) -> Iterator[str]:
+        span = self.tracer.start_span(f"chat {model}", attributes={"gen_ai.operation.name": "chat"})
+        return self._events(span)  # the request is sent in the call; the events come later
+
+    def _events(self, span: Any) -> Iterator[str]:
+        time.sleep(FIRST_CHUNK_S)
+        try:
+            yield from CHUNKS
+        finally:
+            span.end()
+
+    def complete(self, *, model: str) -> str:
+        with self.tracer.start_as_current_span(f"chat {model}", attributes={"gen_ai.operation.name": "chat"}):
+            return "".join(CHUNKS)
+
+
+def test_mistrals_chat_stream_and_complete_are_timed_by_the_method_not_a_keyword() -> None:
+    """Captured (capture_more_providers.py): ``time_first_chunk`` wrapped nothing of mistralai's chat API before."""
+    provider, exported, timing = _provider()
+    client = type("Mistral", (), {})()
+    client.chat = FakeMistralChat(provider)
+    timing.instrument(client)
+    assert list(client.chat.stream(model="m")) == list(CHUNKS)
+    assert client.chat.complete(model="m") == "Paris is nice"
+    streamed, plain = [s.attributes or {} for s in exported.get_finished_spans()]
+    assert streamed[STREAM_ATTR] is True and streamed[FIRST_CHUNK_ATTR] >= FIRST_CHUNK_S  # type: ignore[operator]
+    assert plain[STREAM_ATTR] is False and FIRST_CHUNK_ATTR not in plain
+
+
 def test_the_stream_wrapper_proxies_the_stream() -> None:
     class Stream:
         response = "raw"

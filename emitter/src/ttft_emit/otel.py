@@ -462,7 +462,8 @@ class FirstChunkTiming:
         """Wrap the generating methods of an LLM client (:data:`CLIENT_METHODS`: OpenAI's chat completions,
         completions and Responses API, Anthropic's messages, Google Gen AI's ``generate_content`` and its
         stream, sync and ``aio``, boto3 Bedrock's ``converse`` and ``invoke_model`` forms, the ``litellm`` module's
-        ``completion`` and ``acompletion``), on this object only, those it has; returns it. Idempotent. A module's
+        ``completion`` and ``acompletion``, Mistral's ``chat.stream`` / ``chat.complete`` and their async forms), on
+        this object only, those it has; returns it. Idempotent. A module's
         functions are replaced on the module: code that imported them by name before keeps the originals."""
         for path, how in CLIENT_METHODS:
             resource: Any = client
@@ -515,6 +516,11 @@ CLIENT_METHODS: Final[tuple[tuple[tuple[str, ...], bool | str | None], ...]] = (
     (("invoke_model",), False),
     (("completion",), None),  # the litellm module: time_first_chunk(litellm)
     (("acompletion",), None),
+    # Mistral (mistralai): its stream methods take no stream= keyword (EventStream of CompletionEvent)
+    (("chat", "stream"), True),
+    (("chat", "stream_async"), True),
+    (("chat", "complete"), False),
+    (("chat", "complete_async"), False),
 )
 
 
