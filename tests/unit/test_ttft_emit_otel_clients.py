@@ -392,6 +392,35 @@ def test_fill_missing_replaces_a_span_that_ended_before_its_streams_first_chunk(
     assert timing.stats.filled == 1 and timing.stats.first_chunks == 1 and timing.stats.errors == 0
 
 
+class NamedAtHeaders:
+    """OpenInference's Groq instrumentor (0.1.33): its span starts unnamed, and names itself an LLM call when it ends,
+    with the response headers, before the stream's first chunk."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("openinference.instrumentation.groq")
+
+    def create(self, *, model: str, stream: bool = False) -> Any:
+        span = self.tracer.start_span("Completions")
+        span.set_attribute("openinference.span.kind", "LLM")
+        span.end()
+        return _events(RESPONSES) if stream else {"output_text": "x"}
+
+
+def test_fill_missing_times_a_stream_whose_span_named_itself_at_the_headers() -> None:
+    """It found no span to time before (unmatched): the span was no LLM span while it recorded."""
+    provider, exported, timing = _provider()
+    timing.fill_missing_spans(provider)
+    client = type("Client", (), {})()
+    client.responses = NamedAtHeaders(provider)
+    timing.instrument(client)
+    assert len(list(client.responses.create(model="gpt-x", stream=True))) == len(RESPONSES)
+    (theirs,) = _spans(exported, "Completions")
+    (ours,) = _spans(exported, "chat gpt-x")
+    assert ours.start_time <= theirs.start_time and theirs.end_time <= ours.end_time  # type: ignore[operator]
+    assert _first_chunk_s(ours) >= FIRST_TOKEN_S and (ours.attributes or {})[STREAM_ATTR] is True
+    assert timing.stats.filled == 1 and timing.stats.first_chunks == 1 and timing.stats.unmatched == 0
+
+
 class HeadersOnlyMessages(Messages):
     """Logfire's span of Anthropic's stream helper: ended when the request's headers came (entering the manager)."""
 

@@ -226,6 +226,10 @@ class FirstChunkTiming:
         span = call.span
         if span is None:
             span = self._still_streaming(call)
+        if span is None and self._tracer is not None and call.filler is None:
+            # Its LLM span named itself only when it ended, with the response headers (OpenInference's Groq
+            # instrumentor, 0.1.33): the helper's own, which holds it.
+            span = self._fill(call, replacing=True)
         if span is None:
             self._count("unmatched")
             return
