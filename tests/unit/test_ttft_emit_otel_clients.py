@@ -186,6 +186,22 @@ def test_only_deltas_of_typed_events_count_as_output() -> None:
     assert is_output({"choices": []}) and is_output("text") and is_output(Event.__new__(Event))  # untyped chunks
 
 
+def test_a_chat_chunk_with_the_role_alone_or_no_choices_is_no_output() -> None:
+    """OpenAI's first chat chunk carries the role and empty content; Azure OpenAI's first has no choices
+    (``prompt_filter_results``): a provider may send either before the first token."""
+    from types import SimpleNamespace as NS
+
+    def chunk(**delta: Any) -> Any:
+        return NS(choices=[NS(delta=NS(**delta), index=0)])
+
+    assert not is_output(chunk(role="assistant", content=""))
+    assert not is_output(NS(choices=[], prompt_filter_results=[{}]))
+    assert is_output(chunk(content="Par")) and is_output(chunk(tool_calls=[NS(index=0)]))
+    assert is_output(chunk(refusal="no")) and is_output(NS(choices=[NS(text="Par")]))  # legacy completions
+    assert not is_output(NS(data=chunk(role="assistant")))  # Mistral's CompletionEvent
+    assert is_output(NS(data=chunk(content="Par")))
+
+
 def test_the_first_chunk_of_a_typed_stream_is_its_first_delta_not_its_first_event() -> None:
     provider, exported, timing = _provider()
     client = timing.instrument(Client(provider))

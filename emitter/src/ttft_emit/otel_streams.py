@@ -26,13 +26,30 @@ OUTPUT_EVENT_TYPES = frozenset({"content_block_delta"})
 OUTPUT_EVENT_SUFFIX = ".delta"
 
 
+#: What a chat-completions chunk's ``choices[].delta`` carries when it is output (the legacy completions API:
+#: ``choices[].text``).
+OUTPUT_DELTA_FIELDS = ("content", "tool_calls", "function_call", "refusal", "reasoning_content", "reasoning")
+
+
 def is_output(chunk: Any) -> bool:
-    """Whether a streamed item carries output: an untyped chunk does (a chunk of the answer); a typed event
-    (a string ``type``) only when it is a delta (:data:`OUTPUT_EVENT_TYPES`, or a type ending in ``.delta``)."""
+    """Whether a streamed item carries output: a typed event (a string ``type``) only when it is a delta
+    (:data:`OUTPUT_EVENT_TYPES`, or a type ending in ``.delta``); a chat-completions chunk (``choices``; Mistral's
+    event holds it as ``data``) only when a choice's delta carries some (:data:`OUTPUT_DELTA_FIELDS`), not a chunk
+    with the role alone or no choices (Azure OpenAI's ``prompt_filter_results`` first); any other untyped chunk does
+    (a chunk of the answer)."""
     kind = getattr(chunk, "type", None)
-    if not isinstance(kind, str):
+    if isinstance(kind, str):
+        return kind in OUTPUT_EVENT_TYPES or kind.endswith(OUTPUT_EVENT_SUFFIX)
+    choices = getattr(chunk, "choices", None)
+    if choices is None:
+        choices = getattr(getattr(chunk, "data", None), "choices", None)
+    if not isinstance(choices, list):
         return True
-    return kind in OUTPUT_EVENT_TYPES or kind.endswith(OUTPUT_EVENT_SUFFIX)
+    for choice in choices:
+        delta = getattr(choice, "delta", None)
+        if getattr(choice, "text", None) or any(getattr(delta, name, None) for name in OUTPUT_DELTA_FIELDS):
+            return True
+    return False
 
 
 def is_bedrock_output(event: Any) -> bool:
