@@ -56,11 +56,24 @@ function isLlmSpan(attributes) {
   return LLM_OPERATIONS.has(attributes['gen_ai.operation.name']) || attributes['openinference.span.kind'] === 'LLM';
 }
 
-/** Whether a streamed item carries output (the Python helper's `is_output`). */
+/** What a chat-completions chunk's `choices[].delta` carries when it is output (the legacy API: `choices[].text`). */
+const OUTPUT_DELTA_FIELDS = ['content', 'tool_calls', 'function_call', 'refusal', 'reasoning_content', 'reasoning'];
+
+/**
+ * Whether a streamed item carries output (the Python helper's `is_output`): a typed event only when it is a delta;
+ * a chat-completions chunk only when a choice's delta carries some, not the role alone or no choices (Azure
+ * OpenAI's `prompt_filter_results` chunk first); any other chunk does.
+ */
 function isOutput(chunk) {
-  const kind = chunk !== null && typeof chunk === 'object' ? chunk.type : undefined;
-  if (typeof kind !== 'string') return true;
-  return kind === 'content_block_delta' || kind.endsWith('.delta');
+  const isObject = chunk !== null && typeof chunk === 'object';
+  const kind = isObject ? chunk.type : undefined;
+  if (typeof kind === 'string') return kind === 'content_block_delta' || kind.endsWith('.delta');
+  if (!isObject || !Array.isArray(chunk.choices)) return true;
+  return chunk.choices.some(
+    (choice) =>
+      Boolean(choice && choice.text) ||
+      OUTPUT_DELTA_FIELDS.some((name) => Boolean(choice && choice.delta && choice.delta[name])),
+  );
 }
 
 /** A span's start in epoch milliseconds (SDK spans hold `startTime` as `[seconds, nanoseconds]`). */

@@ -197,3 +197,13 @@ test('concurrent calls each time their own span', async () => {
   for (const span of spans) assert.ok(span.attributes[FIRST_CHUNK_ATTR] >= FIRST_TOKEN_MS / 1e3);
   assert.equal(timing.stats.firstChunks, 3);
 });
+
+test('a chat chunk with the role alone or no choices is no output', () => {
+  assert.equal(isOutput({ choices: [{ index: 0, delta: { role: 'assistant', content: '' } }] }), false);
+  assert.equal(isOutput({ choices: [], prompt_filter_results: [{}] }), false); // Azure OpenAI's first chunk
+  assert.equal(isOutput({ choices: [{ delta: { content: 'Par' } }] }), true);
+  assert.equal(isOutput({ choices: [{ delta: { tool_calls: [{ index: 0 }] } }] }), true);
+  assert.equal(isOutput({ choices: [{ text: 'Par' }] }), true); // legacy completions
+  assert.equal(isOutput({ type: 'response.created' }), false);
+  assert.equal(isOutput('text'), true);
+});
