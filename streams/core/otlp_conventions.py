@@ -295,14 +295,18 @@ def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
             return "prompt_assemble", "openinference.span.kind = LLM, a prompt template and no model"
         if kind in OPENINFERENCE_STAGES:
             return OPENINFERENCE_STAGES[kind], f"openinference.span.kind = {kind}"
-    operation = a.get("gen_ai.operation.name", a.get(LEGACY_REQUEST_TYPE))
+    named_by = "gen_ai.operation.name"
+    operation = a.get(named_by)
+    if operation is None:
+        named_by = LEGACY_REQUEST_TYPE
+        operation = a.get(named_by)
     if isinstance(operation, str):
         if operation == "embeddings":
-            return EMBEDDING, "gen_ai.operation.name = embeddings"
+            return EMBEDDING, f"{named_by} = embeddings"
         if operation == "execute_tool":
-            return TOOL_CALL, "gen_ai.operation.name = execute_tool"
+            return TOOL_CALL, f"{named_by} = execute_tool"
         if operation in GEN_AI_STAGES:
-            return GEN_AI_STAGES[operation], f"gen_ai.operation.name = {operation}"
+            return GEN_AI_STAGES[operation], f"{named_by} = {operation}"
     operation_id = a.get("ai.operationId")
     if isinstance(operation_id, str) and operation_id in VERCEL_LLM_OPERATIONS:
         return "llm_ttft", f"ai.operationId = {operation_id}"
@@ -326,12 +330,13 @@ def _by_suffix(table: tuple[tuple[str, str], ...], name: str) -> str | None:
     return next((stage for suffix, stage in table if name.endswith(suffix)), None)
 
 
-def is_retriever(a: dict[str, AttrValue]) -> bool:
-    """A retrieval span by its kind, operation or name (an embedding span inside it is ``vector_recall``)."""
+def is_retriever(a: dict[str, AttrValue], named: str | None) -> bool:
+    """A retrieval span by its kind, operation or name (an embedding span inside it is ``vector_recall``); ``named``:
+    the stage its attributes name (:func:`span_stage`), so that they are read once."""
     kind, operation = a.get("openinference.span.kind"), a.get("gen_ai.operation.name")
     if kind == "RETRIEVER" or (isinstance(operation, str) and GEN_AI_STAGES.get(operation) == "retrieval"):
         return True
-    return ("traceloop.span.kind" in a or HAYSTACK_COMPONENT in a) and stage_and_source(a)[0] == "retrieval"
+    return named == "retrieval" and ("traceloop.span.kind" in a or HAYSTACK_COMPONENT in a)
 
 
 @dataclass(frozen=True, slots=True)

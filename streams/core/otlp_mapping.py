@@ -125,7 +125,8 @@ class SpanNote:
 def note_span(span: OtlpSpan, offset: int) -> SpanNote:
     """Read one span: its stage (or ``None``), first chunk, attrs and context attributes (never raises)."""
     a = span.attributes
-    stage = None if not_a_stage(span) else span_stage(a)
+    named = span_stage(a)
+    stage = None if not_a_stage(span) else named
     context = {name: a[name] for name in _CONTEXT_NAMES if name in a}
     note = SpanNote(
         span_id=span.span_id,
@@ -134,7 +135,7 @@ def note_span(span: OtlpSpan, offset: int) -> SpanNote:
         end_ns=span.end_ns,
         offset=offset,
         stage=stage,
-        retriever=is_retriever(a),
+        retriever=is_retriever(a, named),
         attrs=_request_attrs(a, stage),
         context=context,
     )
