@@ -76,7 +76,8 @@ FIXES: Final[dict[str, str]] = {
 FIXES["first token shown later"] = (
     "the framework shows the caller its first token after the model's first chunk (DSPy's StreamListener): "
     "mark it in the service, a zero-length span with ttft.stage = first_token when the first StreamResponse "
-    "reaches the caller (docs/otlp-mapping.md)"
+    "reaches the caller: ttft_emit.otel_marks.first_token_marked(stream) around the caller's iteration does "
+    "(docs/otlp-mapping.md)"
 )
 #: A trace whose LLM call was written onto another span (:func:`streams.core.otlp_conventions.borrowed`).
 BORROWED_CALL: Final = "LLM call written onto another span"

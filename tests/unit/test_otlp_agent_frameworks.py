@@ -6,7 +6,8 @@ DSPy streams its output fields' markers (``[[ ## answer ## ]]``) and, in ``ReAct
 ``reasoning`` field before the field the caller's ``StreamListener`` hands over: the model's first chunk came 61-66 ms
 before the caller's first token on the captures, 304-310 ms in ReAct, and those requests were stored ``complete``
 that much early. A streamed call in a trace with DSPy's spans now tells no first token (``no_first_chunk``, the reason
-in ``first_chunk_ignored``), unless the service marks the caller's own (``ttft.stage = first_token``).
+in ``first_chunk_ignored``), unless the service marks the caller's own (``ttft.stage = first_token``): ttft-emit's
+``first_token_marked`` around the caller's iteration does (``dspy_openinference_marked``, within 0.2 ms).
 
 smolagents streams its answer as a ``final_answer`` tool call: the stored TTFT is the first delta the caller's
 iteration gives (the call's header), the answer's text comes ~60 ms later. CrewAI returns a plain answer 14-33 ms
@@ -32,6 +33,8 @@ EXPECTED: dict[str, dict[str, str]] = {
     "dspy_openinference_litellm": PLAIN_DONE_STREAMS_UNTIMED,
     "dspy_openinference_openai": PLAIN_DONE_STREAMS_UNTIMED,
     "dspy_openinference_helper": PLAIN_DONE_STREAMS_UNTIMED,
+    # ttft-emit's first_token_marked around the caller's iteration: exact (0.2 ms)
+    "dspy_openinference_marked": dict.fromkeys(CASES, DONE),
     "smolagents_openinference": dict.fromkeys(CASES, DONE),
     "smolagents_openinference_helper": dict.fromkeys(CASES, DONE),
     "crewai_openinference": dict.fromkeys(CASES, "timed_out"),

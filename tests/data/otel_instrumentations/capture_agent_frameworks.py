@@ -55,7 +55,10 @@ globally, as Phoenix's ``register()`` does), and their cases (each: ``stream``, 
     both installed): LiteLLM sends the request through an ``openai`` client's ``post``;
   - ``dspy_openinference_helper``: ``dspy_openinference_litellm`` with ttft-emit's helper on the module DSPy
     calls, ``time_first_chunk(litellm, tracer_provider=provider)`` (from this repository's ``emitter/src``); the
-    native engine has no client object to give it.
+    native engine has no client object to give it;
+  - ``dspy_openinference_marked``: ``dspy_openinference_openai`` with the caller's iteration wrapped in ttft-emit's
+    ``first_token_marked`` (``ttft_emit.otel_marks``): a zero-length span ``ttft.stage = first_token`` at the first
+    ``StreamResponse`` with text.
 
 - smolagents (``smolagents``): a ``ToolCallingAgent`` (``max_steps=4``) on ``OpenAIModel`` (the ``openai``
   client), run in a worker thread (smolagents is synchronous). It answers by calling its ``final_answer`` tool;
@@ -141,6 +144,7 @@ SETUPS: dict[str, dict[str, Any]] = {
     "dspy_openinference_litellm": {"instrumentors": ("dspy", "litellm"), "engine": "litellm"},
     "dspy_openinference_openai": {"instrumentors": ("dspy", "litellm", "openai"), "engine": "litellm"},
     "dspy_openinference_helper": {"instrumentors": ("dspy", "litellm"), "engine": "litellm", "helper": "wrap"},
+    "dspy_openinference_marked": {"instrumentors": ("dspy", "litellm", "openai"), "engine": "litellm", "mark": True},
     "smolagents_openinference": {"instrumentors": ("smolagents", "openai")},
     "smolagents_openinference_helper": {"instrumentors": ("smolagents", "openai"), "helper": "wrap"},
     "crewai_openinference": {"instrumentors": ("crewai", "litellm")},
@@ -395,9 +399,10 @@ class Seen:
 class DspyService:
     """A RAG service whose answer is a DSPy program (``Predict`` or ``ReAct``), async, streamed by ``streamify``."""
 
-    def __init__(self, base_url: str, engine: str) -> None:
+    def __init__(self, base_url: str, engine: str, mark: bool = False) -> None:
         import dspy
 
+        self.mark = mark
         kwargs: dict[str, Any] = {} if engine == "auto" else {"engine": engine}
         self.lm = dspy.LM(
             f"openai/{capture.MODEL}", api_base=base_url, api_key="stub-key", cache=False, num_retries=0, **kwargs
@@ -422,7 +427,12 @@ class DspyService:
             # a listener serves one stream (allow_reuse=False): a new one per request
             listener = StreamListener(signature_field_name="answer")
             program = dspy.streamify(self.react if tool else self.predict, stream_listeners=[listener])
-            async for item in program(question=question):
+            items = program(question=question)
+            if self.mark:  # the service's line: ttft-emit marks the first StreamResponse with text
+                from ttft_emit.otel_marks import first_token_marked
+
+                items = first_token_marked(items)
+            async for item in items:
                 kinds.append(type(item).__name__)
                 text = item.chunk if isinstance(item, StreamResponse) else None
                 seen.event(text)
@@ -615,7 +625,9 @@ def run_setup(setup: str, out: Path) -> None:
     server, base_url = serve()
     timing, extra = None, {}
     if framework == "dspy":
-        service: Any = DspyService(base_url, spec["engine"])
+        if spec.get("mark"):
+            sys.path.insert(0, str(EMITTER_SRC))
+        service: Any = DspyService(base_url, spec["engine"], mark=bool(spec.get("mark")))
         extra["dspy_engine"] = spec["engine"]
         extra["dspy_backend"] = service.backend()
         clients = lambda: [importlib.import_module("litellm")]  # noqa: E731  DSPy calls the module's functions
@@ -652,7 +664,7 @@ def run_setup(setup: str, out: Path) -> None:
     if spec.get("instrument"):
         extra["instrument"] = json.dumps(spec["instrument"])
     versions |= {k: str(v) for k, v in extra.items()}
-    if helper:
+    if helper or spec.get("mark"):
         versions["ttft-emit"] = metadata.version("ttft-emit")  # emitter/src's egg-info, on sys.path
     for t in truth:  # the stub's side of each request, for the eye
         end = t["done_ns"]
