@@ -25,6 +25,7 @@ from schemas.vocabulary import KNOWN_STAGES, LLM_UNMEASURED
 from streams.core.join import RequestJoin
 from streams.core.otlp_conventions import (
     ATTRS_MARK_NO_TOKEN,
+    AZURE_FILTER_CHUNK,
     EMBEDDING,
     EVENTS_MARK_NO_TOKEN,
     FIRST_CHUNK_ATTRS,
@@ -245,7 +246,8 @@ def fix_for(what: str, scope: str = "") -> str:
     if what.startswith("first chunk ignored"):
         if any(reason in what for reason in FIRST_CHUNK_HIDDEN_BY_SCOPE.values()):
             return FIXES["first token shown later"]
-        if any(reason in what for reason in (*EVENTS_MARK_NO_TOKEN.values(), *ATTRS_MARK_NO_TOKEN.values())):
+        marks_no_token = (*EVENTS_MARK_NO_TOKEN.values(), *ATTRS_MARK_NO_TOKEN.values(), AZURE_FILTER_CHUNK)
+        if any(reason in what for reason in marks_no_token):
             return FIXES["first chunk"]
         return "the first-chunk value must be a finite number within the span (seconds after its start)"
     return f"a span with ttft.stage = {what}"

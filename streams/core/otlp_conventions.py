@@ -15,7 +15,7 @@ can dead-letter the span with that reason instead of failing the batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -76,11 +76,13 @@ EMBEDDING: Final = "~embedding"
 #: The provisional stage of a tool's span (held with the trace, never a stage): an LLM turn that a tool span
 #: and another LLM call follow is an agent's step (:func:`streams.core.otlp_mapping.agent_steps`).
 TOOL_CALL: Final = "~tool"
+#: ttft-emit's helper's first-chunk attribute (seconds): set at the first chunk of output.
+OWN_FIRST_CHUNK_ATTR: Final = "ttft_emit.time_to_first_chunk"
 #: First-chunk attributes, first found wins: (name, nanoseconds per unit).
 FIRST_CHUNK_ATTRS: Final = (
     # ttft-emit's helper, seconds: beside the GenAI attribute, which an instrumentation may overwrite after it
     # (util-genai 1.3b0 writes its own when the stream ends).
-    ("ttft_emit.time_to_first_chunk", 1e9),
+    (OWN_FIRST_CHUNK_ATTR, 1e9),
     ("gen_ai.response.time_to_first_chunk", 1e9),  # GenAI semantic conventions, seconds
     ("gen_ai.server.time_to_first_token", 1e9),  # OpenLIT, Strands: seconds
     ("ai.response.msToFirstChunk", 1e6),  # Vercel AI SDK: milliseconds
@@ -137,6 +139,52 @@ ATTRS_MARK_NO_TOKEN_ONLY_IF: Final[dict[tuple[str, str], tuple[str, str]]] = {
         "responses",
     ),
 }
+#: Azure OpenAI sends a stream's content-filter verdict on the prompt first, a chunk with no choices
+#: (``prompt_filter_results``), once the prompt is filtered and before generation. These instrumentations take the
+#: first chunk of any kind as the first token (captured against a stub sending it 120 ms before the first content,
+#: ``capture_prefill_chunks.py``: OpenInference's ``First Token Stream Event``, OpenLLMetry's first chunk event and
+#: genai-openai's ``time_to_first_chunk`` all at the filter chunk: stored ``complete`` 120 ms early). On an Azure
+#: OpenAI span of theirs only ttft-emit's own attribute (set at the first output chunk) tells the first chunk.
+AZURE_FILTER_CHUNK_SCOPES: Final = frozenset(
+    {
+        "openinference.instrumentation.openai",
+        "opentelemetry.instrumentation.openai.v1",  # OpenLLMetry
+        "opentelemetry.instrumentation.openai",
+        "opentelemetry.instrumentation.genai.openai",
+        "opentelemetry.instrumentation.openai_v2",
+        "opentelemetry.util.genai.handler",
+    }
+)
+#: How those instrumentations name Azure OpenAI (0.1.66, 0.62.4, 1.3b0 on ``openai.AzureOpenAI``): OpenInference's
+#: ``llm.provider``, OpenLLMetry's provider and API version, genai-openai's ``server.address`` only.
+AZURE_PROVIDERS: Final = frozenset({"azure", "azure.ai.openai", "az.ai.openai"})
+AZURE_HOST_SUFFIXES: Final = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
+#: OpenLLMetry's copy of the filter chunk's verdicts (content capture on): the stream had one, whatever the host.
+PROMPT_FILTER_RESULTS: Final = "gen_ai.prompt.prompt_filter_results"
+AZURE_FILTER_CHUNK: Final = (
+    "Azure OpenAI sends its prompt filter results (a chunk with no choices) before the first token, and this "
+    "instrumentation counts it as the first chunk: ignored"
+)
+
+
+def is_azure_openai(a: Mapping[str, AttrValue]) -> bool:
+    """Whether an LLM span's attributes name Azure OpenAI (:data:`AZURE_PROVIDERS`, an Azure API version, an Azure
+    endpoint's host) or hold its prompt filter results (:data:`PROMPT_FILTER_RESULTS`)."""
+    for name in ("llm.provider", "gen_ai.provider.name", "gen_ai.system"):
+        value = a.get(name)
+        if isinstance(value, str) and value.lower() in AZURE_PROVIDERS:
+            return True
+    if "gen_ai.openai.api_version" in a or PROMPT_FILTER_RESULTS in a:  # OpenLLMetry: Azure clients only
+        return True
+    for name in ("server.address", "gen_ai.openai.api_base"):
+        value = a.get(name)
+        if isinstance(value, str) and value:
+            host = value.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0].lower()
+            if host.endswith(AZURE_HOST_SUFFIXES):
+                return True
+    return False
+
+
 #: Frameworks whose streamed output reaches the caller later than the model's first chunk, by the scope of any span
 #: of theirs in the trace -> why. DSPy (3.4, OpenInference's instrumentor 0.1.48) streams its output fields' markers
 #: first (``[[ ## answer ## ]]``) and, in ``ReAct``'s extract step, the ``reasoning`` field; the caller's
@@ -356,8 +404,12 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
     start, end = span.start_ns, span.end_ns
     longest = end - start if end >= start else None
     problems: list[str] = []
+    azure = span.scope_name in AZURE_FILTER_CHUNK_SCOPES and is_azure_openai(span.attributes)
     for name, ns_per_unit in FIRST_CHUNK_ATTRS:
         if name not in span.attributes:
+            continue
+        if azure and name != OWN_FIRST_CHUNK_ATTR:
+            problems.append(AZURE_FILTER_CHUNK)
             continue
         not_a_token = ATTRS_MARK_NO_TOKEN.get((span.scope_name, name))
         only_if = ATTRS_MARK_NO_TOKEN_ONLY_IF.get((span.scope_name, name))
@@ -376,7 +428,7 @@ def first_chunk(span: OtlpSpan) -> FirstChunk:
             problems.append(f"{name} = {value!r} {PAST_END}")
             continue
         return FirstChunk(start + round(after), name, "; ".join(problems))
-    ignored = EVENTS_MARK_NO_TOKEN.get((span.scope_name, span.name))
+    ignored = AZURE_FILTER_CHUNK if azure else EVENTS_MARK_NO_TOKEN.get((span.scope_name, span.name))
     if ignored is not None:
         if any(e.name in FIRST_CHUNK_EVENTS for e in span.events):
             problems.append(ignored)
