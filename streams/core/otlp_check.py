@@ -32,6 +32,7 @@ from streams.core.otlp_conventions import (
     FIRST_CHUNK_HIDDEN_BY_SCOPE,
     TOOL_CALL,
     borrowed,
+    is_azure_openai,
     stage_and_source,
 )
 from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, agent_steps, hidden_first_chunk, note_span
@@ -79,6 +80,14 @@ FIXES["first token shown later"] = (
     "mark it in the service, a zero-length span with ttft.stage = first_token when the first StreamResponse "
     "reaches the caller: ttft_emit.otel_marks.first_token_marked(stream) around the caller's iteration does "
     "(docs/otlp-mapping.md)"
+)
+#: A missing first chunk on Azure OpenAI: the client instrumentations' marks count its prompt filter chunk.
+AZURE_FIRST_CHUNK: Final = "first chunk (Azure OpenAI)"
+FIXES[AZURE_FIRST_CHUNK] = (
+    "Azure OpenAI sends its prompt filter results before the first token, and the OpenAI instrumentations that "
+    "mark a first chunk count it (ignored): ttft_emit.otel.time_first_chunk(client) on the OpenAI client times "
+    "the first chunk of output. Under OpenInference's LangChain instrumentor, instrument the client too (its "
+    "OpenAIInstrumentor): the helper finds no LLM span before LangChain's ends (docs/otlp-mapping.md)"
 )
 #: A trace whose LLM call was written onto another span (:func:`streams.core.otlp_conventions.borrowed`).
 BORROWED_CALL: Final = "LLM call written onto another span"
@@ -330,6 +339,10 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
         and first_llm.scope_name.startswith("openlit")
     ):
         finding.missing.append("first chunk from the response headers")
+    if "first chunk" in finding.missing and any(
+        n.stage == "llm_ttft" and is_azure_openai(span.attributes) for span, n in notes.values()
+    ):  # another instrumentor would not help: theirs count Azure's filter chunk
+        finding.missing = [AZURE_FIRST_CHUNK if m == "first chunk" else m for m in finding.missing]
     finding.missing = list(dict.fromkeys(finding.missing))  # one per trace: every stage span lacks the tenant
     finding.stages = dict(sorted(finding.stages.items(), key=lambda item: _stage_order(item[0])))
     return finding
