@@ -86,8 +86,9 @@ AZURE_FIRST_CHUNK: Final = "first chunk (Azure OpenAI)"
 FIXES[AZURE_FIRST_CHUNK] = (
     "Azure OpenAI sends its prompt filter results before the first token, and the OpenAI instrumentations that "
     "mark a first chunk count it (ignored): ttft_emit.otel.time_first_chunk(client) on the OpenAI client times "
-    "the first chunk of output. Under OpenInference's LangChain instrumentor, instrument the client too (its "
-    "OpenAIInstrumentor): the helper finds no LLM span before LangChain's ends (docs/otlp-mapping.md)"
+    "the first chunk of output (fill_missing=True where the client's span ends with the response headers: "
+    "OpenLLMetry's under LiteLLM's Azure path). Under OpenInference's LangChain instrumentor, instrument the "
+    "client too (its OpenAIInstrumentor): the helper finds no LLM span before LangChain's ends (docs/otlp-mapping.md)"
 )
 #: A trace whose LLM call was written onto another span (:func:`streams.core.otlp_conventions.borrowed`).
 BORROWED_CALL: Final = "LLM call written onto another span"

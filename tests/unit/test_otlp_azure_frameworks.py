@@ -9,8 +9,9 @@ Nothing is stored early but one: the only instrumentation that marks a first chu
 the filter chunk, ignored on Azure (test_otlp_prefill_chunks.py); the helpers are exact. The exception, kept visible:
 the Vercel AI SDK 5 (``ai`` 5.0) takes the role-only chunk's empty text delta for the first chunk (``ai`` 6 holds the
 stream to the first output: exact), and nothing on its spans tells the two versions apart. The helper's own gaps:
-OpenLLMetry's OpenAI span under LiteLLM's Azure path ends with the response headers (``with_raw_response``), and
-OpenInference's LangChain span names its kind only when it ends: ``no_first_chunk`` with the helper too.
+OpenLLMetry's OpenAI span under LiteLLM's Azure path ends with the response headers (``with_raw_response``): exact
+with ``fill_missing=True`` only; OpenInference's LangChain span names its kind only when it ends: ``no_first_chunk``
+with the helper too, unless the client is instrumented as well.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ EXPECTED: dict[str, dict[str, str]] = {
             "langchain_openinference_openai_helper",
             "langchain_openllmetry_helper",
             "langchain_openllmetry_openai_helper",
+            "litellm_openllmetry_openai_fill",  # the helper's own span (fill_missing) holds the ended one
         )
     },
     # OpenLLMetry's LangChain span tells no stream flag: a plain call is untimed too

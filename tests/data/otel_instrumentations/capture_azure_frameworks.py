@@ -157,6 +157,8 @@ class Setup:
     convention: str
     #: ttft-emit's helper on the framework's client (LiteLLM: the module; LangChain: each model's root client).
     helper: bool = False
+    #: The helper's ``fill_missing``: its own LLM span where the call's ended before its first chunk.
+    fill: bool = False
 
 
 _BASE: dict[str, Setup] = {
@@ -174,6 +176,7 @@ SETUPS: dict[str, Setup] = {
     for name, s in _BASE.items()
     for suffix in ("", "_helper")
 }
+SETUPS["litellm_openllmetry_openai_fill"] = Setup("litellm", (OL_OPENAI,), "genai", helper=True, fill=True)
 #: Distributions whose versions are recorded, by framework (with the set-up's instrumentors').
 DISTRIBUTIONS = {
     "litellm": ("litellm", "openinference-instrumentation", "openinference-semantic-conventions"),
@@ -402,10 +405,10 @@ def run_setup(name: str, out: Path) -> None:
         if setup.framework == "litellm":
             import litellm
 
-            timing = time_first_chunk(litellm, tracer_provider=provider)
+            timing = time_first_chunk(litellm, tracer_provider=provider, fill_missing=setup.fill)
         else:
             for client in service.clients():
-                timing = time_first_chunk(client, tracer_provider=provider)
+                timing = time_first_chunk(client, tracer_provider=provider, fill_missing=setup.fill)
     for streaming in (True, False):  # warm-up, not written
         service.call(streaming)
     time.sleep(SETTLE_S)
