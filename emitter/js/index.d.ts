@@ -34,3 +34,17 @@ export declare function timeFirstChunk(
 export declare function isLlmSpan(attributes: Record<string, unknown> | undefined): boolean;
 export declare function isOutput(chunk: unknown): boolean;
 export declare function timeStream<S>(stream: S, onFirst: () => void, onEnd: () => void): S;
+
+export declare const STAGE_ATTR: 'ttft.stage';
+export declare const FIRST_TOKEN_SPAN: 'first token';
+export declare function markFirstToken(options?: {
+  tracerProvider?: unknown;
+  api?: unknown;
+  context?: unknown;
+  atMs?: number;
+}): void;
+export declare function callerText(item: unknown): boolean;
+export declare function firstTokenMarked<T>(
+  iterable: AsyncIterable<T> | Iterable<T>,
+  options?: { isToken?: (item: T) => boolean; tracerProvider?: unknown; api?: unknown },
+): AsyncIterable<T>;

@@ -322,8 +322,91 @@ function timeFirstChunk(client, { tracerProvider, fillMissing = false, api } = {
   return timing;
 }
 
+/** The span attribute that names a span's stage for ttft-pipeline, and the first-token mark's span name. */
+const STAGE_ATTR = 'ttft.stage';
+const FIRST_TOKEN_SPAN = 'first token';
+
+function loadApi(api) {
+  return api === undefined ? require('@opentelemetry/api') : api;
+}
+
+/**
+ * The caller's first token, marked in the trace where the model's first chunk is not it (the Python
+ * `ttft_emit.otel_marks`): a zero-length span `first token` with `ttft.stage = first_token` at `atMs` (default:
+ * now, epoch ms), child of `context` (default: the active one). ttft-pipeline takes the request's first token from
+ * it. Never throws into the service.
+ */
+function markFirstToken({ tracerProvider, api, context, atMs } = {}) {
+  try {
+    api = loadApi(api);
+    const at = atMs === undefined ? performance.timeOrigin + performance.now() : atMs;
+    const time = [Math.floor(at / 1e3), Math.round((at % 1e3) * 1e6)];
+    const tracer = (tracerProvider || api.trace.getTracerProvider()).getTracer('ttft-emit-otel');
+    const parent = context === undefined ? api.context.active() : context;
+    const span = tracer.startSpan(FIRST_TOKEN_SPAN, { startTime: time, attributes: { [STAGE_ATTR]: 'first_token' } }, parent);
+    span.end(time);
+  } catch {
+    // never into the service
+  }
+}
+
+/**
+ * Whether a streamed item hands the caller text: a non-empty string (the Vercel AI SDK's `textStream`), or a
+ * `text-delta` part with non-empty `text` (`ai` 5 and later) or `textDelta` (`ai` 4) (its `fullStream`).
+ */
+function callerText(item) {
+  if (typeof item === 'string') return item.length > 0;
+  if (item && typeof item === 'object' && item.type === 'text-delta') {
+    const text = item.text !== undefined ? item.text : item.textDelta;
+    return typeof text === 'string' && text.length > 0;
+  }
+  return false;
+}
+
+/**
+ * `iterable`'s items unchanged, as an async iterable; the first one `isToken` accepts is marked
+ * (`markFirstToken`, under the context active when `firstTokenMarked` was called) when it reaches the caller.
+ * The Vercel AI SDK 5 times a role-only chunk's empty delta as its first chunk; marking the caller's first text
+ * measures what the user waited for:
+ *
+ *   for await (const text of firstTokenMarked(streamText({...}).textStream)) { ... }
+ */
+function firstTokenMarked(iterable, { isToken = callerText, tracerProvider, api } = {}) {
+  let context;
+  try {
+    context = loadApi(api).context.active();
+  } catch {
+    context = undefined;
+  }
+  return {
+    async *[Symbol.asyncIterator]() {
+      let marked = false;
+      for await (const item of iterable) {
+        if (!marked) {
+          let accepted = false;
+          try {
+            accepted = Boolean(isToken(item));
+          } catch {
+            accepted = false;
+          }
+          if (accepted) {
+            marked = true;
+            markFirstToken({ tracerProvider, api, context });
+          }
+        }
+        yield item;
+      }
+    },
+  };
+}
+
 module.exports = {
   CLIENT_METHODS,
+  FIRST_TOKEN_SPAN,
+  STAGE_ATTR,
+  callerText,
+  firstTokenMarked,
+  markFirstToken,
   FIRST_CHUNK_ATTR,
   FirstChunkTiming,
   STREAM_ATTR,

@@ -19,6 +19,9 @@
 //                  model class. The retrieval span is a 40 ms sleep, as ../vercel/capture.mjs's.
 //   vercel_ai5     the same with `ai` 5 and `@ai-sdk/azure` 2 (vercel_ai5/package.json: `npm ci` there too; loaded
 //                  from vercel_ai5/node_modules, their CommonJS builds; the OpenTelemetry SDK is this folder's).
+//   vercel_ai5_marked
+//                  vercel_ai5 with the caller's textStream wrapped in this repository's emitter/js
+//                  firstTokenMarked: a zero-length span ttft.stage = first_token at the first text.
 //   openinference  the `openai` client's AzureOpenAI under @arizeai/openinference-instrumentation-openai
 //   openllmetry    ... under @traceloop/instrumentation-openai
 //   otel           ... under @opentelemetry/instrumentation-openai (opentelemetry-js-contrib)
@@ -76,7 +79,9 @@ const LIBRARIES = {
 };
 // Where each Vercel set-up's `ai` and `@ai-sdk/azure` are installed.
 const VERCEL_DIRS = { vercel: HERE, vercel_ai5: resolve(HERE, 'vercel_ai5') };
-const SETUPS = [...Object.keys(VERCEL_DIRS), ...Object.keys(LIBRARIES), ...Object.keys(LIBRARIES).map((l) => `${l}_helper`)];
+const SETUPS = [
+  ...Object.keys(VERCEL_DIRS), 'vercel_ai5_marked', ...Object.keys(LIBRARIES), ...Object.keys(LIBRARIES).map((l) => `${l}_helper`),
+];
 const OTEL_PACKAGES = ['@opentelemetry/api', '@opentelemetry/sdk-trace-base', '@opentelemetry/sdk-trace-node',
   '@opentelemetry/resources', '@opentelemetry/otlp-transformer'];
 const CASES = ['stream', 'non_stream', 'stream2'];
@@ -212,13 +217,15 @@ async function runSetup(setup, port) {
   if (!SETUPS.includes(setup) || !port) throw new Error('usage: node capture.mjs --setup NAME --port PORT [--out DIR]');
   const network = {};
   guardNetwork(network);
-  const { trace, SpanKind } = await import('@opentelemetry/api');
+  const otelApi = await import('@opentelemetry/api');
+  const { trace, SpanKind } = otelApi;
   const { NodeTracerProvider, SimpleSpanProcessor, InMemorySpanExporter } = await import('@opentelemetry/sdk-trace-node');
   const { resourceFromAttributes } = await import('@opentelemetry/resources');
   const { ProtobufTraceSerializer } = await import('@opentelemetry/otlp-transformer');
 
   const helper = setup.endsWith('_helper');
-  const lib = setup.replace(/_helper$/, '');
+  const marked = setup.endsWith('_marked'); // the caller's first text marked by emitter/js's firstTokenMarked
+  const lib = setup.replace(/_(helper|marked)$/, '');
   const fetchLog = [];
   const fetch = loopbackFetch(port, fetchLog);
   const exporter = new InMemorySpanExporter();
@@ -258,7 +265,10 @@ async function runSetup(setup, port) {
       const called_ns = nowNs();
       if (streaming) {
         const result = streamText({ model, prompt: QUESTION, experimental_telemetry: telemetry, maxRetries: 0 });
-        for await (const text of result.textStream) {
+        const texts = marked
+          ? require(resolve(HERE, '../../../../emitter/js')).firstTokenMarked(result.textStream, { api: otelApi })
+          : result.textStream;
+        for await (const text of texts) {
           if (seen.first_chunk_ns === null && text) seen.first_chunk_ns = nowNs();
         }
         await result.usage; // the SDK has finished (and ended its spans)
@@ -335,7 +345,7 @@ async function runSetup(setup, port) {
     };
     versions[LIBRARIES[lib]] = version(LIBRARIES[lib]);
     for (const p of ['openai', '@opentelemetry/instrumentation', ...OTEL_PACKAGES]) versions[p] = version(p);
-    if (helper) versions['ttft-emit-otel'] = JSON.parse(readFileSync(resolve(HERE, '../../../../emitter/js/package.json'), 'utf8')).version;
+    if (helper || marked) versions['ttft-emit-otel'] = JSON.parse(readFileSync(resolve(HERE, '../../../../emitter/js/package.json'), 'utf8')).version;
   }
 
   async function ask(kase) {
