@@ -87,8 +87,7 @@ FIXES[AZURE_FIRST_CHUNK] = (
     "Azure OpenAI sends its prompt filter results before the first token, and the OpenAI instrumentations that "
     "mark a first chunk count it (ignored): ttft_emit.otel.time_first_chunk(client) on the OpenAI client times "
     "the first chunk of output (fill_missing=True where the client's span ends with the response headers: "
-    "OpenLLMetry's under LiteLLM's Azure path). Under OpenInference's LangChain instrumentor, instrument the "
-    "client too (its OpenAIInstrumentor): the helper finds no LLM span before LangChain's ends (docs/otlp-mapping.md)"
+    "OpenLLMetry's under LiteLLM's Azure path) (docs/otlp-mapping.md)"
 )
 #: A trace whose LLM call was written onto another span (:func:`streams.core.otlp_conventions.borrowed`).
 BORROWED_CALL: Final = "LLM call written onto another span"
@@ -106,7 +105,8 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
     "openinference.instrumentation.langchain": "OpenInference's LangChain spans tell no first chunk: instrument "
     "the model client too (openinference-instrumentation-openai's OpenAIInstrumentor beside the "
     "LangChainInstrumentor); its ChatCompletion span tells it, and the LangChain LLM span around it is counted "
-    "once (docs/otlp-mapping.md, 'Two instrumentations of one call')",
+    "once (docs/otlp-mapping.md, 'Two instrumentations of one call'); or ttft_emit.otel.time_first_chunk(client) "
+    "on the model's client, which times LangChain's LLM span",
     **dict.fromkeys(
         ("openinference.instrumentation.anthropic", "opentelemetry.instrumentation.anthropic"),
         "this Anthropic instrumentation tells no first chunk: the anthropic SDK's own tracing does (on when a "

@@ -233,6 +233,35 @@ def test_a_call_inside_an_openinference_llm_span_whose_kind_is_held_times_that_s
     assert timing.stats.spans == 1 and timing.stats.first_chunks == 1 and timing.stats.unmatched == 0
 
 
+def test_a_call_under_openinferences_langchain_span_named_at_its_end_times_that_span() -> None:
+    """OpenInference's LangChain tracer (0.1.80) starts a run's span with its name alone, not made current, and sets
+    every attribute at its end: the newest such span still recording is the chat model's (captured:
+    azure_langchain_openinference_helper, every stream ``no_first_chunk`` before). A chain's span, named and
+    recording, is older; a tool's span that ended is skipped."""
+    provider, exported, timing = _provider()
+    create = timing.wrap(SuppressedCompletions().create)
+    tracer = provider.get_tracer("openinference.instrumentation.langchain")
+    chain = tracer.start_span("RunnableSequence")
+    tracer.start_span("ChatPromptTemplate").end()
+    model = tracer.start_span("AzureChatOpenAI")  # the run's span: no attributes until it ends
+    chunks = list(create(model="m", stream=True))
+    model.set_attribute("openinference.span.kind", "LLM")
+    model.end()
+    chain.set_attribute("openinference.span.kind", "CHAIN")
+    chain.end()
+    assert chunks == list(CHUNKS)
+    spans = {s.name: s.attributes or {} for s in exported.get_finished_spans()}
+    assert spans["AzureChatOpenAI"][STREAM_ATTR] is True
+    assert spans["AzureChatOpenAI"][FIRST_CHUNK_ATTR] >= FIRST_CHUNK_S  # type: ignore[operator]
+    assert STREAM_ATTR not in spans["RunnableSequence"] and STREAM_ATTR not in spans["ChatPromptTemplate"]
+    assert timing.stats.spans == 1 and timing.stats.first_chunks == 1 and timing.stats.unmatched == 0
+    # the same span of another scope, or already named something else: no match
+    other = provider.get_tracer("some.framework").start_span("AzureChatOpenAI")
+    list(create(model="m", stream=True))
+    other.end()
+    assert timing.stats.unmatched == 1
+
+
 class LateNamingCompletions:
     """OpenLIT's way: ``create`` starts its LLM span with no attributes and names it (``gen_ai.operation.name``)
     when the stream ends; an HTTP client's span under it ends when the response headers arrive."""

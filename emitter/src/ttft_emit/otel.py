@@ -161,6 +161,22 @@ def names_llm_call(span: Any) -> bool:
     return isinstance(held, Mapping) and is_llm_span(held)
 
 
+#: Instrumentation scopes whose LLM span names its kind only when it ends: OpenInference's LangChain tracer (0.1.80)
+#: starts a run's span with its name alone and sets every attribute from the run at its end, so under it alone (no
+#: instrumentor of the client) the helper matched no span. The newest span of such a scope still recording in the
+#: caller's context and naming no kind yet (the chat model's run, started just before the client call) is taken.
+KIND_AT_END_SCOPES: Final = frozenset({"openinference.instrumentation.langchain"})
+
+
+def names_kind_at_end(span: Any) -> bool:
+    """Whether ``span`` is of a :data:`KIND_AT_END_SCOPES` scope and names no kind yet."""
+    scope = getattr(getattr(span, "instrumentation_scope", None), "name", None)
+    if scope not in KIND_AT_END_SCOPES:
+        return False
+    attributes = getattr(span, "attributes", None) or {}
+    return "openinference.span.kind" not in attributes and "gen_ai.operation.name" not in attributes
+
+
 class FirstChunkTiming:
     """Sets the first chunk (and whether the call streamed) on the LLM spans of wrapped client calls.
 
@@ -290,7 +306,8 @@ class FirstChunkTiming:
 
     def _caller_span(self) -> Any:
         """The caller's LLM span, if any, once the helper's processor is set up: the current span when it is one,
-        else the newest span started in the caller's context that records and now names an LLM call."""
+        else the newest span started in the caller's context that records and now names an LLM call, else the newest
+        that will name its kind only when it ends (:data:`KIND_AT_END_SCOPES`)."""
         if self._processor is None:
             return None
         try:
@@ -299,12 +316,17 @@ class FirstChunkTiming:
             current = trace.get_current_span()
             if names_llm_call(current):
                 return current
+            later = None  # a span that will name its kind when it ends (KIND_AT_END_SCOPES)
             for span in _STARTED.get():
-                if span.is_recording() and is_llm_span(getattr(span, "attributes", None)):
+                if not span.is_recording():
+                    continue
+                if is_llm_span(getattr(span, "attributes", None)):
                     return span
+                if later is None and names_kind_at_end(span):
+                    later = span
         except Exception:
             return None
-        return None
+        return later
 
     def _adopt_caller(self, call: _Call) -> None:
         """No LLM span started inside the call: take the caller's (:meth:`_caller_span`) while it records. A
@@ -314,7 +336,7 @@ class FirstChunkTiming:
         if call.span is not None or span is None:
             return
         try:
-            if not span.is_recording() or not names_llm_call(span):
+            if not span.is_recording() or not (names_llm_call(span) or names_kind_at_end(span)):
                 return
             call.span = span
             self._count("spans")
