@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 #: Library name -> (distribution, module of its ``OpenAIInstrumentor``).
 LIBRARIES: dict[str, tuple[str, str]] = {
@@ -297,13 +297,25 @@ def write_capture(
     print_spans(spans, truth, keys)
 
 
-def run_setups(script: str, setups: Any, out: Path, prefix: str, timeout_s: float = 120) -> None:
+#: ``--isolated``: the command runs in a network namespace of its own whose only interface is the loopback.
+ISOLATED: Final = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "isolated"]
+
+
+def run_setups(
+    script: str,
+    setups: Any,
+    out: Path,
+    prefix: str,
+    timeout_s: float = 120,
+    python: Callable[[str], str] | None = None,
+    isolated: bool = False,
+) -> None:
     """Each of ``setups`` in a process of its own (``script --setup S --out OUT``): their libraries patch the same
-    classes."""
+    classes. ``python(S)``: its interpreter (default: this one); ``isolated``: with no network but the loopback."""
     out.mkdir(parents=True, exist_ok=True)
     for setup in setups:
-        cmd = [sys.executable, script, "--setup", setup, "--out", str(out)]
-        subprocess.run(cmd, check=True, timeout=timeout_s)
+        cmd = [python(setup) if python else sys.executable, script, "--setup", setup, "--out", str(out)]
+        subprocess.run([*ISOLATED, *cmd] if isolated else cmd, check=True, timeout=timeout_s)
         print(f"{setup}: {out / f'{prefix}{setup}.otlp'}")
 
 
@@ -315,18 +327,39 @@ def setup_main(
     out: Path,
     prefix: str,
     timeout_s: float = 120,
+    python_keys: Callable[[str], tuple[str, ...]] | None = None,
 ) -> None:
     """The command line of a capture with set-ups: ``--setup S`` runs one in this process (``run_setup(S, out)``),
-    else each of ``--only S ...`` (default: every one of ``setups``) in a process of its own (:func:`run_setups`)."""
+    else each of ``--only S ...`` (default: every one of ``setups``) in a process of its own (:func:`run_setups`).
+    ``--python KEY=PATH``: the interpreter of the set-ups one of whose ``python_keys(S)`` (default: its name) starts
+    with KEY; ``--isolated``: each with no network but the loopback (``unshare -rn``)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setup", choices=sorted(setups), help="run one set-up (this process)")
     parser.add_argument("--only", nargs="+", choices=sorted(setups), help="run these set-ups (default: all)")
     parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="KEY=PATH",
+        help="the interpreter of the set-ups whose name (or library) starts with KEY (default: this one)",
+    )
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="run each set-up with no network but the loopback: unshare -rn, then ip link set lo up",
+    )
     args = parser.parse_args()
     if args.setup:
         run_setup(args.setup, args.out)
         return
-    run_setups(script, args.only or setups, args.out, prefix, timeout_s=timeout_s)
+    pythons = dict(item.split("=", 1) for item in args.python)
+    keys = python_keys or (lambda setup: (setup,))
+
+    def python(setup: str) -> str:
+        return next((p for k, p in pythons.items() if any(key.startswith(k) for key in keys(setup))), sys.executable)
+
+    run_setups(script, args.only or setups, args.out, prefix, timeout_s, python, args.isolated)
 
 
 def print_spans(spans: Any, truth: list[dict[str, Any]], keys: tuple[str, ...]) -> None:

@@ -100,12 +100,10 @@ name starts with KEY with that interpreter::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -453,37 +451,8 @@ def run_setup(name: str, out: Path) -> None:
 
 
 def main() -> None:
-    """capture.py's ``setup_main``, plus capture_prefill_chunks.py's ``--python KEY=PATH`` (the interpreter of the
-    set-ups whose name starts with KEY) and ``--isolated`` (``unshare -rn``, only the loopback up)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setup", choices=sorted(SETUPS), help="run one set-up (this process)")
-    parser.add_argument("--only", nargs="+", choices=sorted(SETUPS), help="run these set-ups (default: all)")
-    parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument(
-        "--python",
-        action="append",
-        default=[],
-        metavar="KEY=PATH",
-        help="the interpreter of the set-ups whose name starts with KEY (default: this one)",
-    )
-    parser.add_argument(
-        "--isolated",
-        action="store_true",
-        help="run each set-up with no network but the loopback: unshare -rn, then ip link set lo up",
-    )
-    args = parser.parse_args()
-    if args.setup:
-        run_setup(args.setup, args.out)
-        return
-    pythons = dict(item.split("=", 1) for item in args.python)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.only or SETUPS:
-        python = next((p for k, p in pythons.items() if name.startswith(k)), sys.executable)
-        cmd = [python, __file__, "--setup", name, "--out", str(args.out)]
-        if args.isolated:
-            cmd = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "isolated", *cmd]
-        subprocess.run(cmd, check=True, timeout=120)
-        print(f"{name}: {args.out / f'{PREFIX}{name}.otlp'}")
+    """capture.py's ``setup_main`` (``--python KEY=PATH`` by the set-up's name, ``--isolated``)."""
+    capture.setup_main(__file__, __doc__, SETUPS, run_setup, OUT, PREFIX)
 
 
 if __name__ == "__main__":

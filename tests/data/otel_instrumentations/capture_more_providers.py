@@ -74,12 +74,10 @@ Venvs (requirements-more-providers.txt, pinned as captured):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -451,28 +449,8 @@ def run_setup(setup: str, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setup", choices=SETUPS, help="run one set-up (this process)")
-    parser.add_argument("--only", nargs="+", choices=SETUPS, help="run these set-ups (default: all)")
-    parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument(
-        "--python",
-        action="append",
-        default=[],
-        metavar="KEY=PATH",
-        help="the interpreter of the set-ups whose name starts with KEY or whose library is KEY (default: this one)",
-    )
-    args = parser.parse_args()
-    if args.setup:
-        run_setup(args.setup, args.out)
-        return
-    pythons = dict(item.split("=", 1) for item in args.python)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for setup in args.only or SETUPS:
-        _, library, _ = parse_setup(setup)
-        python = next((p for k, p in pythons.items() if setup.startswith(k) or k == library), sys.executable)
-        subprocess.run([python, __file__, "--setup", setup, "--out", str(args.out)], check=True, timeout=120)
-        print(f"{setup}: {args.out / f'{setup}.otlp'}")
+    """capture.py's ``setup_main``: ``--python KEY=PATH`` picks the interpreter by the set-up's name or library."""
+    capture.setup_main(__file__, __doc__, SETUPS, run_setup, OUT, "", python_keys=lambda s: (s, parse_setup(s)[1]))
 
 
 if __name__ == "__main__":

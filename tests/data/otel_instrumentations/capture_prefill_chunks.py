@@ -83,11 +83,9 @@ with that interpreter::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -427,41 +425,11 @@ def run_setup(setup: str, out: Path, early: tuple[str, ...] = EARLY_CHUNKS) -> N
 
 
 def main() -> None:
-    """capture.py's ``setup_main``, plus ``--python KEY=PATH``: the interpreter of the set-ups whose name, with or
-    without ``azure_``, starts with KEY (``genai_openai`` needs a venv of its own), and ``--isolated``: each set-up
-    in a network namespace of its own whose only interface is the loopback (``unshare -rn``)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setup", choices=SETUPS, help="run one set-up (this process)")
-    parser.add_argument("--only", nargs="+", choices=SETUPS, help="run these set-ups (default: all)")
-    parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument(
-        "--python",
-        action="append",
-        default=[],
-        metavar="KEY=PATH",
-        help="the interpreter of the set-ups whose name (with or without azure_) starts with KEY (default: this one)",
+    """capture.py's ``setup_main``: ``--python KEY=PATH`` picks the interpreter by the set-up's name with or without
+    ``azure_`` (``genai_openai`` needs a venv of its own)."""
+    capture.setup_main(
+        __file__, __doc__, SETUPS, run_setup, OUT, "prefill_", python_keys=lambda s: (s, s.removeprefix(AZURE))
     )
-    parser.add_argument(
-        "--isolated",
-        action="store_true",
-        help="run each set-up with no network but the loopback: unshare -rn, then ip link set lo up",
-    )
-    args = parser.parse_args()
-    if args.setup:
-        run_setup(args.setup, args.out)
-        return
-    pythons = dict(item.split("=", 1) for item in args.python)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for setup in args.only or SETUPS:
-        python = next(
-            (p for k, p in pythons.items() if setup.startswith(k) or setup.removeprefix(AZURE).startswith(k)),
-            sys.executable,
-        )
-        cmd = [python, __file__, "--setup", setup, "--out", str(args.out)]
-        if args.isolated:
-            cmd = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "isolated", *cmd]
-        subprocess.run(cmd, check=True, timeout=120)
-        print(f"{setup}: {args.out / f'prefill_{setup}.otlp'}")
 
 
 if __name__ == "__main__":
