@@ -26,10 +26,12 @@ from streams.core.join import RequestJoin
 from streams.core.otlp_conventions import (
     ATTRS_MARK_NO_TOKEN,
     AZURE_FILTER_CHUNK,
+    AZURE_FILTER_CHUNK_SCOPES,
     EMBEDDING,
     EVENTS_MARK_NO_TOKEN,
     FIRST_CHUNK_ATTRS,
     FIRST_CHUNK_HIDDEN_BY_SCOPE,
+    OWN_FIRST_CHUNK_ATTR,
     TOOL_CALL,
     borrowed,
     is_azure_openai,
@@ -81,6 +83,9 @@ FIXES["first token shown later"] = (
     "reaches the caller: ttft_emit.otel_marks.first_token_marked(stream) around the caller's iteration does "
     "(docs/otlp-mapping.md)"
 )
+#: What a first chunk marked by :data:`AZURE_FILTER_CHUNK_SCOPES` is, shown beside its source: a role-only chunk sent
+#: before generation (LLM gateways, older vLLM, Hugging Face streamer servers) would be taken for the first token.
+ANY_CHUNK: Final = " (the first chunk of any kind, with output or not: ttft_emit.otel.time_first_chunk counts output)"
 #: A missing first chunk on Azure OpenAI: the client instrumentations' marks count its prompt filter chunk.
 AZURE_FIRST_CHUNK: Final = "first chunk (Azure OpenAI)"
 FIXES[AZURE_FIRST_CHUNK] = (
@@ -408,6 +413,9 @@ def _stage_source(event: dict[str, Any], notes: dict[str, tuple[OtlpSpan, SpanNo
             chunk = f"attribute {note.first_chunk_source}"
         else:
             chunk = f"event {note.first_chunk_source!r}"
+        own = note.first_chunk_source == OWN_FIRST_CHUNK_ATTR
+        if note.first_chunk_ns is not None and not own and span.scope_name in AZURE_FILTER_CHUNK_SCOPES:
+            chunk += ANY_CHUNK  # they mark a chunk with no output too
         return f"{named}, first chunk from {chunk}" if stage == "llm_ttft" else f"the LLM span's first chunk ({chunk})"
     if stage == LLM_UNMEASURED:
         told = "not told" if note.streaming is None else ("streaming" if note.streaming else "not streaming")
