@@ -40,7 +40,7 @@ from streams.core.otlp_conventions import (
 from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, agent_steps, hidden_first_chunk, note_span
 from streams.core.otlp_nesting import nested_duplicates, partner
 from streams.core.otlp_outputs import ForwardedEvent
-from streams.core.otlp_traces import TraceAssembler
+from streams.core.otlp_traces import LOST_MARK_DETAIL, TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 
 _TOPIC: Final = "otlp_spans"
@@ -58,6 +58,10 @@ FIXES: Final[dict[str, str]] = {
     "first chunk": "the LLM span tells no first chunk: set gen_ai.response.time_to_first_chunk (seconds) on it "
     "when the first chunk arrives; for the openai, anthropic, google-genai and boto3 bedrock-runtime clients "
     "and the litellm module, ttft_emit.otel.time_first_chunk(client) does (docs/otlp-mapping.md, 'The helper')",
+    "first-token mark without its request": "a span ttft.stage = first_token with no parent is a trace of its "
+    "own (dead-lettered): the service marked it where the request's context was lost (an async callback, another "
+    "thread). Give the mark the request's context as its parent (Java: Context.current() taken before the "
+    "callback, spanBuilder.setParent(context); Python and Node: mark inside the request's context)",
     "tenant": "set tenant.id on the resource in the Collector (a resource or transform processor: "
     "docs/otlp-mapping.md, 'The tenant with the Collector alone')",
     "request_start": "the trace has no root span (still running, or not exported): check again once the requests ended",
@@ -112,6 +116,10 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
     "LangChainInstrumentor); its ChatCompletion span tells it, and the LangChain LLM span around it is counted "
     "once (docs/otlp-mapping.md, 'Two instrumentations of one call'); or ttft_emit.otel.time_first_chunk(client) "
     "on the model's client, which times LangChain's LLM span",
+    "io.opentelemetry.openai-java-1.1": "OpenTelemetry's Java instrumentation of openai-java tells no first "
+    "chunk, nor whether the call streamed: mark the caller's first token (a plain call's answer too) with a "
+    "zero-length child span ttft.stage = first_token; the chat span's llm_ttft then runs to the mark "
+    "(docs/otlp-mapping.md, 'The caller's first token, marked')",
     **dict.fromkeys(
         ("openinference.instrumentation.anthropic", "opentelemetry.instrumentation.anthropic"),
         "this Anthropic instrumentation tells no first chunk: the anthropic SDK's own tracing does (on when a "
@@ -389,6 +397,8 @@ def _tenant_source(spans: list[OtlpSpan]) -> str:
 def _dead_letter_item(letter: DeadLetter) -> str:
     if letter.reason_code == "missing_tenant":
         return "tenant"
+    if letter.detail.endswith(LOST_MARK_DETAIL):
+        return "first-token mark without its request"
     return f"dead letter {letter.reason_code}: {letter.detail[:160]}"
 
 
@@ -407,7 +417,9 @@ def _stage_source(event: dict[str, Any], notes: dict[str, tuple[OtlpSpan, SpanNo
             return "the root span (LiteLLM's callback wrote its call onto it: not an LLM span)"
         return "the root span" if span.is_root and not named else named
     if stage in ("llm_ttft", "first_token") and note.stage == "llm_ttft":
-        if note.first_chunk_ns is None:
+        if stage == "llm_ttft" and (event.get("attrs") or {}).get("first_chunk_from") == "first_token":
+            chunk = "the service's first-token mark (ttft.stage = first_token) inside it: the span tells none"
+        elif note.first_chunk_ns is None:
             chunk = "the span's end (not streaming)"
         elif note.first_chunk_source in _ATTR_SOURCES:
             chunk = f"attribute {note.first_chunk_source}"

@@ -188,6 +188,9 @@ class TraceContext:
     #: Why a streamed call's first chunk is not the caller's first token in this trace (:func:`hidden_first_chunk`),
     #: empty when it is.
     hidden_first_chunk: str = ""
+    #: The answering LLM span whose instrumentation tells no first chunk, and the ns of the service's own first-token
+    #: mark inside it (:func:`marked_first_chunk`): its ``llm_ttft`` runs to the mark.
+    marked_first_chunk: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def request_id(self) -> str:
@@ -275,6 +278,8 @@ def _llm_events(note: SpanNote, ctx: TraceContext, ms: float) -> list[dict[str, 
         duration = (max(note.end_ns, note.start_ns) - note.start_ns) / 1e6
         attrs = {**unmeasured_attrs(note), "first_chunk_ignored": ctx.hidden_first_chunk[:_UNMEASURED_ATTR_CHARS]}
         return [_event(note, ctx, LLM_UNMEASURED, ms, duration, attrs)]
+    if first is None and note.span_id in ctx.marked_first_chunk:
+        first, extra = ctx.marked_first_chunk[note.span_id], {**extra, "first_chunk_from": "first_token"}
     if first is None:
         if note.streaming is not False:
             duration = (max(note.end_ns, note.start_ns) - note.start_ns) / 1e6
@@ -333,6 +338,32 @@ def agent_steps(notes: Sequence[SpanNote]) -> dict[str, int]:
             if note.span_id in steps:
                 steps[note.span_id] = _held_ns(fed, tool_starts, note)
     return steps
+
+
+def marked_first_chunk(notes: Sequence[SpanNote], steps: Mapping[str, int]) -> dict[str, int]:
+    """The LLM span of a trace's held spans ``notes`` (nests counted once) whose ``llm_ttft`` runs to the service's
+    first-token mark: a span that tells no first chunk and may stream (not a step: ``steps``), the latest to start of
+    those the earliest mark (a span ``ttft.stage = first_token``) falls in, up to :data:`CLOCK_SLACK_NS` after
+    its end. OpenTelemetry's own Java (and Python) OpenAI instrumentation tells none; a service marking its first
+    token then gets its ``llm_ttft`` too, not only its TTFT. Empty when no mark or no such span."""
+    marks = [n.start_ns for n in notes if n.stage == "first_token"]
+    if not marks:
+        return {}
+    mark = min(marks)
+    found: SpanNote | None = None
+    for note in notes:
+        if (
+            note.stage == "llm_ttft"
+            and note.first_chunk_ns is None
+            and note.streaming is not False
+            and note.span_id not in steps
+            and note.start_ns <= mark <= max(note.end_ns, note.start_ns) + CLOCK_SLACK_NS
+            and (found is None or note.start_ns >= found.start_ns)
+        ):
+            found = note
+    if found is None:
+        return {}
+    return {found.span_id: min(mark, max(found.end_ns, found.start_ns))}
 
 
 def _held_ns(fed: Sequence[tuple[int, int]], fed_starts: Sequence[int], note: SpanNote) -> int:

@@ -65,6 +65,7 @@ from streams.core.otlp_mapping import (
     derived_prompt_at,
     hidden_first_chunk,
     is_unmeasured,
+    marked_first_chunk,
     note_span,
     own_tenant,
     prompt_plan,
@@ -90,6 +91,13 @@ from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 log = logging.getLogger("ttft.otlp")
 
 _NS_PER_MS: Final = 1_000_000
+#: Why a first-token mark that is its trace's root is dead-lettered (:meth:`TraceAssembler._lost_mark`).
+LOST_MARK_DETAIL: Final = (
+    "a first-token mark (ttft.stage = first_token) with no parent span: the service marked it where the request's "
+    "context was lost (an async callback, another thread), so it is no request; its request stays without a first "
+    "token. Start the mark with the request's context as its parent (Java: spanBuilder.setParent(context) with "
+    "the Context taken before the callback; Python and Node: mark inside the request's context)"
+)
 _OVER_SPAN_CAP: Final = "trace over otlp.max_spans_per_trace"
 _OVER_STATE_BYTES: Final = "trace over otlp.max_trace_state_bytes"
 #: A changelog value past this is never produced (the producer's batch is 1 MiB): the trace is dropped,
@@ -361,9 +369,13 @@ class TraceAssembler:
         ctx = state.trace_context()
         out: list[Output] = []
         notes = sorted(state.notes.values(), key=lambda n: (n.start_ns, n.span_id))
+        root, waiting = state.root, None
+        if root is not None and root.stage == "first_token":  # a mark that lost its request: no request of its own
+            out.append(self._lost_mark(state, root, ctx, now_ms))
+            notes = [n for n in notes if n.span_id != root.span_id]
+            root = None
         staged = [(stage, n) for n in notes if (stage := stage_of(n, ctx)) is not None]
         state.staged = state.staged or bool(staged)
-        root, waiting = state.root, None
         if root is not None and ctx.request_start_span == root.span_id:
             if state.staged:
                 out.extend(self._guarded(state, root, now_ms, partial(self._start_events, state, root, ctx, now_ms)))
@@ -373,6 +385,8 @@ class TraceAssembler:
         kept = [n for n in notes if n.span_id not in nested]
         ctx.agent_steps = agent_steps(kept)
         ctx.hidden_first_chunk = hidden_first_chunk(notes, ctx.explicit_first_token)
+        if ctx.explicit_first_token:
+            ctx.marked_first_chunk = marked_first_chunk(kept, ctx.agent_steps)
         for note in kept:
             out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
         try:
@@ -465,6 +479,14 @@ class TraceAssembler:
             self.counters.spans["dead_letter"] += 1
             return [self._letters.of_note(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
         return self._validated(state, note, [event], ctx, now_ms)
+
+    def _lost_mark(self, state: TraceState, note: SpanNote, ctx: TraceContext, now_ms: float) -> Output:
+        """A first-token mark that is its trace's root: the service marked it where the request's context was
+        lost (an async callback, another thread). Mapped, it would be a request of its own with a TTFT of 0 ms in
+        the sketches; it is dead-lettered ``schema`` with what to fix."""
+        state.handled.add(note.span_id)
+        self.counters.spans["dead_letter"] += 1
+        return self._letters.of_note(state, note, "schema", LOST_MARK_DETAIL, now_ms, ctx)
 
     def _nested(self, state: TraceState, staged: list[tuple[str, SpanNote]]) -> set[str]:
         """The held stage spans that measure what another one does (:mod:`streams.core.otlp_nesting`): handled
