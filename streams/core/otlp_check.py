@@ -120,6 +120,12 @@ FIRST_CHUNK_FIXES_BY_SCOPE: Final[dict[str, str]] = {
     "chunk, nor whether the call streamed: mark the caller's first token (a plain call's answer too) with a "
     "zero-length child span ttft.stage = first_token; the chat span's llm_ttft then runs to the mark "
     "(docs/otlp-mapping.md, 'The caller's first token, marked')",
+    "org.springframework.boot": "Spring AI's chat spans (Micrometer's observations, through Spring Boot's "
+    "OpenTelemetry bridge) tell no first chunk: mark the caller's first token with a zero-length child span "
+    "ttft.stage = first_token when the first text of the Flux arrives, its parent the request's Context taken "
+    "before the stream (the Flux runs on Reactor's threads); the chat span's llm_ttft then runs to the mark. "
+    "Set spring.reactor.context-propagation=auto, or a stream's spans leave the request's trace "
+    "(docs/otlp-mapping.md, 'The caller's first token, marked')",
     **dict.fromkeys(
         ("openinference.instrumentation.anthropic", "opentelemetry.instrumentation.anthropic"),
         "this Anthropic instrumentation tells no first chunk: the anthropic SDK's own tracing does (on when a "

@@ -40,6 +40,14 @@ GEN_AI_STAGES: Final[dict[str, str]] = {
     "generate_content": "llm_ttft",
     "acompletion": "llm_ttft",  # LiteLLM's own callback names an async call so (``USE_OTEL_LITELLM_REQUEST_SPAN``)
 }
+#: Spring AI's observations (2.0.1, through Micrometer Tracing's OpenTelemetry bridge): a vector store's search is
+#: ``spring.ai.kind = vector_store`` with ``db.operation.name = query`` (no GenAI operation: every request was
+#: ``missing_stage`` without its retrieval), its embedding call ``gen_ai.operation.name = embedding``; Micrometer
+#: writes every tag as a string (token counts too).
+SPRING_AI_KIND: Final = "spring.ai.kind"
+SPRING_AI_SEARCH: Final = "spring.ai.kind = vector_store, db.operation.name = query"
+#: The ``gen_ai.operation.name`` of an embedding call: the conventions' ``embeddings``, Spring AI's ``embedding``.
+EMBEDDING_OPERATIONS: Final = frozenset({"embeddings", "embedding"})
 #: OpenLLMetry's older name for the operation, read when ``gen_ai.operation.name`` is absent: its Mistral
 #: instrumentation (0.62.4, mistralai 1.x) writes only ``llm.request.type = chat`` (no LLM span before: timed_out).
 LEGACY_REQUEST_TYPE: Final = "llm.request.type"
@@ -210,6 +218,9 @@ STREAM_FLAG_ABSENT_MEANS: Final[dict[str, bool]] = {
     # OpenTelemetry's GenAI instrumentations on util-genai 1.3b0 (``….genai.openai``, ``….genai.langchain``): the
     # flag is set when a chunk is recorded, never ``False`` (their plain calls were ``no_first_chunk``).
     "opentelemetry.instrumentation.genai": False,
+    # Spring Boot's Micrometer Tracing bridge (Spring AI 2.0.1's chat model observation): the tag is set on a stream
+    # only (its plain calls were no_first_chunk)
+    "org.springframework.boot": False,
 }
 #: Scopes whose LLM spans tell whether the call streamed by something other than a flag: scope -> the rule
 #: (``None``: it does not say). OpenInference's google-genai (1.4.14), Bedrock (0.1.61) and LlamaIndex (4.6.1)
@@ -349,12 +360,14 @@ def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
         named_by = LEGACY_REQUEST_TYPE
         operation = a.get(named_by)
     if isinstance(operation, str):
-        if operation == "embeddings":
-            return EMBEDDING, f"{named_by} = embeddings"
+        if operation in EMBEDDING_OPERATIONS:
+            return EMBEDDING, f"{named_by} = {operation}"
         if operation == "execute_tool":
             return TOOL_CALL, f"{named_by} = execute_tool"
         if operation in GEN_AI_STAGES:
             return GEN_AI_STAGES[operation], f"{named_by} = {operation}"
+    if is_spring_ai_search(a):
+        return "retrieval", SPRING_AI_SEARCH
     operation_id = a.get("ai.operationId")
     if isinstance(operation_id, str) and operation_id in VERCEL_LLM_OPERATIONS:
         return "llm_ttft", f"ai.operationId = {operation_id}"
@@ -373,6 +386,11 @@ def stage_and_source(a: dict[str, AttrValue]) -> tuple[str | None, str]:
     return None, ""
 
 
+def is_spring_ai_search(a: dict[str, AttrValue]) -> bool:
+    """A Spring AI vector store's similarity search (not its ``add`` or ``delete``)."""
+    return a.get(SPRING_AI_KIND) == "vector_store" and a.get("db.operation.name") == "query"
+
+
 def _by_suffix(table: tuple[tuple[str, str], ...], name: str) -> str | None:
     """The stage of the first ``(suffix, stage)`` of ``table`` that ``name`` ends with."""
     return next((stage for suffix, stage in table if name.endswith(suffix)), None)
@@ -383,6 +401,8 @@ def is_retriever(a: dict[str, AttrValue], named: str | None) -> bool:
     the stage its attributes name (:func:`span_stage`), so that they are read once."""
     kind, operation = a.get("openinference.span.kind"), a.get("gen_ai.operation.name")
     if kind == "RETRIEVER" or (isinstance(operation, str) and GEN_AI_STAGES.get(operation) == "retrieval"):
+        return True
+    if named == "retrieval" and is_spring_ai_search(a):
         return True
     return named == "retrieval" and ("traceloop.span.kind" in a or HAYSTACK_COMPONENT in a)
 
@@ -579,6 +599,8 @@ def token_attrs(a: dict[str, AttrValue]) -> dict[str, AttrValue]:
 
 
 def _count(value: AttrValue | None) -> int | None:
+    if isinstance(value, str) and value.isdigit() and len(value) <= 12:  # Micrometer's tags (Spring AI): strings
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if isinstance(value, float):

@@ -430,6 +430,15 @@ def prompt_plan(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[SpanNote,
     return llm, max(ends) if ends else None
 
 
+def retrieved_before_late_llm(notes: Iterable[SpanNote], ctx: TraceContext) -> int | None:
+    """The last retrieval or rerank end (ns) of a trace resolved without an LLM span and without a prompt span, from
+    which a late LLM span's derived ``prompt_assemble`` runs; ``None`` when it has either, or nothing retrieved."""
+    staged = [(stage_of(n, ctx), n) for n in notes]
+    if any(stage in ("llm_ttft", "prompt_assemble") for stage, _ in staged):
+        return None
+    return max((n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT), default=None)
+
+
 def prompt_template(llm: SpanNote, ctx: TraceContext) -> dict[str, Any]:
     """The derived ``prompt_assemble`` event of the LLM span ``llm``, its time and duration not set yet:
     marked ``derived = true``, its event id the LLM span's id plus ``/prompt_assemble`` (a replay dedups).

@@ -67,6 +67,13 @@ class TraceState:
     #: and its derived ``prompt_assemble`` event (JSON text: a few hundred bytes per remembered trace),
     #: filled in once by a late retrieval or rerank span.
     prompt_due: tuple[int, str] | None = None
+    #: Set at resolution: the first-token mark's time (ns) while no LLM span has taken it, so that a late LLM span
+    #: that tells no first chunk still runs its ``llm_ttft`` to it (``otlp_mapping.marked_first_chunk``).
+    mark_ns: int | None = None
+    #: Set at resolution of a trace with retrieval or rerank spans but no LLM span and no prompt span: their last
+    #: end (ns), from which a late LLM span's derived ``prompt_assemble`` runs (Spring AI ends a stream's chat span
+    #: when its Flux completes, at times after the root).
+    retrieved_ns: int | None = None
     #: A stage span was held or mapped: the trace is a request (a trace without one, e.g. a health check, is not,
     #: and its root waits in ``root`` for a late stage span).
     staged: bool = False
@@ -139,6 +146,8 @@ class TraceState:
                 self.tenant,
                 None if self.prompt_due is None else list(self.prompt_due),
                 self.staged,
+                self.mark_ns,
+                self.retrieved_ns,
             ]
         )
 
@@ -173,6 +182,8 @@ class TraceState:
                 prompt_due=_prompt_due(row[16]) if len(row) > 16 else None,
                 # Before this element every trace was mapped as a request: one restored without it still is.
                 staged=bool(row[17]) if len(row) > 17 else True,
+                mark_ns=row[18] if len(row) > 18 and isinstance(row[18], int) else None,
+                retrieved_ns=row[19] if len(row) > 19 and isinstance(row[19], int) else None,
             )
         except (IndexError, KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"unreadable trace state: {exc}") from None

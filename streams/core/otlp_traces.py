@@ -71,6 +71,7 @@ from streams.core.otlp_mapping import (
     prompt_plan,
     prompt_template,
     prompts_before,
+    retrieved_before_late_llm,
     stage_events,
     stage_of,
 )
@@ -387,12 +388,15 @@ class TraceAssembler:
         ctx.hidden_first_chunk = hidden_first_chunk(notes, ctx.explicit_first_token)
         if ctx.explicit_first_token:
             ctx.marked_first_chunk = marked_first_chunk(kept, ctx.agent_steps)
+            marks = [n.start_ns for n in kept if n.stage == "first_token"]
+            state.mark_ns = None if ctx.marked_first_chunk or not marks else min(marks)
         for note in kept:
             out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
         try:
             out.extend(self._derived_prompt(state, kept, ctx, now_ms))
         except Exception:
             log.exception("OTLP trace %s: deriving prompt_assemble failed; none derived", state.trace_id)
+        state.retrieved_ns = retrieved_before_late_llm(kept, ctx)
         if state.root is not None:
             if state.root.span_id not in state.handled:
                 self.counters.spans["not_stage"] += 1
@@ -461,6 +465,11 @@ class TraceAssembler:
         elif stage is not None and not state.started and state.root is not None:  # the root that waited
             waited, state.root = state.root, None
             out.extend(self._start_events(state, waited, ctx, now_ms))
+        if state.mark_ns is not None and stage == "llm_ttft":  # a late answer to the mark held at resolution
+            ctx.marked_first_chunk = marked_first_chunk([note, _mark_note(state.mark_ns)], {})
+            state.mark_ns = None if ctx.marked_first_chunk else state.mark_ns
+        if state.retrieved_ns is not None and stage in ("llm_ttft", "prompt_assemble"):
+            out.extend(self._late_llm_prompt(state, note, stage, ctx, now_ms))
         if stage not in (None, "request_start"):
             out.extend(self._map(state, note, ctx, now_ms))
         elif not starts:
@@ -518,6 +527,20 @@ class TraceAssembler:
             return []
         event = derived_prompt_at(template, llm.start_ns, retrieved_ns)
         return self._validated(state, llm, [event], ctx, now_ms, span=False)
+
+    def _late_llm_prompt(
+        self, state: TraceState, note: SpanNote, stage: str, ctx: TraceContext, now_ms: float
+    ) -> list[Output]:
+        """The derived ``prompt_assemble`` of a trace resolved with retrieval but without its LLM span, from the
+        last retrieval or rerank end to the late LLM span's start (once; a late prompt span cancels it)."""
+        retrieved, state.retrieved_ns = state.retrieved_ns, None
+        if stage != "llm_ttft" or retrieved is None or retrieved > note.start_ns:
+            return []
+        try:
+            event = derived_prompt_at(prompt_template(note, ctx), note.start_ns, retrieved)
+        except Unmappable:
+            return []
+        return self._validated(state, note, [event], ctx, now_ms, span=False)
 
     def _late_prompts(self, late: list[tuple[TraceState, SpanNote, bool]], now_ms: float) -> list[Output]:
         """The derived ``prompt_assemble`` of resolved traces that were waiting for a retrieval or rerank span
@@ -654,6 +677,11 @@ class TraceAssembler:
         self._dirty = {k: p for k, p in self._dirty.items() if p not in partitions}
         for partition in partitions:
             self._partitions.pop(partition, None)
+
+
+def _mark_note(at_ns: int) -> SpanNote:
+    """A stand-in for a trace's first-token mark, by its time only (for :func:`marked_first_chunk`)."""
+    return SpanNote("", "", at_ns, at_ns, 0, "first_token")
 
 
 def resolve_due_ns(first_start_ns: int, last_end_ns: int, first_token_known: bool, join: JoinConfig) -> int:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import orjson
 import pytest
 
 from schemas.otlp import AttrValue, OtlpSpan
+from streams.core.otlp_outputs import ForwardedEvent
 from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 from tests.support.captured_otlp import stored_record
@@ -101,3 +103,30 @@ def test_a_mark_with_no_parent_is_dead_lettered_never_a_request() -> None:
     (out,) = asm.add_message([lost], 0, 0, T0 / 1e6 + 60_000)
     assert getattr(out, "reason_code", None) == "schema"
     assert asm.counters.spans["dead_letter"] == 1
+
+
+def _events(outputs: list[object]) -> list[dict[str, object]]:
+    return [orjson.loads(o.value) for o in outputs if isinstance(o, ForwardedEvent)]
+
+
+def test_an_llm_span_exported_after_the_root_runs_to_the_mark_gets_its_prompt_and_survives_a_restore() -> None:
+    """Spring AI ends a stream's chat span when its Flux completes, which may be after the service ended its root:
+    the trace resolves at the root; the mark and the retrieval's end wait for the late span (in the changelog state
+    too)."""
+    spans = _trace()
+    chat = next(s for s in spans if s.span_id == CHAT)
+    asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+    now = T0 / 1e6 + 60_000
+    first = _events(asm.add_message([s for s in spans if s is not chat], 0, 0, now))
+    assert "llm_ttft" not in {e["stage"] for e in first} and "first_token" in {e["stage"] for e in first}
+    ((key, (partition, packed)),) = asm.dirty().items()
+    assert packed is not None
+    restored = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+    restored.restore(key, packed, partition)
+    for assembler in (asm, restored):
+        late = {e["stage"]: e for e in _events(assembler.add_message([chat], 0, 1, now))}
+        assert set(late) == {"llm_ttft", "prompt_assemble"}
+        assert late["llm_ttft"]["duration_ms"] == pytest.approx(200.0)
+        assert late["llm_ttft"]["attrs"]["first_chunk_from"] == "first_token"  # type: ignore[index]
+        # the derived prompt assembly waited too: from the retrieval's end (50 ms) to the call's start (80 ms)
+        assert late["prompt_assemble"]["duration_ms"] == pytest.approx(30.0)

@@ -17,7 +17,6 @@ import io.opentelemetry.api.trace.SpanKind;
 import io.opentelemetry.api.trace.Tracer;
 import io.opentelemetry.context.Context;
 import io.opentelemetry.context.Scope;
-import io.opentelemetry.exporter.internal.otlp.traces.TraceRequestMarshaler;
 import io.opentelemetry.instrumentation.openai.v1_1.OpenAITelemetry;
 import io.opentelemetry.sdk.OpenTelemetrySdk;
 import io.opentelemetry.sdk.common.Clock;
@@ -26,12 +25,6 @@ import io.opentelemetry.sdk.testing.exporter.InMemorySpanExporter;
 import io.opentelemetry.sdk.trace.SdkTracerProvider;
 import io.opentelemetry.sdk.trace.data.SpanData;
 import io.opentelemetry.sdk.trace.export.SimpleSpanProcessor;
-import java.io.ByteArrayOutputStream;
-import java.io.DataOutputStream;
-import java.io.FileOutputStream;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -181,12 +174,6 @@ public final class Capture {
     return truth;
   }
 
-  static List<String> concat(List<String> a, List<String> b) {
-    List<String> all = new ArrayList<>(a);
-    all.addAll(b);
-    return all;
-  }
-
   static void warmUp(OpenAIClient plain, OpenAIClientAsync plainAsync) throws Exception {
     plain.embeddings().create(EmbeddingCreateParams.builder().model(EMBEDDING_MODEL).input(QUESTION).build());
     plain.chat().completions().create(params(false));
@@ -246,64 +233,13 @@ public final class Capture {
     provider.forceFlush().join(10, TimeUnit.SECONDS);
     List<SpanData> spans = exporter.getFinishedSpanItems();
     String name = "java_openai_" + setup;
-    // The requests' traces, then any other (stream_async_lost's mark), one message each.
-    List<String> traceIds = new ArrayList<>();
-    for (Map<String, Object> t : traces) {
-      traceIds.add((String) t.get("trace_id"));
-    }
-    List<String> others = new ArrayList<>();
-    for (SpanData s : spans) {
-      if (!traceIds.contains(s.getTraceId()) && !others.contains(s.getTraceId())) {
-        others.add(s.getTraceId());
-      }
-    }
-    try (DataOutputStream f = new DataOutputStream(new FileOutputStream(Path.of(out, name + ".otlp").toFile()))) {
-      for (String traceId : concat(traceIds, others)) {
-        List<SpanData> mine = new ArrayList<>();
-        for (SpanData s : spans) {
-          if (s.getTraceId().equals(traceId)) {
-            mine.add(s);
-          }
-        }
-        ByteArrayOutputStream buf = new ByteArrayOutputStream();
-        TraceRequestMarshaler.create(mine).writeBinaryTo(buf);
-        f.writeInt(buf.size());
-        buf.writeTo(f);
-      }
-    }
-    StringBuilder json = new StringBuilder();
-    json.append("{\n \"library\": \"").append(name).append("\",\n \"versions\": {")
-        .append("\"com.openai:openai-java\": \"").append(System.getProperty("ttft.openai.version", "?"))
-        .append("\", \"io.opentelemetry.instrumentation:opentelemetry-openai-java-1.1\": \"")
-        .append(System.getProperty("ttft.otel.instrumentation.version", "?"))
-        .append("\", \"io.opentelemetry:opentelemetry-sdk\": \"")
-        .append(System.getProperty("ttft.otel.version", "?"))
-        .append("\", \"java\": \"").append(System.getProperty("java.version")).append("\"},\n")
-        .append(" \"tenant\": \"acme\",\n \"other_traces\": [");
-    for (int i = 0; i < others.size(); i++) {
-      json.append(i == 0 ? "\"" : ", \"").append(others.get(i)).append('"');
-    }
-    json.append("],\n \"traces\": [");
-    for (int i = 0; i < traces.size(); i++) {
-      json.append(i == 0 ? "\n  {" : ",\n  {");
-      int k = 0;
-      for (Map.Entry<String, Object> e : traces.get(i).entrySet()) {
-        Object v = e.getValue();
-        String value = v == null ? "null" : v instanceof String ? "\"" + v + "\"" : v.toString();
-        json.append(k++ == 0 ? "" : ", ").append('"').append(e.getKey()).append("\": ").append(value);
-      }
-      json.append('}');
-    }
-    json.append("\n ]\n}\n");
-    Files.writeString(Path.of(out, name + ".json"), json.toString(), StandardCharsets.UTF_8);
-    for (SpanData s : spans) {
-      System.out.printf(
-          "%s %-28s %8.1f ms %s%n",
-          s.getTraceId().substring(0, 8),
-          s.getName(),
-          (s.getEndEpochNanos() - s.getStartEpochNanos()) / 1e6,
-          s.getInstrumentationScopeInfo().getName());
-    }
+    String versions =
+        "\"com.openai:openai-java\": " + CaptureFiles.quoted(System.getProperty("ttft.openai.version", "?"))
+            + ", \"io.opentelemetry.instrumentation:opentelemetry-openai-java-1.1\": "
+            + CaptureFiles.quoted(System.getProperty("ttft.otel.instrumentation.version", "?"))
+            + ", \"io.opentelemetry:opentelemetry-sdk\": "
+            + CaptureFiles.quoted(System.getProperty("ttft.otel.version", "?"));
+    CaptureFiles.write(out, name, spans, traces, versions);
     provider.shutdown().join(10, TimeUnit.SECONDS);
     System.exit(0);
   }
