@@ -1,6 +1,7 @@
 """A Java service: the openai-java client wrapped by OpenTelemetry's own library instrumentation
-(``opentelemetry-openai-java-1.1``), against the loopback stub (tests/data/otel_instrumentations/capture_java.py,
-``java_openai/``): a stream, a plain call, the async client's stream and a second stream.
+(``opentelemetry-openai-java-1.1``), and the same under OpenTelemetry's Java agent, against the loopback stub
+(tests/data/otel_instrumentations/capture_java.py, ``java_openai/``): a stream, a plain call, the async client's
+stream and a second stream.
 
 Its chat span tells no first chunk and not whether the call streamed, so alone every request is ``no_first_chunk``
 (never a guess). The service marking its caller's first token (a zero-length child span ``ttft.stage =
@@ -48,9 +49,17 @@ def _other_traces(library: str) -> list[list[OtlpSpan]]:
     return out
 
 
+#: The library instrumentation (``OpenAITelemetry.wrap``), and the same under OpenTelemetry's Java agent 2.31.1, which
+#: applies it when a client is built and adds OkHttp's client spans (``POST``, scope ``io.opentelemetry.okhttp-3.0``:
+#: no stage).
+ALONE = ("java_openai_otel", "java_openai_agent")
+MARKED = ("java_openai_otel_marked", "java_openai_agent_marked")
+
+
+@pytest.mark.parametrize("setup", ALONE)
 @pytest.mark.parametrize("case", CASES)
-def test_alone_the_java_instrumentation_tells_no_first_chunk_and_nothing_is_guessed(case: str) -> None:
-    _truth, spans = captured("java_openai_otel")[case]
+def test_alone_the_java_instrumentation_tells_no_first_chunk_and_nothing_is_guessed(setup: str, case: str) -> None:
+    _truth, spans = captured(setup)[case]
     record, _ = stored_record(spans)
     assert record["status"] == "no_first_chunk" and record["ttft_ms"] is None
     chat = _chat(spans)
@@ -58,9 +67,10 @@ def test_alone_the_java_instrumentation_tells_no_first_chunk_and_nothing_is_gues
     assert record["retrieval_ms"] is not None and record["prompt_assemble_ms"] is not None
 
 
+@pytest.mark.parametrize("setup", MARKED)
 @pytest.mark.parametrize("case", CASES)
-def test_the_services_own_first_token_mark_makes_it_complete_and_exact(case: str) -> None:
-    truth, spans = captured("java_openai_otel_marked")[case]
+def test_the_services_own_first_token_mark_makes_it_complete_and_exact(setup: str, case: str) -> None:
+    truth, spans = captured(setup)[case]
     record, _ = stored_record(spans)
     root = next(s for s in spans if s.is_root)
     chat = _chat(spans)
@@ -70,7 +80,10 @@ def test_the_services_own_first_token_mark_makes_it_complete_and_exact(case: str
     to_mark = (min(truth["first_chunk_ns"], chat.end_ns) - chat.start_ns) / 1e6
     assert record["llm_ttft_ms"] == pytest.approx(to_mark, abs=0.01)
     assert record["llm_unmeasured_ms"] is None
-    assert 0 <= record["other_ms"] < 5
+    # the agent's first request is cold (no warm-up under the agent: every call would be a trace): its class loading
+    # is in no span, 73 ms of other_ms on this capture
+    cold = setup == "java_openai_agent_marked" and case == "stream"
+    assert 0 <= record["other_ms"] < (200 if cold else 5)
 
 
 def test_a_mark_that_lost_its_context_is_dead_lettered_and_its_request_stays_unmeasured() -> None:

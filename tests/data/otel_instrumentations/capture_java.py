@@ -4,7 +4,10 @@ Two Maven projects (their main classes say what the service does), against the O
 (started here, in this process), each set-up in a JVM of its own (``mvn exec:java``):
 
 - ``java_openai/`` (``Capture.java``): the openai-java client wrapped by ``opentelemetry-openai-java-1.1``;
-  set-ups ``otel``, ``otel_marked``; files ``java_openai_<set-up>``;
+  set-ups ``otel``, ``otel_marked``; files ``java_openai_<set-up>``. ``agent``, ``agent_marked``: the same service
+  under OpenTelemetry's Java agent (:data:`AGENT`, ``-javaagent``), which exports over OTLP/HTTP to a receiver
+  here (:func:`write_received` regroups its exports per trace; the ``opentelemetry-proto`` package is needed:
+  run this with the project's venv);
 - ``java_spring_ai/`` (``SpringAiCapture.java``): a Spring AI 2.0 RAG service (ChatClient, QuestionAnswerAdvisor,
   SimpleVectorStore) under Spring Boot 4's OpenTelemetry starter; set-ups ``spring_ai``, ``spring_ai_marked``;
   files ``java_spring_ai_<set-up>``.
@@ -21,11 +24,14 @@ loopback, Maven offline: run once without it first, so everything is resolved.
 from __future__ import annotations
 
 import argparse
+import json
+import struct
 import subprocess
 import sys
 import threading
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -36,9 +42,13 @@ HERE = Path(__file__).resolve().parent
 SETUPS = {
     "otel": "java_openai",
     "otel_marked": "java_openai",
+    "agent": "java_openai",
+    "agent_marked": "java_openai",
     "spring_ai": "java_spring_ai",
     "spring_ai_marked": "java_spring_ai",
 }
+#: OpenTelemetry's Java agent of the ``agent`` set-ups (its openai-java instrumentation is the library's).
+AGENT = "io.opentelemetry.javaagent:opentelemetry-javaagent:2.31.1"
 
 
 class ClosingStubHandler(StubHandler):
@@ -56,8 +66,105 @@ def serve() -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
+class TraceReceiver(BaseHTTPRequestHandler):
+    """``POST /v1/traces`` (OTLP/HTTP, protobuf): each body kept, in arrival order (``server.bodies``)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.server.bodies.append(body)  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def write_received(bodies: list[bytes], out: Path, name: str) -> None:
+    """The agent's exports regrouped as the other captures are: one ``ExportTraceServiceRequest`` per trace (each
+    span under its own resource and scope), the requests' traces in the json's order, then the others (listed
+    under ``other_traces`` there)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    spans: dict[str, list[tuple[Any, Any, Any]]] = {}
+    for body in bodies:
+        request = ExportTraceServiceRequest.FromString(body)
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    spans.setdefault(span.trace_id.hex(), []).append((rs, ss, span))
+    doc = json.loads((out / f"{name}.json").read_text())
+    ids = [t["trace_id"] for t in doc["traces"]]
+    doc["other_traces"] = [t for t in spans if t not in ids]
+    with (out / f"{name}.otlp").open("wb") as f:
+        for trace_id in ids + doc["other_traces"]:
+            message = ExportTraceServiceRequest()
+            for rs, ss, span in spans.get(trace_id, []):
+                added = message.resource_spans.add(resource=rs.resource, schema_url=rs.schema_url)
+                added.scope_spans.add(scope=ss.scope, schema_url=ss.schema_url).spans.append(span)
+            raw = message.SerializeToString()
+            f.write(struct.pack(">I", len(raw)) + raw)
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    for trace_id in ids + doc["other_traces"]:
+        for _, ss, span in spans.get(trace_id, []):
+            took = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6
+            print(f"{trace_id[:8]} {span.name:40s} {took:8.1f} ms {ss.scope.name}")
+
+
+def run_agent(setup: str, base_url: str, out: Path, offline: bool) -> None:
+    """An agent set-up: the classpath and the agent from Maven, the JVM with ``-javaagent`` exporting to a receiver
+    here, then the capture's files from what it received."""
+    pom, target = HERE / SETUPS[setup] / "pom.xml", HERE / SETUPS[setup] / "target"
+    mvn = ["mvn", "-q", "-B", *(["-o"] if offline else []), "-f", str(pom)]
+    subprocess.run(
+        [*mvn, "compile", "dependency:build-classpath", f"-Dmdep.outputFile={target / 'cp.txt'}"], check=True
+    )
+    subprocess.run(
+        [*mvn, "dependency:copy", f"-Dartifact={AGENT}", f"-DoutputDirectory={target / 'agent'}"], check=True
+    )
+    version = AGENT.rsplit(":", 1)[1]
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), TraceReceiver)
+    receiver.bodies = []  # type: ignore[attr-defined]
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        classpath = f"{target / 'classes'}:{(target / 'cp.txt').read_text().strip()}"
+        properties = {
+            "otel.service.name": "rag-api-java",
+            "otel.resource.attributes": "tenant.id=acme",
+            "otel.traces.exporter": "otlp",
+            "otel.exporter.otlp.protocol": "http/protobuf",
+            "otel.exporter.otlp.traces.endpoint": f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces",
+            "otel.metrics.exporter": "none",
+            "otel.logs.exporter": "none",
+            "otel.bsp.schedule.delay": "100",
+            "ttft.agent.version": version,
+            "ttft.openai.version": "4.105.0",
+        }
+        cmd = [
+            "java",
+            f"-javaagent:{target / 'agent' / f'opentelemetry-javaagent-{version}.jar'}",
+            *(f"-D{k}={v}" for k, v in properties.items()),
+            "-cp",
+            classpath,
+            "ttft.Capture",
+            *("--base-url", base_url, "--out", str(out), "--setup", setup),
+        ]
+        subprocess.run(cmd, check=True, timeout=300)
+        write_received(receiver.bodies, out, f"java_openai_{setup}")  # type: ignore[attr-defined]
+    finally:
+        receiver.shutdown()
+
+
 def run_setup(setup: str, out: Path, offline: bool) -> None:
     server, base_url = serve()
+    if setup.startswith("agent"):
+        try:
+            run_agent(setup, base_url, out, offline)
+        finally:
+            server.shutdown()
+        print(f"{setup}: {out / f'{SETUPS[setup]}_{setup}.otlp'}")
+        return
     try:
         args = f"--base-url {base_url} --out {out} --setup {setup}"
         pom = HERE / SETUPS[setup] / "pom.xml"

@@ -16,7 +16,7 @@ import java.util.Map;
 /**
  * A Java capture's files, as ../capture.py writes them: NAME.otlp (per trace a 4-byte big-endian length and the
  * ExportTraceServiceRequest the OTLP exporters' own marshaler makes: the requests' traces in their order, then any
- * other trace) and NAME.json (the versions, the tenant, "other_traces" and what the service saw per request).
+ * other trace; not written when the spans are null, exported elsewhere) and NAME.json (the versions, the tenant, "other_traces" and what the service saw per request).
  * Shared by java_openai/ and java_spring_ai/ (each adds this folder to its sources).
  */
 final class CaptureFiles {
@@ -30,6 +30,10 @@ final class CaptureFiles {
       traceIds.add((String) t.get("trace_id"));
     }
     List<String> others = new ArrayList<>();
+    if (spans == null) { // exported elsewhere (the agent set-ups): what the service saw only
+      writeJson(out, name, traces, versions, others);
+      return;
+    }
     for (SpanData s : spans) {
       if (!traceIds.contains(s.getTraceId()) && !others.contains(s.getTraceId())) {
         others.add(s.getTraceId());
@@ -51,6 +55,20 @@ final class CaptureFiles {
         buf.writeTo(f);
       }
     }
+    writeJson(out, name, traces, versions, others);
+    for (SpanData s : spans) {
+      System.out.printf(
+          "%s %-40s %8.1f ms %s%n",
+          s.getTraceId().substring(0, 8),
+          s.getName(),
+          (s.getEndEpochNanos() - s.getStartEpochNanos()) / 1e6,
+          s.getInstrumentationScopeInfo().getName());
+    }
+  }
+
+  static void writeJson(
+      String out, String name, List<Map<String, Object>> traces, String versions, List<String> others)
+      throws IOException {
     StringBuilder json = new StringBuilder();
     json.append("{\n \"library\": ").append(quoted(name)).append(",\n \"versions\": {").append(versions)
         .append(", \"java\": ").append(quoted(System.getProperty("java.version"))).append("},\n")
@@ -71,14 +89,6 @@ final class CaptureFiles {
     }
     json.append("\n ]\n}\n");
     Files.writeString(Path.of(out, name + ".json"), json.toString(), StandardCharsets.UTF_8);
-    for (SpanData s : spans) {
-      System.out.printf(
-          "%s %-40s %8.1f ms %s%n",
-          s.getTraceId().substring(0, 8),
-          s.getName(),
-          (s.getEndEpochNanos() - s.getStartEpochNanos()) / 1e6,
-          s.getInstrumentationScopeInfo().getName());
-    }
   }
 
   static String quoted(String s) {

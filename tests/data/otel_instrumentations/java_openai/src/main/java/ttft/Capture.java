@@ -10,6 +10,7 @@ import com.openai.models.chat.completions.ChatCompletionChunk;
 import com.openai.models.chat.completions.ChatCompletionCreateParams;
 import com.openai.models.chat.completions.ChatCompletionStreamOptions;
 import com.openai.models.embeddings.EmbeddingCreateParams;
+import io.opentelemetry.api.GlobalOpenTelemetry;
 import io.opentelemetry.api.common.AttributeKey;
 import io.opentelemetry.api.common.Attributes;
 import io.opentelemetry.api.trace.Span;
@@ -49,6 +50,9 @@ import java.util.concurrent.atomic.AtomicLong;
  * first chunk with text arrives, or the plain answer returns), as docs/otlp-mapping.md asks of a service with no
  * ttft-emit helper; its async stream's callback (OkHttp's thread) hands the mark the request's Context. A fifth
  * case, stream_async_lost, does not: the mark is a trace of its own (listed under "other_traces").
+ *
+ * <p>{@code agent}, {@code agent_marked}: the same four requests (the marked one with the mark's parent set) under
+ * OpenTelemetry's Java agent instead of the library instrumentation ({@link #underAgent}).
  *
  * <p>Writes OUT/java_openai_SETUP.otlp (4-byte big-endian length + ExportTraceServiceRequest per trace, the OTLP
  * exporter's own marshaler) and OUT/java_openai_SETUP.json (truth per trace: called_ns just before the call,
@@ -185,6 +189,31 @@ public final class Capture {
     a.onCompleteFuture().get(30, TimeUnit.SECONDS);
   }
 
+  /**
+   * The agent set-ups: the JVM runs with OpenTelemetry's Java agent (-javaagent, its openai-java instrumentation
+   * applied when a client is built), which exports over OTLP/HTTP to ../capture_java.py's receiver; the service
+   * uses GlobalOpenTelemetry and writes only what it saw (the receiver writes the spans). No warm-up: every call
+   * would be a trace.
+   */
+  static void underAgent(String baseUrl, String out, String setup) throws Exception {
+    Capture service =
+        new Capture(
+            GlobalOpenTelemetry.get().getTracer("rag-api"),
+            OpenAIOkHttpClient.builder().baseUrl(baseUrl).apiKey("stub-key").maxRetries(0).build(),
+            OpenAIOkHttpClientAsync.builder().baseUrl(baseUrl).apiKey("stub-key").maxRetries(0).build(),
+            setup.equals("agent_marked"));
+    List<Map<String, Object>> traces = new ArrayList<>();
+    for (String c : List.of("stream", "non_stream", "stream_async", "stream2")) {
+      traces.add(service.ask(c));
+    }
+    String versions =
+        "\"com.openai:openai-java\": " + CaptureFiles.quoted(System.getProperty("ttft.openai.version", "?"))
+            + ", \"io.opentelemetry.javaagent:opentelemetry-javaagent\": "
+            + CaptureFiles.quoted(System.getProperty("ttft.agent.version", "?"));
+    CaptureFiles.write(out, "java_openai_" + setup, null, traces, versions);
+    System.exit(0); // the agent's shutdown hook exports what is left
+  }
+
   public static void main(String[] args) throws Exception {
     String baseUrl = null;
     String out = null;
@@ -197,8 +226,12 @@ public final class Capture {
         default -> throw new IllegalArgumentException("unknown argument " + args[i]);
       }
     }
-    if (baseUrl == null || out == null || !(setup.equals("otel") || setup.equals("otel_marked"))) {
-      throw new IllegalArgumentException("usage: --base-url URL --out DIR [--setup otel|otel_marked]");
+    if (baseUrl == null || out == null || !List.of("otel", "otel_marked", "agent", "agent_marked").contains(setup)) {
+      throw new IllegalArgumentException("usage: --base-url URL --out DIR [--setup otel|otel_marked|agent|agent_marked]");
+    }
+    if (setup.startsWith("agent")) {
+      underAgent(baseUrl, out, setup);
+      return;
     }
     InMemorySpanExporter exporter = InMemorySpanExporter.create();
     Resource resource =
