@@ -218,10 +218,13 @@ STREAM_FLAG_ABSENT_MEANS: Final[dict[str, bool]] = {
     # OpenTelemetry's GenAI instrumentations on util-genai 1.3b0 (``….genai.openai``, ``….genai.langchain``): the
     # flag is set when a chunk is recorded, never ``False`` (their plain calls were ``no_first_chunk``).
     "opentelemetry.instrumentation.genai": False,
-    # Spring Boot's Micrometer Tracing bridge (Spring AI 2.0.1's chat model observation): the tag is set on a stream
-    # only (its plain calls were no_first_chunk)
-    "org.springframework.boot": False,
 }
+#: The same from a scope version on (major). Spring Boot's Micrometer Tracing bridge (scope
+#: ``org.springframework.boot``, the Boot version) carries Spring AI's chat model observation. Spring AI 2.0 (Boot 4
+#: only) tags a stream ``gen_ai.request.stream = "true"`` and a plain call not at all (its plain calls were
+#: ``no_first_chunk``); Spring AI 1.1 (Boot 3) tags neither, so there an absent flag tells nothing (a stream read
+#: as plain would be stored ``complete`` at its last chunk).
+STREAM_FLAG_ABSENT_MEANS_FROM: Final[dict[str, tuple[int, bool]]] = {"org.springframework.boot": (4, False)}
 #: Scopes whose LLM spans tell whether the call streamed by something other than a flag: scope -> the rule
 #: (``None``: it does not say). OpenInference's google-genai (1.4.14), Bedrock (0.1.61) and LlamaIndex (4.6.1)
 #: instrumentors name their spans after the method (``GenerateContentStream``, ``bedrock.converse_stream``,
@@ -529,8 +532,17 @@ def span_streaming(span: OtlpSpan) -> bool | None:
         key_tells = not scope.startswith("openinference.") or scope in OPENINFERENCE_STREAM_KEY_SCOPES
         told = streaming(a, absent_key_means_plain=key_tells)
     if told is None:
-        return _by_scope(STREAM_FLAG_ABSENT_MEANS, scope)
+        told = _by_scope(STREAM_FLAG_ABSENT_MEANS, scope)
+    if told is None and scope in STREAM_FLAG_ABSENT_MEANS_FROM:
+        major, means = STREAM_FLAG_ABSENT_MEANS_FROM[scope]
+        told = means if _major(span.scope_version) >= major else None
     return told
+
+
+def _major(version: str) -> int:
+    """The major number of a scope version (``"4.0.7"`` -> 4); -1 when there is none."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() and len(head) <= 6 else -1
 
 
 def _flag(value: AttrValue | None) -> bool | None:

@@ -120,3 +120,24 @@ def test_otel_check_names_spring_ais_search_and_the_mark_as_the_fix() -> None:
     assert "retrieval        spring.ai.kind = vector_store, db.operation.name = query (3)" in text
     assert "vector_recall    gen_ai.operation.name = embedding inside a retrieval span (3)" in text
     assert FIRST_CHUNK_FIXES_BY_SCOPE["org.springframework.boot"] in text
+
+
+@pytest.mark.parametrize("case", ["stream", "non_stream"])
+def test_on_boot_3_an_absent_stream_flag_tells_nothing(case: str) -> None:
+    """Spring AI 1.1 (Boot 3, the scope's version) tags no stream at all: a stream without the tag read as a plain
+    call would be stored complete at its last chunk. Its calls stay no_first_chunk, never a guess."""
+    from dataclasses import replace
+
+    _, spans = captured("java_spring_ai_spring_ai")[case]
+    boot3 = [
+        replace(
+            s,
+            scope_version="3.5.7",
+            attributes={k: v for k, v in s.attributes.items() if k != "gen_ai.request.stream"},
+        )
+        if s.scope_name == "org.springframework.boot"
+        else s
+        for s in spans
+    ]
+    record, _ = stored_record(boot3)
+    assert record["status"] == "no_first_chunk" and record["ttft_ms"] is None
