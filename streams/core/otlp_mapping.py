@@ -340,16 +340,19 @@ def agent_steps(notes: Sequence[SpanNote]) -> dict[str, int]:
     return steps
 
 
-def marked_first_chunk(notes: Sequence[SpanNote], steps: Mapping[str, int]) -> dict[str, int]:
-    """The LLM span of a trace's held spans ``notes`` (nests counted once) whose ``llm_ttft`` runs to the service's
-    first-token mark: a span that tells no first chunk and may stream (not a step: ``steps``), the latest to start of
-    those the earliest mark (a span ``ttft.stage = first_token``) falls in, up to :data:`CLOCK_SLACK_NS` after
-    its end. OpenTelemetry's own Java (and Python) OpenAI instrumentation tells none; a service marking its first
-    token then gets its ``llm_ttft`` too, not only its TTFT. Empty when no mark or no such span."""
-    marks = [n.start_ns for n in notes if n.stage == "first_token"]
-    if not marks:
+def first_mark(notes: Iterable[SpanNote]) -> int | None:
+    """The earliest first-token mark (a span ``ttft.stage = first_token``) among ``notes`` (ns), if any."""
+    return min((n.start_ns for n in notes if n.stage == "first_token"), default=None)
+
+
+def marked_first_chunk(notes: Sequence[SpanNote], steps: Mapping[str, int], mark: int | None) -> dict[str, int]:
+    """The LLM span of ``notes`` (a trace's held spans, nests counted once; or one late span) whose ``llm_ttft`` runs
+    to the service's first-token mark at ``mark`` (:func:`first_mark`): a span that tells no first chunk and may
+    stream (not a step: ``steps``), the latest to start of those the mark falls in, up to :data:`CLOCK_SLACK_NS`
+    after its end. OpenTelemetry's own Java (and Python) OpenAI instrumentation tells none; a service marking its
+    first token then gets its ``llm_ttft`` too, not only its TTFT. Empty when no mark or no such span."""
+    if mark is None:
         return {}
-    mark = min(marks)
     found: SpanNote | None = None
     for note in notes:
         if (

@@ -63,6 +63,7 @@ from streams.core.otlp_mapping import (
     Unmappable,
     agent_steps,
     derived_prompt_at,
+    first_mark,
     hidden_first_chunk,
     is_unmeasured,
     marked_first_chunk,
@@ -387,9 +388,9 @@ class TraceAssembler:
         ctx.agent_steps = agent_steps(kept)
         ctx.hidden_first_chunk = hidden_first_chunk(notes, ctx.explicit_first_token)
         if ctx.explicit_first_token:
-            ctx.marked_first_chunk = marked_first_chunk(kept, ctx.agent_steps)
-            marks = [n.start_ns for n in kept if n.stage == "first_token"]
-            state.mark_ns = None if ctx.marked_first_chunk or not marks else min(marks)
+            mark = first_mark(kept)
+            ctx.marked_first_chunk = marked_first_chunk(kept, ctx.agent_steps, mark)
+            state.mark_ns = None if ctx.marked_first_chunk else mark
         for note in kept:
             out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
         try:
@@ -466,7 +467,7 @@ class TraceAssembler:
             waited, state.root = state.root, None
             out.extend(self._start_events(state, waited, ctx, now_ms))
         if state.mark_ns is not None and stage == "llm_ttft":  # a late answer to the mark held at resolution
-            ctx.marked_first_chunk = marked_first_chunk([note, _mark_note(state.mark_ns)], {})
+            ctx.marked_first_chunk = marked_first_chunk([note], {}, state.mark_ns)
             state.mark_ns = None if ctx.marked_first_chunk else state.mark_ns
         if state.retrieved_ns is not None and stage in ("llm_ttft", "prompt_assemble"):
             out.extend(self._late_llm_prompt(state, note, stage, ctx, now_ms))
@@ -677,11 +678,6 @@ class TraceAssembler:
         self._dirty = {k: p for k, p in self._dirty.items() if p not in partitions}
         for partition in partitions:
             self._partitions.pop(partition, None)
-
-
-def _mark_note(at_ns: int) -> SpanNote:
-    """A stand-in for a trace's first-token mark, by its time only (for :func:`marked_first_chunk`)."""
-    return SpanNote("", "", at_ns, at_ns, 0, "first_token")
 
 
 def resolve_due_ns(first_start_ns: int, last_end_ns: int, first_token_known: bool, join: JoinConfig) -> int:
