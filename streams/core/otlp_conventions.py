@@ -219,6 +219,10 @@ STREAM_FLAG_ABSENT_MEANS: Final[dict[str, bool]] = {
     # flag is set when a chunk is recorded, never ``False`` (their plain calls were ``no_first_chunk``).
     "opentelemetry.instrumentation.genai": False,
 }
+#: Flags on a caller's span that tell whether the LLM calls under it stream (a bool or ``"true"`` / ``"false"``):
+#: Spring AI's ChatClient span (1.1 and 2.0) says ``spring.ai.chat.client.stream``, ``call()`` or ``stream()``, where
+#: Spring AI 1.1's chat model span under it tells nothing (:func:`caller_streaming`).
+CALLER_STREAM_FLAGS: Final = ("spring.ai.chat.client.stream",)
 #: The same from a scope version on (major). Spring Boot's Micrometer Tracing bridge (scope
 #: ``org.springframework.boot``, the Boot version) carries Spring AI's chat model observation. Spring AI 2.0 (Boot 4
 #: only) tags a stream ``gen_ai.request.stream = "true"`` and a plain call not at all (its plain calls were
@@ -539,6 +543,15 @@ def span_streaming(span: OtlpSpan) -> bool | None:
     return told
 
 
+def caller_streaming(a: dict[str, AttrValue]) -> bool | None:
+    """Whether the LLM calls under a span with attributes ``a`` stream, when it says (:data:`CALLER_STREAM_FLAGS`)."""
+    for name in CALLER_STREAM_FLAGS:
+        value = _flag(a.get(name))
+        if value is not None:
+            return value
+    return None
+
+
 def _major(version: str) -> int:
     """The major number of a scope version (``"4.0.7"`` -> 4); -1 when there is none."""
     head = version.split(".", 1)[0]
@@ -599,11 +612,17 @@ def _haystack_streaming(inputs: str) -> bool | None:
 
 def token_attrs(a: dict[str, AttrValue]) -> dict[str, AttrValue]:
     """``prompt_tokens`` and ``cached_tokens`` from either convention's spelling; a count that is not a
-    whole number in the contract's range is left out (it would dead-letter the whole LLM span)."""
+    whole number in the contract's range is left out (it would dead-letter the whole LLM span).
+
+    A prompt of 0 tokens is no prompt: it is what instrumentations write when the usage is unknown (Spring AI 1.1's
+    empty usage on a stream, OpenAI Agents' chat-completions streams), so it is left out too. Stored, it would
+    count the request as below the prompt cache's minimum size (``below_cacheable``)."""
     out: dict[str, AttrValue] = {}
     for target, names in TOKEN_ATTRS.items():
         for name in names:
             count = _count(a.get(name))
+            if count == 0 and target == "prompt_tokens":
+                continue
             if count is not None:
                 out[target] = count
                 break

@@ -29,6 +29,7 @@ from streams.core.otlp_conventions import (
     PAST_END,
     TOOL_CALL,
     asked_for_tools,
+    caller_streaming,
     first_chunk,
     is_retriever,
     model_of,
@@ -90,6 +91,9 @@ class SpanNote:
     scope_version: str = ""
     #: An LLM span whose turn ended by asking for tools (:func:`asked_for_tools`).
     tool_call: bool = False
+    #: A caller's span that tells whether the LLM calls under it stream (:func:`caller_streaming`); not packed: the
+    #: trace keeps it by span id (``TraceState.callers``).
+    caller_stream: bool | None = None
 
     def pack(self) -> list[Any]:
         row = [
@@ -138,6 +142,7 @@ def note_span(span: OtlpSpan, offset: int) -> SpanNote:
         retriever=is_retriever(a, named),
         attrs=_request_attrs(a, stage),
         context=context,
+        caller_stream=caller_streaming(a),
     )
     if stage == "llm_ttft":
         chunk = first_chunk(span)
@@ -191,6 +196,8 @@ class TraceContext:
     #: The answering LLM span whose instrumentation tells no first chunk, and the ns of the service's own first-token
     #: mark inside it (:func:`marked_first_chunk`): its ``llm_ttft`` runs to the mark.
     marked_first_chunk: Mapping[str, int] = field(default_factory=dict)
+    #: Spans that tell whether the LLM calls under them stream (span id -> streamed; ``caller_streaming``).
+    callers: Mapping[str, bool] = field(default_factory=dict)
 
     @property
     def request_id(self) -> str:
@@ -217,6 +224,24 @@ class TraceContext:
             if name in self.values:
                 return self.values[name]
         return None
+
+    def tell_streaming(self, notes: Iterable[SpanNote]) -> None:
+        """Each LLM span of ``notes`` that does not say whether it streamed takes what its nearest caller says (its
+        parent chain, as far as it is known): Spring AI 1.1's chat model span under its ChatClient span."""
+        if not self.callers:
+            return
+        for note in notes:
+            if note.stage != "llm_ttft" or note.streaming is not None:
+                continue
+            seen: set[str] = set()
+            parent = note.parent
+            while parent and parent not in seen:
+                told = self.callers.get(parent)
+                if told is not None:
+                    note.streaming = told
+                    break
+                seen.add(parent)
+                parent = self.parents.get(parent, "")
 
     def inside_retriever(self, note: SpanNote) -> bool:
         """True when a retriever span encloses ``note`` (its parent chain, as far as it is known)."""

@@ -77,6 +77,8 @@ class TraceState:
     #: A stage span was held or mapped: the trace is a request (a trace without one, e.g. a health check, is not,
     #: and its root waits in ``root`` for a late stage span).
     staged: bool = False
+    #: Spans that tell whether the LLM calls under them stream (span id -> streamed; ``SpanNote.caller_stream``).
+    callers: dict[str, bool] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -100,6 +102,8 @@ class TraceState:
             self.parents[note.span_id] = note.parent
         if note.retriever:
             self.retrievers.add(note.span_id)
+        if note.caller_stream is not None:
+            self.callers[note.span_id] = note.caller_stream
         if self.resolved:
             return
         rank: Rank = (0 if is_root else 1, note.start_ns, note.span_id)
@@ -122,6 +126,7 @@ class TraceState:
             retrievers=frozenset(self.retrievers),
             parents=self.parents,
             tenant=self.tenant or None,
+            callers=self.callers,
         )
 
     def pack(self) -> bytes:
@@ -148,6 +153,7 @@ class TraceState:
                 self.staged,
                 self.mark_ns,
                 self.retrieved_ns,
+                self.callers,
             ]
         )
 
@@ -184,6 +190,7 @@ class TraceState:
                 staged=bool(row[17]) if len(row) > 17 else True,
                 mark_ns=row[18] if len(row) > 18 and isinstance(row[18], int) else None,
                 retrieved_ns=row[19] if len(row) > 19 and isinstance(row[19], int) else None,
+                callers=_callers(row[20]) if len(row) > 20 else {},
             )
         except (IndexError, KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"unreadable trace state: {exc}") from None
@@ -199,6 +206,7 @@ class TraceState:
             self.root = other.root
         self.parents.update(other.parents)
         self.retrievers |= other.retrievers
+        self.callers.update(other.callers)
         self.handled |= other.handled
         for name, (rank, value) in other.context.items():
             held = self.context.get(name)
@@ -209,6 +217,12 @@ class TraceState:
             self.first_start_ns = min(self.first_start_ns or other.first_start_ns, other.first_start_ns)
         self.size_bytes += other.size_bytes
         self.staged = self.staged or other.staged
+
+
+def _callers(value: Any) -> dict[str, bool]:
+    if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
+        raise ValueError("unreadable caller stream flags")
+    return dict(value)
 
 
 def _prompt_due(value: Any) -> tuple[int, str] | None:

@@ -371,6 +371,7 @@ class TraceAssembler:
         ctx = state.trace_context()
         out: list[Output] = []
         notes = sorted(state.notes.values(), key=lambda n: (n.start_ns, n.span_id))
+        ctx.tell_streaming(notes)
         root, waiting = state.root, None
         if root is not None and root.stage == "first_token":  # a mark that lost its request: no request of its own
             out.append(self._lost_mark(state, root, ctx, now_ms))
@@ -454,6 +455,7 @@ class TraceAssembler:
         state.size_bytes += SPAN_LINK_BYTES
         state.learn(note, is_root)
         ctx = state.trace_context()
+        ctx.tell_streaming([note])
         out: list[Output] = []
         stage = stage_of(note, ctx)
         state.staged = state.staged or stage is not None

@@ -232,6 +232,9 @@ def test_a_vercel_stream_call_is_an_llm_span() -> None:
         ({"llm.token_count.prompt": 900.0}, (900, None)),  # a whole double
         ({"llm.token_count.prompt": 900.5, "gen_ai.usage.cached_tokens": -1}, (None, None)),
         ({"gen_ai.usage.input_tokens": math.nan, "llm.token_count.prompt": 5}, (5, None)),
+        # A prompt of 0 tokens is an unknown usage (Spring AI 1.1's streams, OpenAI Agents'); 0 cached is a count.
+        ({"gen_ai.usage.input_tokens": "0", "gen_ai.usage.cache_read.input_tokens": 0}, (None, 0)),
+        ({"gen_ai.usage.input_tokens": 0, "llm.token_count.prompt": 812}, (812, None)),
     ],
 )
 def test_token_counts_in_either_spelling(attrs: dict[str, AttrValue], want: tuple[int | None, int | None]) -> None:

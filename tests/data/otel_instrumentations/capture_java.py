@@ -10,7 +10,9 @@ Two Maven projects (their main classes say what the service does), against the O
   run this with the project's venv);
 - ``java_spring_ai/`` (``SpringAiCapture.java``): a Spring AI 2.0 RAG service (ChatClient, QuestionAnswerAdvisor,
   SimpleVectorStore) under Spring Boot 4's OpenTelemetry starter; set-ups ``spring_ai``, ``spring_ai_marked``;
-  files ``java_spring_ai_<set-up>``.
+  files ``java_spring_ai_<set-up>``. ``java_spring_ai11/``: the same source on Spring AI 1.1 and Spring Boot 3.5
+  (actuator's OpenTelemetry SDK, Micrometer Tracing's bridge); set-ups ``spring_ai11``, ``spring_ai11_marked``;
+  files ``java_spring_ai11_<set-up>``.
 
 ``java_common/`` holds the file writer both compile in. ::
 
@@ -46,6 +48,8 @@ SETUPS = {
     "agent_marked": "java_openai",
     "spring_ai": "java_spring_ai",
     "spring_ai_marked": "java_spring_ai",
+    "spring_ai11": "java_spring_ai11",
+    "spring_ai11_marked": "java_spring_ai11",
 }
 #: OpenTelemetry's Java agent of the ``agent`` set-ups (its openai-java instrumentation is the library's).
 AGENT = "io.opentelemetry.javaagent:opentelemetry-javaagent:2.31.1"

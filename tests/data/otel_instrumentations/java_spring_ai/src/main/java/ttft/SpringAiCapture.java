@@ -49,7 +49,11 @@ import org.springframework.context.annotation.Bean;
  * text with a zero-length child span "first token", ttft.stage = first_token (the Flux runs on Reactor's threads:
  * the mark gets the request's Context as its parent).
  *
- * <p>Writes OUT/java_spring_ai_SETUP.otlp and .json (../java_common/ttft/CaptureFiles.java).
+ * <p>The same source runs Spring AI 1.1 on Spring Boot 3.5 (../java_spring_ai11/pom.xml, set-ups {@code spring_ai11},
+ * {@code spring_ai11_marked}): there the OpenTelemetry SDK is Boot's actuator's, under Micrometer Tracing's bridge.
+ *
+ * <p>Writes OUT/PREFIX_SETUP.otlp and .json (../java_common/ttft/CaptureFiles.java), PREFIX the system property
+ * ttft.capture.prefix (its pom's), else java_spring_ai.
  */
 @SpringBootApplication
 public class SpringAiCapture {
@@ -75,8 +79,8 @@ public class SpringAiCapture {
         default -> throw new IllegalArgumentException("unknown argument " + args[i]);
       }
     }
-    if (baseUrl == null || out == null || !(setup.equals("spring_ai") || setup.equals("spring_ai_marked"))) {
-      throw new IllegalArgumentException("usage: --base-url URL --out DIR [--setup spring_ai|spring_ai_marked]");
+    if (baseUrl == null || out == null || !setup.startsWith("spring_ai")) {
+      throw new IllegalArgumentException("usage: --base-url URL --out DIR [--setup spring_ai[11][_marked]]");
     }
     ConfigurableApplicationContext app =
         new SpringApplicationBuilder(SpringAiCapture.class)
@@ -108,7 +112,7 @@ public class SpringAiCapture {
     ChatClient chat =
         app.getBean(ChatClient.Builder.class).defaultAdvisors(QuestionAnswerAdvisor.builder(store).build()).build();
     Tracer tracer = app.getBean(OpenTelemetry.class).getTracer("rag-api");
-    boolean marked = setup.equals("spring_ai_marked");
+    boolean marked = setup.endsWith("_marked");
     chat.prompt().user(QUESTION).call().content(); // warm-up (traced too: dropped below)
     chat.prompt().user(QUESTION).stream().content().blockLast();
     SdkTracerProvider provider = app.getBean(SdkTracerProvider.class);
@@ -124,7 +128,7 @@ public class SpringAiCapture {
     provider.forceFlush().join(10, TimeUnit.SECONDS);
     CaptureFiles.write(
         out,
-        "java_spring_ai_" + setup,
+        System.getProperty("ttft.capture.prefix", "java_spring_ai") + "_" + setup,
         EXPORTER.getFinishedSpanItems(),
         traces,
         "\"spring\": " + CaptureFiles.quoted(System.getProperty("ttft.versions", "?")));
