@@ -26,8 +26,9 @@ from streams.core.join_state import exact_bytes
 from streams.core.otlp_mapping import SpanNote, TraceContext, own_tenant
 
 #: Serialised-form version: bump it when :meth:`TraceState.pack` changes in a way older readers cannot skip
-#: (2: the tenant, last; a 17th element, the pending derived prompt, and an 18th, whether the trace had a stage
-#: span, are optional and ignored by them).
+#: (2: the tenant, last; a 17th element, the pending derived prompt, an 18th, whether the trace had a stage span,
+#: a 19th and 20th, the held mark and retrieval end, and a 21st, the caller stream flags, are optional and ignored
+#: by them).
 STATE_FORMAT: Final = 2
 _READABLE_FORMATS: Final = (1, 2)
 #: A context value's rank: (0 for the root span, else 1; start ns; span id); the smallest wins.
