@@ -37,7 +37,14 @@ from streams.core.otlp_conventions import (
     is_azure_openai,
     stage_and_source,
 )
-from streams.core.otlp_mapping import CONTEXT_ATTRS, SpanNote, agent_steps, hidden_first_chunk, note_span
+from streams.core.otlp_mapping import (
+    CONTEXT_ATTRS,
+    SpanNote,
+    TraceContext,
+    agent_steps,
+    hidden_first_chunk,
+    note_span,
+)
 from streams.core.otlp_nesting import nested_duplicates, partner
 from streams.core.otlp_outputs import ForwardedEvent
 from streams.core.otlp_traces import LOST_MARK_DETAIL, TraceAssembler
@@ -105,6 +112,15 @@ FIXES[BORROWED_CALL] = (
     "if that span had ended), so the trace has no LLM span: ttft_emit.otel.time_first_chunk(litellm, "
     "fill_missing=True) gives each call an exact LLM span of its own (USE_OTEL_LITELLM_REQUEST_SPAN=true gives "
     "one with no first chunk)"
+)
+#: A trace that is one stage span and nothing else, not even a parent: a request's spans that each arrived as a
+#: trace of their own (Spring Boot 4's OpenTelemetry starter under the Java agent: every span a root, captured).
+LONE_SPAN: Final = "a trace of one stage span"
+FIXES[LONE_SPAN] = (
+    "if this span is part of a request, the request's OpenTelemetry context did not reach it and each part is a "
+    "trace (and a request) of its own: run one OpenTelemetry, either the Java agent or Spring Boot's "
+    "OpenTelemetry starter, not both; set spring.reactor.context-propagation=auto for Reactor; wrap thread pools "
+    "with Context.taskWrapping (a batch job's single call is fine as it is)"
 )
 #: OpenLIT's first-chunk attribute: on a streaming call it counts from the response headers.
 HEADERS_FIRST_CHUNK: Final = "gen_ai.server.time_to_first_token"
@@ -282,6 +298,10 @@ def fix_for(what: str, scope: str = "") -> str:
     return f"a span with ttft.stage = {what}"
 
 
+#: Stages a lone root span of which is no part of a request cut off: none, or an instant.
+_NOT_LONE: Final = frozenset({None, "request_start", "first_token"})
+
+
 def check_traces(
     spans: Iterable[OtlpSpan], join: JoinConfig | None = None, caps: CapsConfig | None = None
 ) -> tuple[list[ScopeReport], list[TraceFinding]]:
@@ -309,6 +329,12 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
     later = now + join.request_timeout_ms + join.grace_ms + join.idle_tick_ms
     outputs += asm.advance(0, later)
     notes = {s.span_id: (s, note_span(s, 0)) for s in spans}
+    callers = {i: n.caller_stream for i, (_, n) in notes.items() if n.caller_stream is not None}
+    if callers:  # as the assembler does: an LLM span that does not say takes its caller's stream flag
+        parents_of = {s.span_id: s.parent_span_id for s in spans}
+        context = TraceContext(trace_id, {}, None, False, frozenset(), parents_of, callers=callers)
+        context.tell_streaming(n for _, n in notes.values())
+    lone = len(spans) == 1 and spans[0].is_root and notes[spans[0].span_id][1].stage not in _NOT_LONE
     staged = [(n.stage, n) for _, n in notes.values() if n.stage is not None and n.stage not in (EMBEDDING, TOOL_CALL)]
     parents = {s.span_id: s.parent_span_id for s in spans}
     nested = nested_duplicates(staged, parents)
@@ -339,7 +365,10 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
         finding.missing += _record_gaps(record, first_llm)
     elif not outputs and not staged:
         finding.status = NOT_A_REQUEST
+        finding.missing[:0] = [LONE_SPAN] if lone else []
         return finding
+    if lone:  # the cause of whatever else is missing: first
+        finding.missing.insert(0, LONE_SPAN)
     if not finding.tenant and "tenant" not in finding.missing:
         finding.missing.append("tenant")
     if first_llm is None and any(borrowed(span) or span.scope_name == "litellm" for span in spans):

@@ -19,15 +19,25 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "otel_instrumentations"
 Capture = dict[str, tuple[dict[str, Any], list[OtlpSpan]]]
 
 
-def captured(library: str) -> Capture:
-    """Case -> (what the service saw, the trace's spans) of ``<library>.json`` and ``<library>.otlp``."""
-    truth = json.loads((DATA / f"{library}.json").read_text())["traces"]
+def _messages(library: str) -> list[list[OtlpSpan]]:
+    """The spans of ``<library>.otlp``, a message (a trace) each."""
     raw, messages, at = (DATA / f"{library}.otlp").read_bytes(), [], 0
     while at < len(raw):
         (size,) = struct.unpack_from(">I", raw, at)
         messages.append(parse_spans(raw[at + 4 : at + 4 + size], "otlp_proto"))
         at += 4 + size
-    by_id = {spans[0].trace_id: spans for spans in messages}
+    return messages
+
+
+def read_capture(library: str) -> list[OtlpSpan]:
+    """Every span of ``<library>.otlp``: the requests' traces and the others."""
+    return [span for spans in _messages(library) for span in spans]
+
+
+def captured(library: str) -> Capture:
+    """Case -> (what the service saw, the trace's spans) of ``<library>.json`` and ``<library>.otlp``."""
+    truth = json.loads((DATA / f"{library}.json").read_text())["traces"]
+    by_id = {spans[0].trace_id: spans for spans in _messages(library)}
     return {t["case"]: (t, by_id[t["trace_id"]]) for t in truth}
 
 

@@ -12,7 +12,10 @@ Two Maven projects (their main classes say what the service does), against the O
   SimpleVectorStore) under Spring Boot 4's OpenTelemetry starter; set-ups ``spring_ai``, ``spring_ai_marked``;
   files ``java_spring_ai_<set-up>``. ``java_spring_ai11/``: the same source on Spring AI 1.1 and Spring Boot 3.5
   (actuator's OpenTelemetry SDK, Micrometer Tracing's bridge); set-ups ``spring_ai11``, ``spring_ai11_marked``;
-  files ``java_spring_ai11_<set-up>``.
+  files ``java_spring_ai11_<set-up>``. ``spring_ai_agent``: the Spring AI 2.0 service under the Java agent too
+  (beside Boot's OpenTelemetry starter, which its documentation advises against): the agent's spans, received,
+  join the service's own trace by trace (two exporters, as a Collector gets them). Every span is a trace of its
+  own there (``ttft otel check``: "a trace of one stage span").
 
 ``java_common/`` holds the file writer both compile in. ::
 
@@ -50,6 +53,16 @@ SETUPS = {
     "spring_ai_marked": "java_spring_ai",
     "spring_ai11": "java_spring_ai11",
     "spring_ai11_marked": "java_spring_ai11",
+    "spring_ai_agent": "java_spring_ai",
+}
+#: Maven project -> its main class, and the system properties its pom's exec configuration sets (the agent set-ups
+#: run ``java`` directly).
+MAINS = {
+    "java_openai": ("ttft.Capture", {"ttft.openai.version": "4.105.0"}),
+    "java_spring_ai": (
+        "ttft.SpringAiCapture",
+        {"ttft.versions": "spring-boot 4.0.7, spring-ai 2.0.1, opentelemetry-javaagent {agent}"},
+    ),
 }
 #: OpenTelemetry's Java agent of the ``agent`` set-ups (its openai-java instrumentation is the library's).
 AGENT = "io.opentelemetry.javaagent:opentelemetry-javaagent:2.31.1"
@@ -85,19 +98,29 @@ class TraceReceiver(BaseHTTPRequestHandler):
         self.end_headers()
 
 
-def write_received(bodies: list[bytes], out: Path, name: str) -> None:
+def write_received(bodies: list[bytes], out: Path, name: str, merge: bool = False) -> None:
     """The agent's exports regrouped as the other captures are: one ``ExportTraceServiceRequest`` per trace (each
     span under its own resource and scope), the requests' traces in the json's order, then the others (listed
-    under ``other_traces`` there)."""
+    under ``other_traces`` there). ``merge``: the service wrote its own spans to ``name.otlp`` (another exporter):
+    the agent's join them, trace by trace (the agent's traces of the service's warm-up among the others)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     spans: dict[str, list[tuple[Any, Any, Any]]] = {}
-    for body in bodies:
-        request = ExportTraceServiceRequest.FromString(body)
-        for rs in request.resource_spans:
+
+    def take(body: bytes) -> None:
+        for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     spans.setdefault(span.trace_id.hex(), []).append((rs, ss, span))
+
+    if merge:
+        raw, at = (out / f"{name}.otlp").read_bytes(), 0
+        while at < len(raw):
+            (size,) = struct.unpack_from(">I", raw, at)
+            take(raw[at + 4 : at + 4 + size])
+            at += 4 + size
+    for body in bodies:
+        take(body)
     doc = json.loads((out / f"{name}.json").read_text())
     ids = [t["trace_id"] for t in doc["traces"]]
     doc["other_traces"] = [t for t in spans if t not in ids]
@@ -143,7 +166,7 @@ def run_agent(setup: str, base_url: str, out: Path, offline: bool) -> None:
             "otel.logs.exporter": "none",
             "otel.bsp.schedule.delay": "100",
             "ttft.agent.version": version,
-            "ttft.openai.version": "4.105.0",
+            **{k: v.format(agent=version) for k, v in MAINS[SETUPS[setup]][1].items()},
         }
         cmd = [
             "java",
@@ -151,18 +174,19 @@ def run_agent(setup: str, base_url: str, out: Path, offline: bool) -> None:
             *(f"-D{k}={v}" for k, v in properties.items()),
             "-cp",
             classpath,
-            "ttft.Capture",
+            MAINS[SETUPS[setup]][0],
             *("--base-url", base_url, "--out", str(out), "--setup", setup),
         ]
         subprocess.run(cmd, check=True, timeout=300)
-        write_received(receiver.bodies, out, f"java_openai_{setup}")  # type: ignore[attr-defined]
+        spring = SETUPS[setup] == "java_spring_ai"  # the service exports its own spans to its file too
+        write_received(receiver.bodies, out, f"{SETUPS[setup]}_{setup}", merge=spring)  # type: ignore[attr-defined]
     finally:
         receiver.shutdown()
 
 
 def run_setup(setup: str, out: Path, offline: bool) -> None:
     server, base_url = serve()
-    if setup.startswith("agent"):
+    if "agent" in setup:
         try:
             run_agent(setup, base_url, out, offline)
         finally:

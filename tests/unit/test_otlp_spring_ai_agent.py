@@ -1,0 +1,56 @@
+"""Spring Boot 4's OpenTelemetry starter and OpenTelemetry's Java agent together, on the Spring AI 2.0 service of
+test_otlp_spring_ai.py (tests/data/otel_instrumentations/capture_java.py, set-up ``spring_ai_agent``: the agent
+2.31.1 exports its spans over OTLP/HTTP, the starter's go to the service's file; merged per trace, as a Collector
+gets both). Spring Boot's documentation advises one or the other; together, captured 2026-12-06, no context reaches
+any span: every span (Spring AI's, the service's own ``POST /ask``, the agent's OkHttp client spans) is the root of a
+trace of its own.
+
+Each retrieval is then a request of its own (``timed_out``) and each chat call another (``missing_stage`` or
+``no_first_chunk``), measured from its own start. Nothing in a lone span tells that it lost its request, so the
+pipeline stores what it gets; ``ttft otel check`` names it ("a trace of one stage span") with the fix.
+"""
+
+from __future__ import annotations
+
+import json
+
+from streams.cli.otel_check import report_lines
+from streams.core.otlp_check import FIXES, LONE_SPAN, check_traces
+from tests.support.captured_otlp import DATA, captured, read_capture
+
+AGENT = "java_spring_ai_spring_ai_agent"
+
+
+def test_every_span_is_the_root_of_a_trace_of_its_own() -> None:
+    spans = read_capture(AGENT)
+    doc = json.loads((DATA / f"{AGENT}.json").read_text())
+    assert len(spans) == len({s.trace_id for s in spans}) >= 40
+    assert all(s.is_root for s in spans)
+    scopes = {s.scope_name for s in spans}
+    assert {"org.springframework.boot", "io.opentelemetry.okhttp-3.0", "rag-api"} <= scopes
+    assert "opentelemetry-javaagent 2.31.1" in doc["versions"]["spring"]
+    for _, trace in captured(AGENT).values():  # the service's request traces: its root span alone
+        assert [s.name for s in trace] == ["POST /ask"]
+
+
+def test_otel_check_names_the_lone_stage_spans_first_with_the_fix() -> None:
+    reports, findings = check_traces(read_capture(AGENT))
+    lone = [f for f in findings if LONE_SPAN in f.missing]
+    assert len(lone) == 9  # per request: the retrieval, its embedding call, the chat call
+    assert all(f.missing[0] == LONE_SPAN for f in lone)
+    text = "\n".join(report_lines("capture", 44, reports, findings))
+    assert f"missing          {LONE_SPAN} (3 traces" in text
+    assert "either the Java agent or Spring Boot's OpenTelemetry starter, not both" in FIXES[LONE_SPAN]
+
+
+def test_whole_traces_have_no_lone_span_item() -> None:
+    for name in ("java_spring_ai_spring_ai", "java_spring_ai11_spring_ai11", "java_openai_agent"):
+        _, findings = check_traces(read_capture(name))
+        assert not [f for f in findings if LONE_SPAN in f.missing], name
+
+
+def test_otel_check_takes_the_chat_clients_stream_flag_as_the_assembler_does() -> None:
+    """Spring AI 1.1's chat span says nothing about streaming; its ChatClient span does: no 'stream flag' advice."""
+    _, findings = check_traces(read_capture("java_spring_ai11_spring_ai11"))
+    assert sorted(f.status for f in findings) == ["complete", "no_first_chunk", "no_first_chunk"]
+    assert all("stream flag" not in f.missing for f in findings)
