@@ -113,9 +113,11 @@ FIXES[BORROWED_CALL] = (
     "fill_missing=True) gives each call an exact LLM span of its own (USE_OTEL_LITELLM_REQUEST_SPAN=true gives "
     "one with no first chunk)"
 )
-#: A trace that is one stage span and nothing else, not even a parent: a request's spans that each arrived as a
-#: trace of their own (Spring Boot 4's OpenTelemetry starter under the Java agent: every span a root, captured).
-LONE_SPAN: Final = "a trace of one stage span"
+#: A trace that starts at a stage span: one stage span and nothing else, or a retrieval (rerank, embedding) with no
+#: LLM span. A request's parts that arrived as traces of their own: Spring Boot 4's OpenTelemetry starter under the
+#: Java agent (every span a root), Spring AI without Reactor's context propagation (a stream's vector store search),
+#: LiteLLM's callback during a stream (captured). An LLM span with children at the root is a script's call: not named.
+LONE_SPAN: Final = "a trace that starts at a stage span"
 FIXES[LONE_SPAN] = (
     "if this span is part of a request, the request's OpenTelemetry context did not reach it and each part is a "
     "trace (and a request) of its own: run one OpenTelemetry, either the Java agent or Spring Boot's "
@@ -298,8 +300,17 @@ def fix_for(what: str, scope: str = "") -> str:
     return f"a span with ttft.stage = {what}"
 
 
-#: Stages a lone root span of which is no part of a request cut off: none, or an instant.
+#: Stages a root span of which is no part of a request cut off: none, or an instant.
 _NOT_LONE: Final = frozenset({None, "request_start", "first_token"})
+
+
+def _cut_off(spans: list[OtlpSpan], notes: dict[str, tuple[OtlpSpan, SpanNote]]) -> bool:
+    """The trace starts at a stage span (:data:`LONE_SPAN`): it is that span alone, or a root that is no LLM span in
+    a trace without one."""
+    roots = [s for s in spans if s.is_root]
+    if len(roots) != 1 or notes[roots[0].span_id][1].stage in _NOT_LONE:
+        return False
+    return len(spans) == 1 or not any(n.stage == "llm_ttft" for _, n in notes.values())
 
 
 def check_traces(
@@ -334,7 +345,7 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
         parents_of = {s.span_id: s.parent_span_id for s in spans}
         context = TraceContext(trace_id, {}, None, False, frozenset(), parents_of, callers=callers)
         context.tell_streaming(n for _, n in notes.values())
-    lone = len(spans) == 1 and spans[0].is_root and notes[spans[0].span_id][1].stage not in _NOT_LONE
+    lone = _cut_off(spans, notes)
     staged = [(n.stage, n) for _, n in notes.values() if n.stage is not None and n.stage not in (EMBEDDING, TOOL_CALL)]
     parents = {s.span_id: s.parent_span_id for s in spans}
     nested = nested_duplicates(staged, parents)

@@ -7,7 +7,7 @@ trace of its own.
 
 Each retrieval is then a request of its own (``timed_out``) and each chat call another (``missing_stage`` or
 ``no_first_chunk``), measured from its own start. Nothing in a lone span tells that it lost its request, so the
-pipeline stores what it gets; ``ttft otel check`` names it ("a trace of one stage span") with the fix.
+pipeline stores what it gets; ``ttft otel check`` names it ("a trace that starts at a stage span") with the fix.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 
 from streams.cli.otel_check import report_lines
 from streams.core.otlp_check import FIXES, LONE_SPAN, check_traces
-from tests.support.captured_otlp import DATA, captured, read_capture
+from tests.support.captured_otlp import DATA, captured, read_capture, stored_record
 
 AGENT = "java_spring_ai_spring_ai_agent"
 
@@ -54,3 +54,32 @@ def test_otel_check_takes_the_chat_clients_stream_flag_as_the_assembler_does() -
     _, findings = check_traces(read_capture("java_spring_ai11_spring_ai11"))
     assert sorted(f.status for f in findings) == ["complete", "no_first_chunk", "no_first_chunk"]
     assert all("stream flag" not in f.missing for f in findings)
+
+
+def test_without_reactors_context_propagation_a_streams_search_leaves_the_request() -> None:
+    """``spring.reactor.context-propagation`` at Boot's default (set-up ``spring_ai_noprop``): a stream's vector store
+    search (its embedding call and HTTP client span under it) is a trace of its own. The worker stores it as a
+    retrieval-only request (``timed_out``) and the request without its retrieval; the check names the search's trace,
+    not the request's."""
+    name = "java_spring_ai_spring_ai_noprop"
+    cases = captured(name)
+    for case in ("stream", "stream2"):
+        _, spans = cases[case]
+        assert not [s for s in spans if s.attributes.get("spring.ai.kind") == "vector_store"]
+        record, _ = stored_record(spans)
+        assert record["status"] == "no_first_chunk" and record["retrieval_ms"] is None
+    _, plain = cases["non_stream"]  # a plain call keeps its context
+    assert stored_record(plain)[0]["retrieval_ms"] is not None
+    _, findings = check_traces(read_capture(name))
+    cut = [f for f in findings if LONE_SPAN in f.missing]
+    assert len(cut) == 2 and all(f.status == "timed_out" for f in cut)
+    searches = {
+        s.trace_id for s in read_capture(name) if s.attributes.get("spring.ai.kind") == "vector_store" and s.is_root
+    }
+    assert {f.trace_id for f in cut} == searches
+
+
+def test_litellms_callback_span_written_outside_the_stream_is_named() -> None:
+    _, findings = check_traces(read_capture("litellm_otel_semconv"))
+    (cut,) = [f for f in findings if LONE_SPAN in f.missing]
+    assert cut.trace_id == "f6adc03cee2467b8f6d0af1c4c8016c3"  # the json's other trace, "during: stream"

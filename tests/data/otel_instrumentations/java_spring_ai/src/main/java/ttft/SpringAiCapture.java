@@ -49,6 +49,8 @@ import org.springframework.context.annotation.Bean;
  * text with a zero-length child span "first token", ttft.stage = first_token (the Flux runs on Reactor's threads:
  * the mark gets the request's Context as its parent).
  *
+ * <p>{@code spring_ai_noprop}: as {@code spring_ai}, with Reactor's context propagation left at Boot's default.
+ *
  * <p>The same source runs Spring AI 1.1 on Spring Boot 3.5 (../java_spring_ai11/pom.xml, set-ups {@code spring_ai11},
  * {@code spring_ai11_marked}): there the OpenTelemetry SDK is Boot's actuator's, under Micrometer Tracing's bridge.
  *
@@ -96,7 +98,8 @@ public class SpringAiCapture {
                 "management.opentelemetry.resource-attributes.tenant.id=acme",
                 "management.otlp.tracing.export.enabled=false",
                 "management.otlp.metrics.export.enabled=false",
-                "spring.reactor.context-propagation=auto",
+                // Set-up spring_ai_noprop: Reactor's default (limited), as a service that never set it.
+                "spring.reactor.context-propagation=" + (setup.contains("noprop") ? "limited" : "auto"),
                 "logging.level.root=WARN")
             .run();
     EmbeddingModel embeddings = app.getBean(EmbeddingModel.class);
