@@ -15,8 +15,8 @@ Two Maven projects (their main classes say what the service does), against the O
   files ``java_spring_ai11_<set-up>``. ``spring_ai_agent``: the Spring AI 2.0 service under the Java agent too
   (beside Boot's OpenTelemetry starter, which its documentation advises against): the agent's spans, received,
   join the service's own trace by trace (two exporters, as a Collector gets them). Every span is a trace of its
-  own there (``ttft otel check``: "a trace that starts at a stage span"). ``spring_ai_noprop``: ``spring.reactor.context-
-  propagation`` left at Boot's default.
+  own there (``ttft otel check``: "a trace that starts at a stage span"). ``spring_ai_noprop``:
+  ``spring.reactor.context-propagation`` left at Boot's default.
 
 ``java_common/`` holds the file writer both compile in. ::
 
