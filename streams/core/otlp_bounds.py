@@ -40,6 +40,16 @@ MAX_SPAN_NS: Final = MAX_TS_MS * _NS_PER_MS
 #: What one span adds to its trace's changelog value besides a held note: its parent link (two quoted
 #: 16-hex ids), its id among the handled (or retriever) spans, and the separators.
 SPAN_LINK_BYTES: Final = 80
+#: What a caller's stream flag adds besides (``"<16 hex>":false,`` in ``TraceState.callers``), with room.
+CALLER_FLAG_BYTES: Final = 28
+
+
+def link_bytes(note: SpanNote) -> int:
+    """What ``note`` adds to its trace's changelog value besides its held note: :data:`SPAN_LINK_BYTES`, and its
+    stream flag when it is a caller's."""
+    return SPAN_LINK_BYTES + (CALLER_FLAG_BYTES if note.caller_stream is not None else 0)
+
+
 #: A context attribute (request id, tenant, version, rollout, route, model, fallback level) with its name,
 #: as JSON: the contract's longest ids (128 characters) fit with room to spare.
 MAX_CONTEXT_VALUE_BYTES: Final = 1_024

@@ -55,7 +55,15 @@ from schemas.dead_letter import DeadLetter
 from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
 from streams.core.join_state import exact_bytes
-from streams.core.otlp_bounds import FIXED_TRACE_BYTES, SPAN_LINK_BYTES, note_bytes, note_problem, span_problem
+from streams.core.otlp_bounds import (
+    CALLER_FLAG_BYTES,
+    FIXED_TRACE_BYTES,
+    SPAN_LINK_BYTES,
+    link_bytes,
+    note_bytes,
+    note_problem,
+    span_problem,
+)
 from streams.core.otlp_conventions import TOOL_CALL
 from streams.core.otlp_mapping import (
     SpanNote,
@@ -190,8 +198,8 @@ class TraceAssembler:
             except Exception as exc:
                 out.append(self._span_failed(span, partition, offset, now_ms, exc))
         for state, note, is_root in late:  # parent links first, within the trace's caps
-            if note.span_id not in state.handled and self._late_fits(state):
-                state.size_bytes += SPAN_LINK_BYTES
+            if note.span_id not in state.handled and self._late_fits(state, link_bytes(note)):
+                state.size_bytes += link_bytes(note)
                 state.learn(note, is_root)
         for state, note, is_root in late:
             out.extend(self._guarded(state, note, now_ms, partial(self._late, state, note, is_root, now_ms)))
@@ -321,7 +329,7 @@ class TraceAssembler:
         copies = (note.stage is not None) + is_root  # a root that is a stage is packed twice
         cost = note_bytes(note) * copies if copies else 0
         if held is None:
-            cost += SPAN_LINK_BYTES
+            cost += link_bytes(note)
         else:  # a replayed held span: only what its new copy adds
             cost -= note_bytes(held) * ((held.stage is not None) + (held is state.root))
         over_spans = held is None and state.span_count >= self.otlp.max_spans_per_trace
@@ -408,6 +416,7 @@ class TraceAssembler:
         state.notes.clear()
         state.root = waiting
         state.size_bytes = SPAN_LINK_BYTES * (len(state.handled) + len(state.parents))
+        state.size_bytes += CALLER_FLAG_BYTES * len(state.callers)
         if waiting is not None:
             state.size_bytes += note_bytes(waiting)
         if state.prompt_due is not None:
@@ -432,16 +441,16 @@ class TraceAssembler:
             self.counters.caps["otlp_span_errors"] += 1
             return [self._letters.of_note(state, note, "schema", f"the mapping failed: {exc_text(exc)}", now_ms)]
 
-    def _late_fits(self, state: TraceState) -> bool:
-        """One more late span fits the trace's caps (spans, bytes)."""
-        return state.span_count < self.otlp.max_spans_per_trace and state.size_bytes + SPAN_LINK_BYTES <= self._budget
+    def _late_fits(self, state: TraceState, cost: int = SPAN_LINK_BYTES) -> bool:
+        """One more late span (adding ``cost`` bytes besides its note) fits the trace's caps (spans, bytes)."""
+        return state.span_count < self.otlp.max_spans_per_trace and state.size_bytes + cost <= self._budget
 
     def _late(self, state: TraceState, note: SpanNote, is_root: bool, now_ms: float) -> list[Output]:
         """A span of a remembered trace: skipped if already handled, else mapped with the kept context."""
         if note.span_id in state.handled:
             self.counters.spans["replayed"] += 1
             return []
-        if not self._late_fits(state):
+        if not self._late_fits(state, link_bytes(note)):
             over_spans = state.span_count >= self.otlp.max_spans_per_trace
             cap, detail = (
                 ("otlp_spans_per_trace", _OVER_SPAN_CAP) if over_spans else ("otlp_trace_bytes", _OVER_STATE_BYTES)
@@ -452,7 +461,7 @@ class TraceAssembler:
                 return []
             self.counters.spans["dead_letter"] += 1
             return [self._letters.of_note(state, note, "too_many_events", detail, now_ms)]
-        state.size_bytes += SPAN_LINK_BYTES
+        state.size_bytes += link_bytes(note)
         state.learn(note, is_root)
         ctx = state.trace_context()
         ctx.tell_streaming([note])

@@ -16,6 +16,7 @@ import pytest
 from schemas.dead_letter import DeadLetter
 from schemas.otlp import OtlpSpan, parse_spans
 from streams.core import otlp_traces
+from streams.core.otlp_bounds import SPAN_LINK_BYTES
 from streams.core.otlp_outputs import ForwardedEvent, Output
 from streams.core.otlp_state import TraceState, trace_key
 from streams.core.otlp_traces import TraceAssembler
@@ -328,3 +329,22 @@ def test_a_state_without_the_pending_prompt_element_restores() -> None:
     restored.restore(key, orjson.dumps(row[:16]), partition)
     state = restored.trace("acme", spec.trace_id.hex())
     assert isinstance(state, TraceState) and state.resolved and state.prompt_due is None
+
+
+def test_caller_stream_flags_on_every_span_stay_within_the_state_budget() -> None:
+    """Every span of a trace a caller with ``spring.ai.chat.client.stream`` (kept by span id in the trace's state):
+    counted in its bytes like a parent link, held or late."""
+    spec = _spec()
+    asm = _assembler()
+    flagged = [_hostile(spec, f"caller-{i}", **{"spring.ai.chat.client.stream": "true"}) for i in range(400)]
+    for span in flagged:
+        span.attributes.pop("ttft.stage", None)
+    children = [s for s in spec.spans if s.parent != b""]
+    root = [s for s in spec.spans if s.parent == b""]
+    out = _feed(asm, spec, [children, flagged[:200], root, flagged[200:]])
+    (state,) = [asm.trace(t, spec.trace_id.hex()) for t in ("acme", "") if asm.trace(t, spec.trace_id.hex())]
+    assert state is not None and len(state.callers) == 400
+    links = SPAN_LINK_BYTES * (len(state.handled) + len(state.parents))
+    assert state.size_bytes - links >= len(orjson.dumps(state.callers))  # the flags are counted
+    assert max(_packed_sizes(asm)) <= OtlpConfig().max_trace_state_bytes
+    assert _events(out) == _expected(spec)
