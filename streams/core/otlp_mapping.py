@@ -16,7 +16,7 @@ order in which the exporter sent the spans.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -225,34 +225,28 @@ class TraceContext:
                 return self.values[name]
         return None
 
-    def tell_streaming(self, notes: Iterable[SpanNote]) -> None:
-        """Each LLM span of ``notes`` that does not say whether it streamed takes what its nearest caller says (its
-        parent chain, as far as it is known): Spring AI 1.1's chat model span under its ChatClient span."""
-        if not self.callers:
-            return
-        for note in notes:
-            if note.stage != "llm_ttft" or note.streaming is not None:
-                continue
-            seen: set[str] = set()
-            parent = note.parent
-            while parent and parent not in seen:
-                told = self.callers.get(parent)
-                if told is not None:
-                    note.streaming = told
-                    break
-                seen.add(parent)
-                parent = self.parents.get(parent, "")
-
-    def inside_retriever(self, note: SpanNote) -> bool:
-        """True when a retriever span encloses ``note`` (its parent chain, as far as it is known)."""
+    def ancestors(self, note: SpanNote) -> Iterator[str]:
+        """The span ids of ``note``'s parent chain, nearest first, as far as it is known (a cycle ends it)."""
         seen: set[str] = set()
         parent = note.parent
         while parent and parent not in seen:
-            if parent in self.retrievers:
-                return True
+            yield parent
             seen.add(parent)
             parent = self.parents.get(parent, "")
-        return False
+
+    def tell_streaming(self, notes: Iterable[SpanNote]) -> None:
+        """Each LLM span of ``notes`` that does not say whether it streamed takes what its nearest caller says:
+        Spring AI 1.1's chat model span under its ChatClient span."""
+        if not self.callers:
+            return
+        for note in notes:
+            if note.stage == "llm_ttft" and note.streaming is None:
+                told = (self.callers[p] for p in self.ancestors(note) if p in self.callers)
+                note.streaming = next(told, None)
+
+    def inside_retriever(self, note: SpanNote) -> bool:
+        """True when a retriever span encloses ``note`` (its parent chain, as far as it is known)."""
+        return any(parent in self.retrievers for parent in self.ancestors(note))
 
 
 def ns_to_ms(ns: int) -> float:
