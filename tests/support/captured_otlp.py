@@ -41,6 +41,27 @@ def captured(library: str) -> Capture:
     return {t["case"]: (t, by_id[t["trace_id"]]) for t in truth}
 
 
+def stored_in_end_order(spans: list[OtlpSpan], restore: bool = False) -> dict[str, Any]:
+    """The record of one trace whose spans come as an exporter sends them, one message each, by end (the root not
+    last: a Spring AI stream's chat span ends after it at times); ``restore``: the trace state packed and restored
+    between messages (a restart)."""
+    asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+    join = RequestJoin(JoinConfig(), 60_000)
+    now = max(s.end_ns for s in spans) / 1e6 + 60_000
+    for offset, span in enumerate(sorted(spans, key=lambda s: (s.end_ns, s.span_id))):
+        if restore:
+            packed = {key: value for key, (_, value) in asm.dirty().items() if value is not None}
+            asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+            for key, value in packed.items():
+                asm.restore(key, value, 0)
+        for out in asm.add_message([span], 0, offset, now):
+            assert isinstance(out, ForwardedEvent), out
+            event = decode_stage_event(out.value, out.request_id.encode(), "otlp_spans", 0, 0, None, CapsConfig(), now)
+            join.add(event, 0, now)  # type: ignore[arg-type]
+    (record,) = join.advance(0, now + 10_000_000)
+    return record
+
+
 def stored_record(spans: list[OtlpSpan]) -> tuple[dict[str, Any], TraceAssembler]:
     """The request record one trace becomes (the exporter's order: by end, the root last), and the assembler."""
     asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")

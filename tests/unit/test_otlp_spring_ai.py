@@ -12,17 +12,12 @@ stream's chat span ends when its Flux completes, at times after the root: the ma
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
-from streams.core.join import RequestJoin
-from streams.core.otlp_outputs import ForwardedEvent
 from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
-from tests.support.captured_otlp import captured, stored_record
+from tests.support.captured_otlp import captured, stored_in_end_order, stored_record
 
 STREAMS = ("stream", "stream2")
 
@@ -32,21 +27,15 @@ def _chat(spans: list[OtlpSpan]) -> OtlpSpan:
     return chat
 
 
-def _in_end_order(spans: list[OtlpSpan]) -> dict[str, Any]:
-    """The record when the spans come as the exporter sent them, one message each, by end (the root not last)."""
-    asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
-    join = RequestJoin(JoinConfig(), 60_000)
-    now = max(s.end_ns for s in spans) / 1e6 + 60_000
-    for offset, span in enumerate(sorted(spans, key=lambda s: (s.end_ns, s.span_id))):
-        for out in asm.add_message([span], 0, offset, now):
-            assert isinstance(out, ForwardedEvent), out
-            event = decode_stage_event(out.value, out.request_id.encode(), "otlp_spans", 0, 0, None, CapsConfig(), now)
-            join.add(event, 0, now)  # type: ignore[arg-type]
-    (record,) = join.advance(0, now + 10_000_000)
-    return record
-
-
-@pytest.mark.parametrize("setup", ["java_spring_ai_spring_ai", "java_spring_ai_spring_ai_marked"])
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "java_spring_ai_spring_ai",
+        "java_spring_ai_spring_ai_marked",
+        "java_spring_ai11_spring_ai11",  # Spring AI 1.1 on Boot 3.5 (test_otlp_spring_ai11.py): the same keys
+        "java_spring_ai11_spring_ai11_marked",
+    ],
+)
 @pytest.mark.parametrize("case", ["stream", "non_stream", "stream2"])
 def test_the_vector_store_search_is_the_retrieval_and_its_embedding_the_vector_recall(setup: str, case: str) -> None:
     _, spans = captured(setup)[case]
@@ -55,7 +44,8 @@ def test_the_vector_store_search_is_the_retrieval_and_its_embedding_the_vector_r
     (embedding,) = [s for s in spans if s.name.startswith("embedding ")]
     assert record["retrieval_ms"] == pytest.approx((search.end_ns - search.start_ns) / 1e6, abs=0.01)
     assert record["vector_recall_ms"] == pytest.approx((embedding.end_ns - embedding.start_ns) / 1e6, abs=0.01)
-    assert record["prompt_tokens"] == 812  # Micrometer's "812"
+    if setup.startswith("java_spring_ai_"):  # 1.1 writes "0" for a stream's unknown usage (test_otlp_spring_ai11.py)
+        assert record["prompt_tokens"] == 812  # Micrometer's "812"
 
 
 @pytest.mark.parametrize("case", STREAMS)
@@ -79,7 +69,7 @@ def test_marked_every_request_is_complete_and_exact_in_any_export_order(case: st
     truth, spans = captured("java_spring_ai_spring_ai_marked")[case]
     root = next(s for s in spans if s.is_root)
     chat = _chat(spans)
-    for record in (stored_record(spans)[0], _in_end_order(spans)):
+    for record in (stored_record(spans)[0], stored_in_end_order(spans)):
         assert record["status"] == "complete", record["missing_stages"]
         assert record["ttft_ms"] == pytest.approx((truth["first_chunk_ns"] - root.start_ns) / 1e6, abs=0.2)
         if case in STREAMS:

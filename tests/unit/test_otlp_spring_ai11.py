@@ -13,18 +13,12 @@ stored as a prompt of 0 tokens.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
-from schemas.decode import decode_stage_event
 from schemas.otlp import OtlpSpan
-from streams.core.join import RequestJoin
-from streams.core.otlp_outputs import ForwardedEvent
 from streams.core.otlp_state import TraceState
-from streams.core.otlp_traces import TraceAssembler
-from streams.settings import CapsConfig, JoinConfig, OtlpConfig
-from tests.support.captured_otlp import captured, stored_record
+from tests.support.captured_otlp import captured, stored_in_end_order, stored_record
 
 ALONE, MARKED = "java_spring_ai11_spring_ai11", "java_spring_ai11_spring_ai11_marked"
 STREAMS = ("stream", "stream2")
@@ -36,42 +30,11 @@ def _chat(spans: list[OtlpSpan]) -> OtlpSpan:
     return chat
 
 
-def _in_end_order(spans: list[OtlpSpan], restore: bool = False) -> dict[str, Any]:
-    """The record when the spans come as the exporter sent them, one message each, by end (the root not last);
-    ``restore``: every trace's state packed and restored between messages (a restart)."""
-    asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
-    join = RequestJoin(JoinConfig(), 60_000)
-    now = max(s.end_ns for s in spans) / 1e6 + 60_000
-    for offset, span in enumerate(sorted(spans, key=lambda s: (s.end_ns, s.span_id))):
-        if restore:
-            packed = {k: v for k, (_, v) in asm.dirty().items() if v is not None}
-            asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
-            for key, value in packed.items():
-                asm.restore(key, value, 0)
-        for out in asm.add_message([span], 0, offset, now):
-            assert isinstance(out, ForwardedEvent), out
-            event = decode_stage_event(out.value, out.request_id.encode(), "otlp_spans", 0, 0, None, CapsConfig(), now)
-            join.add(event, 0, now)  # type: ignore[arg-type]
-    (record,) = join.advance(0, now + 10_000_000)
-    return record
-
-
 def test_the_capture_is_boot_3_and_its_chat_span_tells_nothing() -> None:
     for _, spans in captured(ALONE).values():
         chat = _chat(spans)
         assert (chat.scope_name, chat.scope_version) == ("org.springframework.boot", "3.5.7")
         assert "gen_ai.request.stream" not in chat.attributes and not chat.events
-
-
-@pytest.mark.parametrize("setup", [ALONE, MARKED])
-@pytest.mark.parametrize("case", CASES)
-def test_the_vector_store_search_is_the_retrieval_and_its_embedding_the_vector_recall(setup: str, case: str) -> None:
-    _, spans = captured(setup)[case]
-    record, _ = stored_record(spans)
-    (search,) = [s for s in spans if s.attributes.get("spring.ai.kind") == "vector_store"]
-    (embedding,) = [s for s in spans if s.name.startswith("embedding ")]
-    assert record["retrieval_ms"] == pytest.approx((search.end_ns - search.start_ns) / 1e6, abs=0.01)
-    assert record["vector_recall_ms"] == pytest.approx((embedding.end_ns - embedding.start_ns) / 1e6, abs=0.01)
 
 
 @pytest.mark.parametrize("case", STREAMS)
@@ -91,7 +54,7 @@ def test_alone_a_plain_call_is_complete_by_its_chat_client_span() -> None:
     assert client.attributes["spring.ai.chat.client.stream"] == "false"
     root = next(s for s in spans if s.is_root)
     chat = _chat(spans)
-    for record in (stored_record(spans)[0], _in_end_order(spans)):
+    for record in (stored_record(spans)[0], stored_in_end_order(spans)):
         assert record["status"] == "complete", record["missing_stages"]
         assert 0 <= (truth["first_chunk_ns"] - root.start_ns) / 1e6 - record["ttft_ms"] < 15
         assert record["llm_ttft_ms"] == pytest.approx((chat.end_ns - chat.start_ns) / 1e6, abs=0.01)
@@ -113,7 +76,7 @@ def test_marked_every_request_is_complete_and_exact_in_any_export_order_and_acro
     truth, spans = captured(MARKED)[case]
     root = next(s for s in spans if s.is_root)
     chat = _chat(spans)
-    records = (stored_record(spans)[0], _in_end_order(spans), _in_end_order(spans, restore=True))
+    records = (stored_record(spans)[0], stored_in_end_order(spans), stored_in_end_order(spans, restore=True))
     for record in records:
         assert record["status"] == "complete", record["missing_stages"]
         assert record["ttft_ms"] == pytest.approx((truth["first_chunk_ns"] - root.start_ns) / 1e6, abs=0.2)
