@@ -130,6 +130,13 @@ class WorkerMetrics:
             ["scope", "scope_version"],
             registry=r,
         )
+        self.otlp_cut_off_traces = Counter(
+            "ttft_otlp_cut_off_traces",
+            "OTLP traces that start at a stage span: one stage span alone, or a retrieval root without an LLM span. "
+            "A request's part that lost its OpenTelemetry context is one, stored as a request of its own; so is a "
+            "batch job's single call (ttft otel check names them, with the fix)",
+            registry=r,
+        )
         self.otlp_tenant_claims_ignored = Counter(
             "ttft_otlp_tenant_claims_ignored",
             "OTLP spans naming a tenant other than their resource's tenant.id, the claim dropped "

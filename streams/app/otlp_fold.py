@@ -170,6 +170,7 @@ class OtlpFold(KeyedStateFold):
             sync_counter(m.caps_tripped.labels(cap), total)
         for (scope, version), total in c.no_first_chunk.items():
             sync_counter(m.otlp_no_first_chunk.labels(scope, version), total)
+        sync_counter(m.otlp_cut_off_traces, c.cut_off)
         m.otlp_traces_held.set(self.core.held_traces)
         m.otlp_spans_held.set(self.core.held_spans)
 

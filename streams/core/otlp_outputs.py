@@ -48,6 +48,10 @@ class AssemblerCounters:
     spans: Counter[str] = field(default_factory=Counter)
     caps: Counter[str] = field(default_factory=Counter)
     no_first_chunk: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: Traces resolved that start at a stage span: one span alone, or a retrieval (rerank, embedding) root without an
+    #: LLM span. A request's part cut off by lost context is one (``ttft otel check``: "a trace that starts at a stage
+    #: span"); so is a batch job's single call.
+    cut_off: int = 0
 
     def count_no_first_chunk(self, scope_name: str, scope_version: str) -> None:
         """One more LLM span of this scope without a first chunk (past :data:`MAX_SCOPES`: :data:`OTHER_SCOPE`)."""

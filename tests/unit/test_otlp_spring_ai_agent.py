@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from schemas.otlp import OtlpSpan
 from streams.cli.otel_check import report_lines
 from streams.core.otlp_check import FIXES, LONE_SPAN, check_traces
+from streams.core.otlp_traces import TraceAssembler
+from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 from tests.support.captured_otlp import DATA, captured, read_capture, stored_record
 
 AGENT = "java_spring_ai_spring_ai_agent"
@@ -83,3 +88,22 @@ def test_litellms_callback_span_written_outside_the_stream_is_named() -> None:
     _, findings = check_traces(read_capture("litellm_otel_semconv"))
     (cut,) = [f for f in findings if LONE_SPAN in f.missing]
     assert cut.trace_id == "f6adc03cee2467b8f6d0af1c4c8016c3"  # the json's other trace, "during: stream"
+
+
+@pytest.mark.parametrize(
+    ("name", "cut_off"),
+    [(AGENT, 9), ("java_spring_ai_spring_ai_noprop", 2), ("litellm_otel_semconv", 1), ("java_spring_ai_spring_ai", 0)],
+)
+def test_the_worker_counts_the_traces_the_check_names(name: str, cut_off: int) -> None:
+    """``ttft_otlp_cut_off_traces``: what the check names, counted by the worker's assembler as it resolves traces
+    (on-call sees it without running the check)."""
+    asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+    spans = read_capture(name)
+    now = max(s.end_ns for s in spans) / 1e6 + 1.0
+    by_trace: dict[str, list[OtlpSpan]] = {}
+    for span in spans:
+        by_trace.setdefault(span.trace_id, []).append(span)
+    for offset, trace in enumerate(by_trace.values()):
+        asm.add_message(sorted(trace, key=lambda s: (s.is_root, s.end_ns, s.span_id)), 0, offset, now)
+    asm.advance(0, now + 3_600_000)
+    assert asm.counters.cut_off == cut_off
