@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 from aiokafka import ConsumerRecord, TopicPartition
+from prometheus_client import Counter
 
 from schemas.dead_letter import DeadLetter, make_dead_letter
 from schemas.decode import decode_stage_event
@@ -329,6 +330,8 @@ class JoinFold(KeyedStateFold):
             "worker_id": self.metrics.worker_id,
             "open_requests": self.core.open_requests,
             "evictions": self.core.counters.evictions,
+            # The OTLP bridge's, beside the join in this process (its fold syncs the counter; 0 without it).
+            "otlp_cut_off_traces": _total(self.metrics.otlp_cut_off_traces),
         }
         for tp in sorted(view.owned):
             core = self._core_partition(tp)
@@ -337,6 +340,11 @@ class JoinFold(KeyedStateFold):
                 continue  # never carried an event: holds nobody back
             value = orjson.dumps({"watermark_ms": watermark, "source_partition": core, "lag": view.lag(tp), **stats})
             emit.everywhere(self.requests_topic, WATERMARK_KEY, value)
+
+
+def _total(counter: Counter) -> float:
+    """An unlabelled counter's value (its one family's ``_total`` sample)."""
+    return next((s.value for f in counter.collect() for s in f.samples if s.name.endswith("_total")), 0.0)
 
 
 def _producer(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 from streams.app.metrics import WorkerMetrics
 from streams.store.stats_store import (
     CONSUMER_LAG,
+    CUT_OFF_TRACES,
     EVICTIONS,
     INSERT_LATENCY_MS,
     OPEN_REQUESTS,
@@ -45,7 +46,7 @@ class JoinStats:
         self.topic = topic
         self.forget_after_s = forget_after_s
         self.clock = clock
-        self._workers: dict[str, tuple[float, float, float]] = {}  # worker -> (seen, open, evictions)
+        self._workers: dict[str, tuple[float, float, float, float]] = {}  # worker -> (seen, open, evictions, cut off)
         self._lag: dict[int, tuple[float, str, float]] = {}  # source partition -> (seen, worker, lag)
 
     def observe(self, beat: dict[str, Any]) -> None:
@@ -53,7 +54,12 @@ class JoinStats:
         if not isinstance(worker, str):
             return  # a heartbeat from a join older than this writer
         now = self.clock()
-        self._workers[worker] = (now, float(beat.get("open_requests") or 0), float(beat.get("evictions") or 0))
+        self._workers[worker] = (
+            now,
+            float(beat.get("open_requests") or 0),
+            float(beat.get("evictions") or 0),
+            float(beat.get("otlp_cut_off_traces") or 0),
+        )
         if beat.get("lag") is not None:
             self._lag[int(beat["source_partition"])] = (now, worker, float(beat["lag"]))
 
@@ -62,9 +68,10 @@ class JoinStats:
         self._workers = {w: v for w, v in self._workers.items() if v[0] >= horizon}
         self._lag = {p: v for p, v in self._lag.items() if v[0] >= horizon}
         out: list[dict[str, Any]] = []
-        for worker, (_, open_requests, evictions) in sorted(self._workers.items()):
+        for worker, (_, open_requests, evictions, cut_off) in sorted(self._workers.items()):
             out.append(stat_sample(now_ms, worker, "join", OPEN_REQUESTS, open_requests))
             out.append(stat_sample(now_ms, worker, "join", EVICTIONS, evictions))
+            out.append(stat_sample(now_ms, worker, "join", CUT_OFF_TRACES, cut_off))
         for partition, (_, worker, lag) in sorted(self._lag.items()):
             labels = {"topic": self.topic, "partition": str(partition)}
             out.append(stat_sample(now_ms, worker, "join", CONSUMER_LAG, lag, labels))

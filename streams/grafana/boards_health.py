@@ -20,7 +20,8 @@ INSERT_LATENCY_MS: Final = "insert_latency_ms"
 OPEN_REQUESTS: Final = "open_requests"
 EVICTIONS: Final = "evictions"
 SERIES_CAP_HITS: Final = "series_cap_hits"
-STATS_METRICS: Final = (CONSUMER_LAG, INSERT_LATENCY_MS, OPEN_REQUESTS, EVICTIONS, SERIES_CAP_HITS)
+CUT_OFF_TRACES: Final = "otlp_cut_off_traces"
+STATS_METRICS: Final = (CONSUMER_LAG, INSERT_LATENCY_MS, OPEN_REQUESTS, EVICTIONS, SERIES_CAP_HITS, CUT_OFF_TRACES)
 STATS_IN_RANGE: Final = "$__timeFilter(ts)"
 DEAD_LETTER_TENANT: Final = selected("tenant", "tenant")
 
@@ -162,9 +163,9 @@ def pipeline_health() -> DashboardSpec:
         slug="ttft-pipeline-health",
         title="TTFT pipeline health",
         description="Is the measurement itself healthy: dead letters, late data, LLM calls without a first "
-        "chunk, open requests and evictions, series caps, consumer lag, ClickHouse insert latency, and whether "
-        "the alert rules had enough traffic to decide, and what keeps a rule silent (paused, muted, unwatched "
-        "tenants, quarantined sources).",
+        "chunk, open requests and evictions, series caps, OTLP traces cut apart, consumer lag, ClickHouse insert "
+        "latency, and whether the alert rules had enough traffic to decide, and what keeps a rule silent (paused, "
+        "muted, unwatched tenants, quarantined sources).",
         variables=(tenant_variable(),),
         panels=(
             _dead_letters(),
@@ -179,6 +180,18 @@ def pipeline_health() -> DashboardSpec:
                 "short",
             ),
             _series_caps(),
+            _stats_panel(
+                "OTLP traces cut apart",
+                (CUT_OFF_TRACES,),
+                "metric",
+                "OpenTelemetry traces that start at a stage span, counted by the join workers since they started "
+                "(flat is healthy): one stage span alone, or a retrieval without an LLM span. When a request's "
+                "OpenTelemetry context does not reach a part (the Java agent beside Spring Boot's OpenTelemetry "
+                "starter, Reactor without context propagation, a thread pool), each part is stored as a request of "
+                "its own; a batch job's single call counts too. ttft otel check names the traces and the fix "
+                "(docs/otlp-mapping.md).",
+                "short",
+            ),
             _stats_panel(
                 "Consumer lag",
                 (CONSUMER_LAG,),

@@ -24,7 +24,9 @@ INSERT_LATENCY_MS: Final = "insert_latency_ms"  # labels: table
 OPEN_REQUESTS: Final = "open_requests"
 EVICTIONS: Final = "evictions"
 SERIES_CAP_HITS: Final = "series_cap_hits"
-STATS_METRICS: Final = (CONSUMER_LAG, INSERT_LATENCY_MS, OPEN_REQUESTS, EVICTIONS, SERIES_CAP_HITS)
+#: The join's OTLP traces that start at a stage span (``ttft_otlp_cut_off_traces``): requests cut apart.
+CUT_OFF_TRACES: Final = "otlp_cut_off_traces"
+STATS_METRICS: Final = (CONSUMER_LAG, INSERT_LATENCY_MS, OPEN_REQUESTS, EVICTIONS, SERIES_CAP_HITS, CUT_OFF_TRACES)
 
 
 def stat_sample(

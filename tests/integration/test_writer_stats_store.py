@@ -58,6 +58,9 @@ def test_writer_stats_land_in_pipeline_stats_and_feed_the_health_panels(
         await writer._insert("requests", insert_requests, ch_database, [request("r-1", now_ms - 5_000)])
         metrics.consumer_lag.labels(REQUESTS, "0").set(12)
         metrics.series_overflow.inc(3)
+        # A join worker's heartbeat: its gauges, and the OTLP traces its bridge found cut apart.
+        beat = {"worker_id": "j-int", "watermark_ms": 1.0, "source_partition": 0, "open_requests": 4, "evictions": 1}
+        writer.join_stats.observe({**beat, "otlp_cut_off_traces": 2})
         assert writer.stats is not None
         return await writer.stats.write_once()
 
@@ -71,20 +74,33 @@ def test_writer_stats_land_in_pipeline_stats_and_feed_the_health_panels(
     ).result_rows
     assert [r[:4] for r in rows] == [
         ("consumer_lag", "w-int", "writer", {"topic": REQUESTS, "partition": "0"}),
+        ("evictions", "j-int", "join", {}),
         ("insert_latency_ms", "w-int", "writer", {"table": "requests"}),
+        ("open_requests", "j-int", "join", {}),
+        ("otlp_cut_off_traces", "j-int", "join", {}),
         ("series_cap_hits", "w-int", "writer", {}),
     ]
-    assert rows[0][4] == 12 and rows[1][4] > 0 and rows[2][4] == 3
+    assert [rows[i][4] for i in (0, 1, 3, 4, 5)] == [12, 1, 4, 2, 3] and rows[2][4] > 0
 
     from_ms, to_ms = int(now_ms) - 3_600_000, int(now_ms) + 60_000
     stats_panels = [p for p in pipeline_health().panels if "pipeline_stats" in p.sql]
-    assert {p.title for p in stats_panels} == {"Open requests and evictions", "Consumer lag", "Insert latency"}
+    assert {p.title for p in stats_panels} == {
+        "Open requests and evictions",
+        "OTLP traces cut apart",
+        "Consumer lag",
+        "Insert latency",
+    }
     got: dict[str, list[tuple[Any, ...]]] = {}
     for panel in stats_panels:
         ctx = QueryContext(from_ms, to_ms, panel_interval_ms(from_ms, to_ms, 500, None))
         got[panel.title] = run_panel(ch_client, ch_database, panel.sql, ctx)
         assert run_panel(ch_client, ch_database, panel.expect_sql, ctx)[0][0] >= 1, panel.title
     assert [r[1:] for r in got["Consumer lag"]] == [("consumer_lag", 12.0)]
-    assert [r[1:] for r in got["Open requests and evictions"]] == [("series_cap_hits", 3.0)]
+    assert sorted(r[1:] for r in got["Open requests and evictions"]) == [
+        ("evictions", 1.0),
+        ("open_requests", 4.0),
+        ("series_cap_hits", 3.0),
+    ]
+    assert [r[1:] for r in got["OTLP traces cut apart"]] == [("otlp_cut_off_traces", 2.0)]
     [(_, table, latency_ms)] = got["Insert latency"]
-    assert table == "requests" and latency_ms == rows[1][4]
+    assert table == "requests" and latency_ms == rows[2][4]

@@ -30,6 +30,17 @@ def test_records_go_to_the_source_partition_and_heartbeats_to_every_partition_af
     assert sorted(beats) == list(range(8))
 
 
+def test_heartbeats_carry_the_otlp_bridges_cut_off_traces_to_the_writers_stats() -> None:
+    """The OTLP bridge beside the join counts the traces that start at a stage span; the join's heartbeats carry
+    the count (0 without the bridge) to the writer, which writes it to ``pipeline_stats``."""
+    producer = FakeProducer()
+    rig = join_rig(producer)
+    rig.fold.metrics.otlp_cut_off_traces.inc(7)
+    asyncio.run(rig.runner.process(rig.fetch(10)))
+    beats = [orjson.loads(v) for _, k, v in producer.values("u.requests") if k not in (b"r1", b"r2")]
+    assert beats and {b["otlp_cut_off_traces"] for b in beats} == {7.0}
+
+
 def test_a_failing_flush_in_the_idle_tick_loses_no_record() -> None:
     clock = [T0 + 1_000]
     producer = FakeProducer()

@@ -235,7 +235,7 @@ def test_join_gauges_from_heartbeats_and_forgetting_a_silent_worker() -> None:
     assert stats.samples(5.0) == []
     beat = {"watermark_ms": 1.0, "source_partition": 2, "worker_id": "join-1", "open_requests": 40, "evictions": 3}
     stats.observe({**beat, "lag": 7})
-    stats.observe({**beat, "source_partition": 5, "lag": None, "open_requests": 41})
+    stats.observe({**beat, "source_partition": 5, "lag": None, "open_requests": 41, "otlp_cut_off_traces": 2})
     rows = {
         (r["worker_id"], r["role"], r["metric"], tuple(sorted(r["labels"].items()))): r["value"]
         for r in stats.samples(5.0)
@@ -243,6 +243,7 @@ def test_join_gauges_from_heartbeats_and_forgetting_a_silent_worker() -> None:
     assert rows == {
         ("join-1", "join", "open_requests", ()): 41.0,
         ("join-1", "join", "evictions", ()): 3.0,
+        ("join-1", "join", "otlp_cut_off_traces", ()): 2.0,  # 0 from a join without the OTLP bridge
         ("join-1", "join", "consumer_lag", (("partition", "2"), ("topic", "ttft.stage-events"))): 7.0,
     }
     now[0] += 31
