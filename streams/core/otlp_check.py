@@ -47,7 +47,7 @@ from streams.core.otlp_mapping import (
 )
 from streams.core.otlp_nesting import nested_duplicates, partner
 from streams.core.otlp_outputs import ForwardedEvent
-from streams.core.otlp_traces import LOST_MARK_DETAIL, TraceAssembler
+from streams.core.otlp_traces import LOST_MARK_DETAIL, TraceAssembler, starts_at_stage
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 
 _TOPIC: Final = "otlp_spans"
@@ -300,19 +300,6 @@ def fix_for(what: str, scope: str = "") -> str:
     return f"a span with ttft.stage = {what}"
 
 
-#: Stages a root span of which is no part of a request cut off: none, or an instant.
-_NOT_LONE: Final = frozenset({None, "request_start", "first_token"})
-
-
-def _cut_off(spans: list[OtlpSpan], notes: dict[str, tuple[OtlpSpan, SpanNote]]) -> bool:
-    """The trace starts at a stage span (:data:`LONE_SPAN`): it is that span alone, or a root that is no LLM span in
-    a trace without one."""
-    roots = [s for s in spans if s.is_root]
-    if len(roots) != 1 or notes[roots[0].span_id][1].stage in _NOT_LONE:
-        return False
-    return len(spans) == 1 or not any(n.stage == "llm_ttft" for _, n in notes.values())
-
-
 def check_traces(
     spans: Iterable[OtlpSpan], join: JoinConfig | None = None, caps: CapsConfig | None = None
 ) -> tuple[list[ScopeReport], list[TraceFinding]]:
@@ -345,7 +332,9 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
         parents_of = {s.span_id: s.parent_span_id for s in spans}
         context = TraceContext(trace_id, {}, None, False, frozenset(), parents_of, callers=callers)
         context.tell_streaming(n for _, n in notes.values())
-    lone = _cut_off(spans, notes)
+    roots = [n for s, n in notes.values() if s.is_root]
+    linked = {s.span_id: s.parent_span_id for s in spans if s.parent_span_id}
+    lone = starts_at_stage(roots[0] if len(roots) == 1 else None, [n for _, n in notes.values()], linked)
     staged = [(n.stage, n) for _, n in notes.values() if n.stage is not None and n.stage not in (EMBEDDING, TOOL_CALL)]
     parents = {s.span_id: s.parent_span_id for s in spans}
     nested = nested_duplicates(staged, parents)

@@ -697,8 +697,8 @@ _NOT_CUT_OFF: Final = frozenset({None, "request_start", "first_token"})
 
 
 def starts_at_stage(root: SpanNote | None, notes: list[SpanNote], parents: dict[str, str]) -> bool:
-    """A resolved trace starts at a stage span (``AssemblerCounters.cut_off``): its root is one and it is alone (no
-    span has a parent), or it is no LLM span and the trace has none."""
+    """A resolved trace starts at a stage span (``AssemblerCounters.cut_off``; ``ttft otel check``'s ``LONE_SPAN``):
+    its root is one and it is alone (no span has a parent), or it is no LLM span and the trace has none."""
     if root is None or root.stage in _NOT_CUT_OFF:
         return False
     return not parents or not any(n.stage == "llm_ttft" for n in notes)
