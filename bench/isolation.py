@@ -120,7 +120,7 @@ def fold_once(records: list[Any], settings: Settings, now_ms: float) -> tuple[fl
             loop.run_until_complete(fold.fold(fetch, now_ms, view, Emit(outputs, partitions, config.routes)))
             _append(outputs, counts)
             _append(fold.take_dirty(), counts)
-            fold.completed()
+            fold.report()()
         return time.process_time() - started, counts
     finally:
         loop.close()

@@ -40,6 +40,7 @@ from streams.kafka.batches import (
     Outputs,
     PartitionView,
     Records,
+    Report,
     RunnerConfig,
     RunnerMetrics,
     by_key,
@@ -222,11 +223,17 @@ class JoinFold(KeyedStateFold):
         """``ttft.alerts`` from its beginning to its end (compacted: the latest transition of each claim)."""
         return await read_topic_values(self.settings, self.alerts_topic)
 
-    def completed(self) -> None:
+    def report(self) -> Report:
+        """The gauges as of this fold (the runner publishes them once its outputs are acknowledged)."""
+        open_requests, pool = self.core.open_requests, self.core.pool_open_requests
+        promoted = self.core.budgets.promoted
+        return lambda: self._publish(open_requests, pool, promoted)
+
+    def _publish(self, open_requests: int, pool_open_requests: int, promoted: int) -> None:
         c, m = self.core.counters, self.metrics
-        m.open_requests.set(self.core.open_requests)
-        m.pool_open_requests.set(self.core.pool_open_requests)
-        m.promoted_tenants.set(self.core.budgets.promoted)
+        m.open_requests.set(open_requests)
+        m.pool_open_requests.set(pool_open_requests)
+        m.promoted_tenants.set(promoted)
         sync_counter(m.duplicates, c.duplicates)
         sync_counter(m.late_events, c.late_events)
         sync_counter(m.evictions, c.evictions)

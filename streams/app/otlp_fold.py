@@ -31,7 +31,7 @@ from streams.app.keyed_state import KeyedStateFold
 from streams.app.metrics import WorkerMetrics, sync_counter
 from streams.core.otlp_outputs import SPAN_OUTCOMES, ForwardedEvent, Output
 from streams.core.otlp_traces import TraceAssembler
-from streams.kafka.batches import Emit, PartitionView, Records, RunnerConfig, RunnerMetrics, by_key
+from streams.kafka.batches import Emit, PartitionView, Records, Report, RunnerConfig, RunnerMetrics, by_key
 from streams.kafka.unreadable import unreadable_letter
 from streams.settings import Settings
 
@@ -162,7 +162,12 @@ class OtlpFold(KeyedStateFold):
             received_at_ms=now_ms,
         )
 
-    def completed(self) -> None:
+    def report(self) -> Report:
+        """The gauges as of this fold (the runner publishes them once its outputs are acknowledged)."""
+        traces, spans = self.core.held_traces, self.core.held_spans
+        return lambda: self._publish(traces, spans)
+
+    def _publish(self, held_traces: int, held_spans: int) -> None:
         c, m = self.core.counters, self.metrics
         for outcome in SPAN_OUTCOMES:
             sync_counter(m.otlp_spans.labels(outcome), c.spans[outcome])
@@ -171,8 +176,8 @@ class OtlpFold(KeyedStateFold):
         for (scope, version), total in c.no_first_chunk.items():
             sync_counter(m.otlp_no_first_chunk.labels(scope, version), total)
         sync_counter(m.otlp_cut_off_traces, c.cut_off)
-        m.otlp_traces_held.set(self.core.held_traces)
-        m.otlp_spans_held.set(self.core.held_spans)
+        m.otlp_traces_held.set(held_traces)
+        m.otlp_spans_held.set(held_spans)
 
     def _emit(self, emit: Emit, source: int, items: list[Output]) -> None:
         for item in items:

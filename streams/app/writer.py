@@ -47,6 +47,7 @@ from streams.kafka.batches import (
     PartitionBatchRunner,
     PartitionView,
     Records,
+    Report,
     RunnerConfig,
     RunnerMetrics,
     Submit,
@@ -82,6 +83,10 @@ LINGER_MS = 50
 BatchHook = Callable[[list[dict[str, Any]]], Any]
 #: ``store_call(fn, *args)`` runs ``fn(client, *args)`` on the store thread.
 StoreCall = Callable[..., Awaitable[Any]]
+
+
+def _nothing_to_report() -> None:
+    """The writer's gauges are set where it works (its hooks), not per fold."""
 
 
 class StoreWriter:
@@ -256,8 +261,8 @@ class StoreWriter:
     def revoke(self, partitions: set[TopicPartition]) -> None:
         return None
 
-    def completed(self) -> None:
-        return None
+    def report(self) -> Report:
+        return _nothing_to_report
 
     async def _idle(self) -> None:
         for hook in self.hooks:

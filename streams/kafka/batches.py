@@ -66,6 +66,8 @@ Key = bytes | None
 #: (topic, partition) -> [(key, value)], in production order.
 Outputs = dict[tuple[str, int], list[tuple[Key, bytes | None]]]
 Records = Mapping[TopicPartition, Sequence[ConsumerRecord[Any, Any]]]
+#: Publishes a fold's gauges and counters (:meth:`BatchFold.report`).
+Report = Callable[[], None]
 #: route(key, source partition, the topic's partitions) -> the target partition.
 Route = Callable[[Key, int, Sequence[int]], int]
 
@@ -139,8 +141,12 @@ class BatchFold(Protocol):
     def revoke(self, partitions: set[TopicPartition]) -> None:
         """Forget the state of partitions that are no longer ours."""
 
-    def completed(self) -> None:
-        """A completion was acknowledged: level the gauges and counters kept by the core."""
+    def report(self) -> Report:
+        """Called right after each fold: what to publish once everything that fold emitted is acknowledged.
+        Gauges are read now, not then: pipelined, fetch N+1 is folded before fetch N's completion ends, and
+        a request it released is neither open nor produced yet. Read at N's end, ``ttft_open_requests``
+        would say 0 while that request's record is still unproduced, and a drain check (the tests, ``ttft
+        replay``) would stop the writer before it arrives."""
 
 
 class IngestHalted(Exception):
@@ -231,6 +237,8 @@ class Completion:
     state: Outputs = field(default_factory=dict)
     commits: dict[TopicPartition, int] = field(default_factory=dict)
     events: int = 0
+    #: The fold's report as of the last fold this completion covers (published once it is acknowledged).
+    report: Report | None = None
 
     def owes(self) -> bool:
         return bool(self.outputs or self.state or self.commits)
@@ -459,6 +467,7 @@ class PartitionBatchRunner:
         step = Step(records, now, self, Emit(done.outputs, self.partitions, c.routes))
         await self._submit(step)
         await step.done
+        report = done.report = self.fold.report()
         self._deferred_events += events
         self._unacked += events
         if m.consumed is not None:
@@ -474,7 +483,8 @@ class PartitionBatchRunner:
         ):
             self._take_checkpoint(done, now)
         await self.settle()
-        if not done.owes():
+        if not done.owes():  # everything folded before is acknowledged, and this fold emitted nothing
+            report()
             return
         if c.pipelined:
             self._inflight = asyncio.ensure_future(self._complete(done))
@@ -491,7 +501,7 @@ class PartitionBatchRunner:
         """Settle, then write the state of everything folded and commit its offsets now (a revocation, a
         stop). The caller holds the lock."""
         await self.settle()
-        done = Completion()
+        done = Completion(report=self.fold.report())
         self._take_checkpoint(done, self._wall() * 1000.0)
         if done.owes():
             await self._complete(done)
@@ -509,7 +519,8 @@ class PartitionBatchRunner:
             await self._produce(done.outputs)
         if done.state:
             await self._produce(done.state)
-        self.fold.completed()
+        if done.report is not None:
+            done.report()
         if done.commits:
             assert self.consumer is not None
             await self.consumer.commit(done.commits)

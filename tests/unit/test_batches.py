@@ -22,6 +22,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 from streams.app.join_fold import JoinFold, join_runner_config, join_runner_metrics
 from streams.app.metrics import WorkerMetrics
 from streams.app.otlp_fold import OtlpFold, otlp_runner_config, otlp_runner_metrics
+from streams.core.watermarks import WATERMARK_KEY
 from streams.kafka import batches
 from streams.kafka.batches import EXIT_BATCH_FAILED, PartitionBatchRunner
 from streams.settings import load_settings
@@ -243,3 +244,29 @@ def test_a_fold_that_raises_reaches_the_runner_and_commits_nothing(make_rig: Cal
     with pytest.raises(RuntimeError):
         asyncio.run(rig.runner.process(rig.fetch(10)))
     assert rig.consumer.commits == [] and rig.producer.sent == []
+
+
+def test_a_gauge_never_reads_drained_before_the_releases_it_counts_are_acknowledged() -> None:
+    """Pipelined: the completion of fetch N reports the join's open requests after fetch N+1 was folded. A
+    request that fold N+1 released (an idle tick's timeout) is not open, and its record is not produced yet:
+    ``ttft_open_requests`` must not read 0 until it is, or a drain check (tests, ``ttft replay``) stops the
+    writer before the last requests reach it (the likely cause of one request missing from a CI run's store in
+    test_bridge_survives_a_broker_restart_mid_stream)."""
+    clock = [T0 + 11_000]
+    rig = join_rig(FakeProducer(), clock=clock)
+    runner, gauge = rig.runner, rig.fold.metrics.open_requests
+
+    def released() -> int:
+        return sum(key != WATERMARK_KEY for _, key, _ in rig.producer.values(rig.output))
+
+    async def fetch_then_idle_tick() -> tuple[float, int, float, int]:
+        await runner.step(rig.fetch(10), state_due=True)  # r1 released; r2 open; its completion in flight
+        clock[0] += 60_000.0  # past r2's timeout: the idle tick of the next fold releases it
+        await runner.step({})
+        between = (gauge._value.get(), released())
+        await runner.settle()
+        return (*between, gauge._value.get(), released())
+
+    open_between, produced_between, open_after, produced_after = asyncio.run(fetch_then_idle_tick())
+    assert (open_after, produced_after) == (0, 2)
+    assert (open_between, produced_between) == (1, 1), "r2 counted neither open nor produced"

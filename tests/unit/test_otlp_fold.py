@@ -58,7 +58,7 @@ def test_llm_spans_without_a_first_chunk_are_counted_by_scope() -> None:
     llm.events.clear()
     llm.attributes.pop("gen_ai.response.time_to_first_chunk", None)
     asyncio.run(rig.runner.process({TP: otlp_records(spec, 1)}))
-    rig.fold.completed()
+    rig.fold.report()()
     assert not producer.values("u.dead-letter")
     sent = [orjson.loads(v or b"") for _, _, v in producer.values("u.stage-events")]
     assert [e["stage"] for e in sent].count("llm_unmeasured") == 1
