@@ -126,6 +126,30 @@ def stage_event_copies(settings: Settings) -> tuple[int, int]:
     return len(events), sum(n - 1 for n in copies.values())
 
 
+def where_lost(settings: Settings, missing: set[tuple[str, str]]) -> dict[str, Any]:
+    """Which hop lost the ``missing`` requests: how many have stage events, a record in ``ttft.requests``, and
+    how many dead letters there are (a failure says where to look, not only that a row is missing)."""
+    ids = {rid for _, rid in missing}
+
+    def records(name: str) -> list[dict[str, Any]]:
+        pairs = asyncio.run(read_topic(settings.kafka_bootstrap, settings.topic(name)))
+        return [orjson.loads(value) for key, value in pairs if key != WATERMARK_KEY]
+
+    try:
+        writer_lag: Any = group_lag(
+            settings.kafka_bootstrap, f"app-{settings.topic_prefix}-writer", [settings.topic("requests")]
+        )
+    except Exception as exc:  # a diagnosis, never a second failure
+        writer_lag = repr(exc)
+    return {
+        "with_stage_events": len({e.get("request_id") for e in records("stage-events")} & ids),
+        "in_requests_topic": len({r.get("request_id") for r in records("requests")} & ids),
+        "dead_letters": len(records("dead-letter")),
+        "writer_lag": writer_lag,
+        "e.g.": sorted(missing)[:3],
+    }
+
+
 def bridge_metrics(worker: WorkerProcess) -> tuple[float, float]:
     """(OTLP messages the bridge committed, traces it holds)."""
     return worker.metric("ttft_otlp_messages_total"), worker.metric("ttft_otlp_traces_held")
@@ -177,6 +201,8 @@ def finish(pipe: Pipeline, settings: Settings, specs: list[TraceSpec]) -> dict[t
     """After every worker stopped: the bridge's group fully committed, no dead letter, the rows the truth."""
     assert bridge_lag(settings) == 0, "the bridge's group did not commit every OTLP message"
     rows = _rows(pipe)
+    missing = {(spec.tenant, spec.rid) for spec in specs} - set(rows)
+    assert not missing, f"{len(missing)} requests not in the store: {where_lost(settings, missing)}"
     _check_truth(rows, specs)
     assert pipe.query("SELECT count() AS n FROM {db}.dead_letters")[0]["n"] == 0
     return rows
