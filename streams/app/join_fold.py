@@ -168,6 +168,8 @@ class JoinFold(KeyedStateFold):
             if caught_up or core in folded:
                 for record in self.core.advance(core, now_ms, caught_up):
                     self._add_record(emit, core, record)
+            else:
+                self.core.hold_idle(core)
         self._add_heartbeats(emit, view, now_ms)
         self._count_outputs()
 

@@ -126,9 +126,12 @@ class OtlpFold(KeyedStateFold):
                     outputs = [self._failed(record, now_ms, exc)]
                 self._emit(emit, tp.partition, outputs)
         for tp in sorted(view.owned):
-            if tp in records or view.idle(tp):
+            caught_up = view.idle(tp)
+            if not caught_up:
+                self.core.hold_idle(tp.partition)
+            if tp in records or caught_up:
                 try:
-                    outputs = self.core.advance(tp.partition, now_ms)
+                    outputs = self.core.advance(tp.partition, now_ms, caught_up)
                 except Exception:  # the assembler never raises; should it, the partition's traces wait
                     log.exception("OTLP partition %d: advancing failed", tp.partition)
                     continue

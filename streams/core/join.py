@@ -564,16 +564,27 @@ class RequestJoin:
         if part is None:
             return []
         tick = self.config.idle_tick_ms
-        for clock in part.tenants.values():
-            if clock.last_wall is None:
-                clock.last_wall = now_wall_ms  # restored: start the idle clock now
-                clock.idle_base = clock.watermark
-            elif caught_up and now_wall_ms - clock.last_wall >= tick:
-                clock.watermark = max(clock.watermark, clock.idle_base + (now_wall_ms - clock.last_wall))
-                part.lead = max(part.lead, clock.watermark)
+        if not caught_up:
+            self.hold_idle(partition)
+        else:
+            for clock in part.tenants.values():
+                if clock.last_wall is None:
+                    clock.last_wall = now_wall_ms  # restored, or caught up again: start the idle clock now
+                    clock.idle_base = clock.watermark
+                elif now_wall_ms - clock.last_wall >= tick:
+                    clock.watermark = max(clock.watermark, clock.idle_base + (now_wall_ms - clock.last_wall))
+                    part.lead = max(part.lead, clock.watermark)
         out = self._release(partition, part) + self._forget_excess()
         self._drop_ages_when_below_caps()
         return out
+
+    def hold_idle(self, partition: int) -> None:
+        """The partition is not known to be caught up (a backlog, or no answer from the broker): its tenants'
+        idle clocks start again once it is, so time the join could not read it never counts as silence."""
+        part = self._partitions.get(partition)
+        if part is not None:
+            for clock in part.tenants.values():
+                clock.last_wall = None
 
     def _drop_ages_when_below_caps(self) -> None:
         if not self._ages_on or 2 * self._open > self._max_open:

@@ -68,6 +68,12 @@ class PartitionClocks:
                 clock.watermark_ns = max(clock.watermark_ns, ticked)
                 self.lead_ns = max(self.lead_ns, clock.watermark_ns)
 
+    def hold_idle(self) -> None:
+        """Not known to be caught up: every tenant's idle time starts again once the partition is, so time the
+        bridge could not read it (a backlog, the broker down) never counts as silence."""
+        for clock in self.tenants.values():
+            clock.last_wall_ms = None
+
     def effective_ns(self, clock: TenantClock, max_tenant_lag_ms: int) -> int:
         """The watermark a tenant's traces resolve by: its own, or the lead's minus the allowed lag."""
         return max(clock.watermark_ns, self.lead_ns - max_tenant_lag_ms * _NS_PER_MS)

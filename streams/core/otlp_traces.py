@@ -211,13 +211,16 @@ class TraceAssembler:
                 out.extend(self._resolve(rooted, now_ms))
         return out
 
-    def advance(self, partition: int, now_ms: float) -> list[Output]:
-        """Apply the idle tick to ``partition`` and resolve (or forget) the traces each tenant's watermark
-        passed; a tenant left without traces there loses its clock."""
+    def advance(self, partition: int, now_ms: float, caught_up: bool = True) -> list[Output]:
+        """Apply the idle tick to ``partition`` (``caught_up``: nothing is left to read there) and resolve (or
+        forget) the traces each tenant's watermark passed; a tenant left without traces there loses its clock."""
         part = self._partitions.get(partition)
         if part is None:
             return []
-        part.tick(now_ms, self.join.idle_tick_ms)
+        if caught_up:
+            part.tick(now_ms, self.join.idle_tick_ms)
+        else:
+            part.hold_idle()
         out: list[Output] = []
         for tenant, clock in list(part.tenants.items()):
             watermark = part.effective_ns(clock, self.join.max_tenant_lag_ms)
@@ -234,6 +237,13 @@ class TraceAssembler:
             if not heap:
                 del part.tenants[tenant]
         return out
+
+    def hold_idle(self, partition: int) -> None:
+        """The partition is not known to be caught up (a backlog, or no answer from the broker): its tenants'
+        idle clocks start again once it is (:meth:`PartitionClocks.hold_idle`)."""
+        part = self._partitions.get(partition)
+        if part is not None:
+            part.hold_idle()
 
     def _partition(self, partition: int) -> PartitionClocks:
         part = self._partitions.get(partition)

@@ -51,6 +51,12 @@ EXIT_BATCH_FAILED = 1
 #: A fold halted ingestion on purpose (:class:`IngestHalted`; its page was produced first).
 EXIT_INGEST_HALTED = 3
 
+#: A partition counts as caught up only while the broker answers its fetches: aiokafka asks again every
+#: ``fetch_max_wait_ms`` (0.5 s) when there is nothing new, so 5 s without an answer means the broker or the
+#: network is gone. A broker restart seen as silence moved the watermarks by the outage: an OTLP trace held
+#: for its root was resolved without it, and its spans that named no tenant were dead-lettered.
+FETCH_FRESH_MS = 5_000.0
+
 #: How long a stop waits for the last completion (records, state, commit) before leaving it uncommitted.
 SETTLE_AT_STOP_S = 30.0
 
@@ -549,11 +555,22 @@ class PartitionBatchRunner:
 
     def idle(self, tp: TopicPartition) -> bool:
         """Nothing left to fetch on ``tp``: its watermark may move on the wall clock. A partition with a
-        backlog is never idle, or requests would be emitted before their events are read. (Never
-        ``await consumer.position()`` here: it waits for the fetcher while a step holds the lock.)"""
+        backlog is never idle, or requests would be emitted before their events are read; nor is one the
+        broker has not answered a fetch of for :data:`FETCH_FRESH_MS` (the broker down, the network cut):
+        what waits there may be on its way. (Never ``await consumer.position()`` here: it waits for the
+        fetcher while a step holds the lock.)"""
         end = self._end(tp)
         done = self._next.get(tp)
-        return end is None or (done is not None and done >= end)
+        if end is None:
+            return True
+        return done is not None and done >= end and self._fetched_lately(tp)
+
+    def _fetched_lately(self, tp: TopicPartition) -> bool:
+        """The broker answered a fetch of ``tp`` (records or none) within :data:`FETCH_FRESH_MS` (aiokafka's
+        own clock, the wall clock); unknown counts as lately."""
+        assert self.consumer is not None
+        polled = self.consumer.last_poll_timestamp(tp)
+        return polled is None or time.time() * 1000.0 - polled <= FETCH_FRESH_MS
 
     def unread_backlog(self, tp: TopicPartition) -> bool:
         """Records are known to wait on ``tp`` and none of them was folded yet."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -270,3 +271,18 @@ def test_a_gauge_never_reads_drained_before_the_releases_it_counts_are_acknowled
     open_between, produced_between, open_after, produced_after = asyncio.run(fetch_then_idle_tick())
     assert (open_after, produced_after) == (0, 2)
     assert (open_between, produced_between) == (1, 1), "r2 counted neither open nor produced"
+
+
+def test_a_partition_the_broker_has_not_answered_for_is_not_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caught up by the last fetch, then no fetch answered (the broker down): not idle after FETCH_FRESH_MS,
+    so no wall-clock tick moves a watermark while what waits there may be on its way."""
+    rig = join_rig(FakeProducer())
+    runner, tp = rig.runner, rig.tp
+    runner._next[tp] = 16
+    answered = [time.time() * 1000.0]
+    monkeypatch.setattr(rig.consumer, "highwater", lambda tp: 16, raising=False)
+    monkeypatch.setattr(rig.consumer, "last_poll_timestamp", lambda tp: answered[0], raising=False)
+    assert runner.idle(tp)
+    answered[0] -= batches.FETCH_FRESH_MS + 1_000.0
+    assert not runner.idle(tp)
+    assert not runner.unread_backlog(tp)  # nothing known to wait: only not known to be caught up

@@ -344,3 +344,21 @@ def test_a_changelog_keyed_by_bare_request_id_is_rekeyed() -> None:
     feed(recovered, request()[3:])
     (record,) = tick(recovered, 0, 40_000)
     assert record["request_id"] == "r1" and record["status"] == "complete"
+
+
+def test_time_the_partition_was_not_caught_up_never_counts_as_silence() -> None:
+    """A broker outage (no fetch answered) or a backlog: the partition is not known to be caught up. Once it
+    is again, its tenants' idle time starts then; before, a 40 s outage moved the watermark 40 s at the first
+    idle fold, and a request whose first token was still on its way was emitted ``timed_out``."""
+    j = RequestJoin(CFG, W)
+    feed(j, request()[:-1], now=1_000.0)  # no first_token yet: it is on its way
+    for now in (2_000.0, 20_000.0, 41_000.0):  # the broker down: not caught up
+        assert j.advance(0, now, caught_up=False) == []
+    assert j.advance(0, 41_500.0) == []  # caught up again: the idle clock starts now
+    assert j.advance(0, 41_500.0 + 999) == []
+    assert j.watermark(0) == T0 + 400 + 900
+    feed(j, request()[-1:], now=42_600.0)  # its first token arrives after the outage
+    (r,) = j.advance(0, 42_600.0 + 2_000 + 1_000)
+    assert r["status"] == "complete"
+    j.hold_idle(0)  # what the join's fold calls for a partition it cannot read (no records, not caught up)
+    assert j.advance(0, 100_000.0) == []

@@ -208,6 +208,27 @@ def test_idle_tick_resolves_held_traces_on_wall_time() -> None:
     assert {e["stage"] for e in _events(out)} >= {"retrieval", "llm_ttft", "first_token"}
 
 
+def test_time_the_partition_was_not_caught_up_never_resolves_a_held_trace() -> None:
+    """The broker down for longer than the grace (no fetch answered, so not caught up): a trace whose tenant is
+    on its root, its children held apart under the bare trace id, waits for the root. Before, the first idle
+    fold after the outage moved the watermark by the outage, resolved the children without a tenant
+    (dead-lettered ``missing_tenant``), and the root that came next made no request: CI lost one that way."""
+    spec = _spec(i=3)  # tenant on the root, not the resource
+    asm = _assembler()
+    children = [s for s in spec.spans if s.parent]
+    asm.add_message(_spans(spec, children), 0, 0, NOW_MS)
+    assert asm.advance(0, NOW_MS) == []
+    for wait_ms in (1_000, 10_000, 40_000):  # the outage
+        assert asm.advance(0, NOW_MS + wait_ms, caught_up=False) == []
+    assert asm.advance(0, NOW_MS + 40_500) == []  # fetches answered again: the idle clock starts now
+    root = [s for s in spec.spans if not s.parent]
+    out = asm.add_message(_spans(spec, root), 0, 1, NOW_MS + 41_000)
+    assert not [o for o in out if isinstance(o, DeadLetter)]
+    assert _events(out) == _expected(spec)
+    asm.hold_idle(0)  # what the bridge's fold calls for a partition it cannot read
+    assert asm.held_traces == 0
+
+
 def test_state_packs_and_restores_mid_trace() -> None:
     spec = _spec()
     messages = exports(spec, random.Random(6), 3)

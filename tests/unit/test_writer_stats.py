@@ -187,6 +187,9 @@ class FakeConsumer:
     def highwater(self, tp: TopicPartition) -> int:
         return 10
 
+    def last_poll_timestamp(self, tp: TopicPartition) -> int | None:
+        return None
+
     def last_stable_offset(self, tp: TopicPartition) -> int | None:
         return None  # no transactions: the runner reads the high watermark
 
