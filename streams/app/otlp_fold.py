@@ -127,15 +127,15 @@ class OtlpFold(KeyedStateFold):
                 self._emit(emit, tp.partition, outputs)
         for tp in sorted(view.owned):
             caught_up = view.idle(tp)
-            if not caught_up:
-                self.core.hold_idle(tp.partition)
-            if tp in records or caught_up:
-                try:
-                    outputs = self.core.advance(tp.partition, now_ms, caught_up)
-                except Exception:  # the assembler never raises; should it, the partition's traces wait
-                    log.exception("OTLP partition %d: advancing failed", tp.partition)
-                    continue
-                self._emit(emit, tp.partition, outputs)
+            if not (tp in records or caught_up):
+                self.core.hold_idle(tp.partition)  # (advance holds them too when it is called not caught up)
+                continue
+            try:
+                outputs = self.core.advance(tp.partition, now_ms, caught_up)
+            except Exception:  # the assembler never raises; should it, the partition's traces wait
+                log.exception("OTLP partition %d: advancing failed", tp.partition)
+                continue
+            self._emit(emit, tp.partition, outputs)
 
     def _not_one_trace(self, record: ConsumerRecord[Any, Any]) -> None:
         """A message that is not one trace keyed by its id: counted, and said once per worker."""

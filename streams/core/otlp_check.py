@@ -327,16 +327,15 @@ def _check_trace(trace_id: str, spans: list[OtlpSpan], join: JoinConfig, caps: C
     later = now + join.request_timeout_ms + join.grace_ms + join.idle_tick_ms
     outputs += asm.advance(0, later)
     notes = {s.span_id: (s, note_span(s, 0)) for s in spans}
+    parents = {s.span_id: s.parent_span_id for s in spans}
     callers = {i: n.caller_stream for i, (_, n) in notes.items() if n.caller_stream is not None}
     if callers:  # as the assembler does: an LLM span that does not say takes its caller's stream flag
-        parents_of = {s.span_id: s.parent_span_id for s in spans}
-        context = TraceContext(trace_id, {}, None, False, frozenset(), parents_of, callers=callers)
+        context = TraceContext(trace_id, {}, None, False, frozenset(), parents, callers=callers)
         context.tell_streaming(n for _, n in notes.values())
     roots = [n for s, n in notes.values() if s.is_root]
-    linked = {s.span_id: s.parent_span_id for s in spans if s.parent_span_id}
+    linked = any(parents.values())
     lone = starts_at_stage(roots[0] if len(roots) == 1 else None, [n for _, n in notes.values()], linked)
     staged = [(n.stage, n) for _, n in notes.values() if n.stage is not None and n.stage not in (EMBEDDING, TOOL_CALL)]
-    parents = {s.span_id: s.parent_span_id for s in spans}
     nested = nested_duplicates(staged, parents)
     llms = [n for _, n in notes.values() if n.stage == "llm_ttft" and n.span_id not in nested]
     # Calls before the answer (tool calls, rewrites), decided as the assembler does: the answering call tells it.

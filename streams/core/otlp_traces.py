@@ -422,7 +422,7 @@ class TraceAssembler:
                 self.counters.spans["not_stage"] += 1
             state.handled.add(state.root.span_id)
         state.first_token_explicit = ctx.explicit_first_token
-        self.counters.cut_off += starts_at_stage(root, notes, state.parents)
+        self.counters.cut_off += starts_at_stage(root, notes, bool(state.parents))
         state.resolved = True
         state.notes.clear()
         state.root = waiting
@@ -706,12 +706,13 @@ class TraceAssembler:
 _NOT_CUT_OFF: Final = frozenset({None, "request_start", "first_token"})
 
 
-def starts_at_stage(root: SpanNote | None, notes: list[SpanNote], parents: dict[str, str]) -> bool:
+def starts_at_stage(root: SpanNote | None, notes: list[SpanNote], linked: bool) -> bool:
     """A resolved trace starts at a stage span (``AssemblerCounters.cut_off``; ``ttft otel check``'s ``LONE_SPAN``):
-    its root is one and it is alone (no span has a parent), or it is no LLM span and the trace has none."""
+    its root is one and it is alone (``linked``: some span has a parent), or it is no LLM span and the trace has
+    none."""
     if root is None or root.stage in _NOT_CUT_OFF:
         return False
-    return not parents or not any(n.stage == "llm_ttft" for n in notes)
+    return not linked or not any(n.stage == "llm_ttft" for n in notes)
 
 
 def resolve_due_ns(first_start_ns: int, last_end_ns: int, first_token_known: bool, join: JoinConfig) -> int:
