@@ -243,6 +243,7 @@ class WindowCloser:
         records: list[dict[str, Any]],
         *,
         polled_s: float,
+        answered: bool = True,
         serialised: Serialised | None = None,
         vacated: Iterable[int] = (),
     ) -> None:
@@ -250,6 +251,8 @@ class WindowCloser:
 
         ``polled_s``: how long the poll that brought this batch waited for messages. Without records (an
         empty poll, or one of dead letters or heartbeats only) it adds to the idle time; records reset it.
+        ``answered``: False when the broker had not answered the writer's fetches (down, or cut off): the
+        idle time restarts, as the join's does, since what the join emits meanwhile is on its way.
         ``serialised``: ``id(record) -> (record, the bytes it was decoded from)`` (see WindowMemory.add).
         ``vacated``: windows a stored request left in this batch (its start moved, e.g. a late
         request_start): a closed one is computed again like an amended one (an open one's close reads the
@@ -275,7 +278,7 @@ class WindowCloser:
         else:
             self.memory.add(held, serialised)
         self.metrics.window_held_records.set(self.memory.held_records)
-        self._idle_s = 0.0 if records else self._idle_s + max(0.0, polled_s)
+        self._idle_s = 0.0 if records or not answered else self._idle_s + max(0.0, polled_s)
         if self.all_partitions is not None and not self.request_partitions:
             return  # between assignments this writer owns nothing: it closes and judges nothing
         if owner and not self.was_owner:
@@ -319,7 +322,8 @@ class WindowCloser:
         timeout and grace (a request may stay open that long before it is emitted). When the writer's polls
         waited ``windows.idle_close_s`` (default: that same timeout + grace) in all without bringing a record,
         the wall clock stands in, so a stopped join or historical traffic still closes its windows. Time spent
-        blocked on the store is not idle time: after an outage the join's backlog is still to come.
+        blocked on the store is not idle time: after an outage the join's backlog is still to come. Nor is
+        time the broker did not answer the writer's fetches: the idle time restarts once it answers again.
 
         With several writers (``shared``), the progress is ``cluster``: every partition's, as all writers
         recorded it.

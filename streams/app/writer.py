@@ -201,6 +201,12 @@ class StoreWriter:
         never the time spent in the store (see WindowCloser.on_records)."""
         return self.runner.last_poll_s
 
+    @property
+    def last_poll_answered(self) -> bool:
+        """Whether the broker answered this writer's fetches when the latest poll returned: a poll it did
+        not answer (an outage) restarts the window closer's idle time instead of adding to it."""
+        return self.runner.last_poll_answered
+
     def request_partitions(self) -> list[int]:
         """The ``ttft.requests`` partitions this writer currently owns."""
         if self.consumer is None:

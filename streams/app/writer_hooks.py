@@ -17,6 +17,7 @@ from streams.app.gate_board import GateBoard
 from streams.app.metrics import WorkerMetrics
 from streams.app.store_outage import halt_page
 from streams.app.window_closer import WindowCloser
+from streams.kafka.produce import RETRY_S, retriable
 from streams.kafka.topics import kafka_client_kwargs
 from streams.rules.links import AlertLinks, placeholder_problem
 from streams.rules.model import AlertTransition
@@ -42,13 +43,14 @@ def alert_links(settings: Settings) -> AlertLinks:
 
 
 class TopicPublisher:
-    """Produces aggregate rows; ``flush`` waits until the broker acknowledged them."""
+    """Produces aggregate rows; ``flush`` waits until the broker acknowledged them (a broker outage delays a
+    flush instead of failing it, as for the runner's producer)."""
 
     def __init__(self, settings: Settings) -> None:
         self.producer = AIOKafkaProducer(
             linger_ms=10, max_batch_size=1_048_576, acks="all", **kafka_client_kwargs(settings)
         )
-        self._pending: list[asyncio.Future[Any]] = []
+        self._pending: list[tuple[tuple[str, bytes, bytes], asyncio.Future[Any]]] = []
 
     async def start(self) -> None:
         await self.producer.start()
@@ -58,14 +60,25 @@ class TopicPublisher:
         await self.producer.stop()
 
     async def publish(self, topic: str, key: bytes, value: bytes) -> None:
-        self._pending.append(await self.producer.send(topic, value=value, key=key))
+        self._pending.append(((topic, key, value), await self.producer.send(topic, value=value, key=key)))
         if len(self._pending) >= 5_000:
             await self.flush()
 
     async def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if pending:
-            await asyncio.gather(*pending)
+        """Wait for every row published so far; a row the broker refused with a retriable error (an outage
+        past the request timeout) is sent again until it is taken (:mod:`streams.kafka.produce`)."""
+        while self._pending:
+            pending, self._pending = self._pending, []
+            results = await asyncio.gather(*(future for _, future in pending), return_exceptions=True)
+            again = [message for (message, _), r in zip(pending, results, strict=True) if isinstance(r, BaseException)]
+            for r in results:
+                if isinstance(r, BaseException) and not retriable(r):
+                    raise r
+            if again:
+                log.warning("%d aggregate rows not taken by the broker; sending them again", len(again))
+                await asyncio.sleep(RETRY_S)
+                for topic, key, value in again:
+                    self._pending.append(((topic, key, value), await self.producer.send(topic, value=value, key=key)))
 
 
 async def resume(settings: Settings, closer: WindowCloser, alerting: AlertingHook) -> None:
@@ -162,7 +175,13 @@ async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics)
         closer.request_partitions = writer.request_partitions()
         closer.all_partitions = writer.all_request_partitions()
         vacated, writer.vacated = writer.vacated, set()
-        await closer.on_records(records, polled_s=writer.last_poll_s, serialised=writer.batch_values, vacated=vacated)
+        await closer.on_records(
+            records,
+            polled_s=writer.last_poll_s,
+            answered=writer.last_poll_answered,
+            serialised=writer.batch_values,
+            vacated=vacated,
+        )
         await publisher.flush()
 
     writer.hooks.append(on_batch)

@@ -7,7 +7,8 @@ things become durable. Per fetch:
 1. ``getmany`` returns up to ``batch_max`` records; nothing is committed yet (auto-commit is off).
 2. The fold (a Faust agent under ``ttft worker``, see :mod:`streams.app.agents`) folds the records of the
    partitions it owns, advances the partitions that are idle, and appends what it emits to ``outputs``.
-3. The outputs are produced, one producer batch per target partition, and **awaited**.
+3. The outputs are produced, one producer batch per target partition, and **awaited** (through a broker
+   outage of any length: :mod:`streams.kafka.produce`).
 4. When a checkpoint is due (every ``state_every_ms``, or once ``state_every_events`` were folded since
    the last one), the fold's dirty state goes to its compacted changelog and is **awaited**.
 5. Only then are the offsets of every fetch folded up to that checkpoint committed.
@@ -40,6 +41,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.partitioner import DefaultPartitioner
 
 from streams.kafka.positions import fetched_position
+from streams.kafka.produce import produce_batches
 from streams.kafka.topics import ensure_named_topics, kafka_client_kwargs
 from streams.kafka.unreadable import UNREADABLE_ERRORS, salvage
 from streams.settings import Settings
@@ -250,24 +252,6 @@ class Completion:
         return bool(self.outputs or self.state or self.commits)
 
 
-async def produce_batches(producer: AIOKafkaProducer, outputs: Outputs) -> None:
-    """One producer batch per (topic, partition), all sent, then all acknowledgements awaited (explicit
-    partitions: no per-message partitioner)."""
-    futures: list[asyncio.Future[Any]] = []
-    for (topic, partition), items in outputs.items():
-        batch = producer.create_batch()
-        for key, value in items:
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
-                batch = producer.create_batch()
-                if batch.append(key=key, value=value, timestamp=None) is None:
-                    raise ValueError(f"a message for {topic}[{partition}] exceeds the producer's batch size")
-        if batch.record_count():
-            futures.append(await producer.send_batch(batch, topic, partition=partition))
-    if futures:
-        await asyncio.gather(*futures)
-
-
 def exit_uncommitted(what: str) -> None:
     """End the process now, with nothing of the failed batch (or any later one) committed."""
     log.critical("%s; exiting so a restart replays it", what, exc_info=True)
@@ -316,6 +300,14 @@ class PartitionBatchRunner:
         self._last_state_ms = 0.0
         #: Seconds the latest poll waited for messages (the writer's idle clock counts only these).
         self.last_poll_s = 0.0
+        #: Whether the broker answered the fetches of every assigned partition lately when the latest poll
+        #: returned (:meth:`answering`); the writer's idle clock restarts when it did not.
+        self.last_poll_answered = True
+        #: When the latest step began (the runner's monotonic clock), and whether the one before it began
+        #: more than FETCH_FRESH_MS earlier: the runner was stalled (a produce waiting out a broker outage,
+        #: the host starved) and saw nothing of its partitions meanwhile, so none of them is idle this step.
+        self._step_began: float | None = None
+        self._stalled = False
         self._readers: dict[str, Any] = {}
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -370,6 +362,7 @@ class PartitionBatchRunner:
                     log.error("%s: a fetched record cannot be read (%s); reading each partition alone", c.name, exc)
                     batch = await salvage(self.consumer, await self._folded_to(), c.poll_ms, c.batch_max)
                 self.last_poll_s = max(0.0, self._clock() - started)
+                self.last_poll_answered = self.answering()
                 if self._stopping.is_set():
                     break  # fetched, not folded, not committed: the next owner reads it again
                 async with self._lock:
@@ -457,6 +450,8 @@ class PartitionBatchRunner:
         with ``pipelined``. ``state_due``: checkpoint now, whatever the interval."""
         c, m = self.config, self.metrics
         now = self._wall() * 1000.0
+        began, self._step_began = self._step_began, self._clock()
+        self._stalled = began is not None and (self._step_began - began) * 1000.0 > FETCH_FRESH_MS
         records: dict[TopicPartition, Sequence[ConsumerRecord[Any, Any]]] = {}
         events = 0
         for tp, items in batch.items():
@@ -557,13 +552,23 @@ class PartitionBatchRunner:
         """Nothing left to fetch on ``tp``: its watermark may move on the wall clock. A partition with a
         backlog is never idle, or requests would be emitted before their events are read; nor is one the
         broker has not answered a fetch of for :data:`FETCH_FRESH_MS` (the broker down, the network cut):
-        what waits there may be on its way. (Never ``await consumer.position()`` here: it waits for the
-        fetcher while a step holds the lock.)"""
+        what waits there may be on its way; nor is any partition in the first step after the runner stalled
+        for longer than that (it waited out a produce, say), since it saw nothing of what came meanwhile.
+        (Never ``await consumer.position()`` here: it waits for the fetcher while a step holds the lock.)"""
+        if self._stalled:
+            return False
         end = self._end(tp)
         done = self._next.get(tp)
         if end is None:
             return True
         return done is not None and done >= end and self._fetched_lately(tp)
+
+    def answering(self) -> bool:
+        """The broker answered a fetch of every assigned partition within :data:`FETCH_FRESH_MS`: an empty poll
+        now means nothing was sent, not that the broker could not be asked (a paused partition is not
+        fetched, so it does not count as answered either)."""
+        assert self.consumer is not None
+        return all(self._fetched_lately(tp) for tp in self.consumer.assignment())
 
     def _fetched_lately(self, tp: TopicPartition) -> bool:
         """The broker answered a fetch of ``tp`` (records or none) within :data:`FETCH_FRESH_MS` (aiokafka's

@@ -273,6 +273,38 @@ def test_a_gauge_never_reads_drained_before_the_releases_it_counts_are_acknowled
     assert (open_between, produced_between) == (1, 1), "r2 counted neither open nor produced"
 
 
+def test_no_partition_is_idle_in_the_first_step_after_the_runner_stalled() -> None:
+    """A step that waited out a broker outage (its produce retried for a minute) saw nothing of what the
+    producers buffered meanwhile: the next fold must not take that minute for silence (CI, with the broker
+    down 45 s: held OTLP traces resolved without their roots). The idle clock restarts there instead."""
+    clock, mono = [T0 + 11_000], [100.0]
+    rig = join_rig(FakeProducer(), clock=clock)
+    runner = rig.runner
+    runner._clock = lambda: mono[0]
+
+    def released() -> int:
+        return sum(key != WATERMARK_KEY for _, key, _ in rig.producer.values(rig.output))
+
+    async def stall_then_ticks() -> tuple[tuple[bool, int], float]:
+        await runner.process(rig.fetch(10))  # r1 released; r2 open
+        clock[0] += 60_000.0  # a step that began a minute after the one before
+        mono[0] += 60.0
+        await runner.process({})
+        stalled = (runner.idle(rig.tp), released())
+        waited = 0.0
+        while released() < 2 and waited < 120.0:  # then a step every 0.5 s, as the run loop polls
+            clock[0] += 500.0
+            mono[0] += 0.5
+            waited += 0.5
+            await runner.process({})
+        return stalled, waited
+
+    stalled, waited = asyncio.run(stall_then_ticks())
+    assert stalled == (False, 1), "the stalled step took its minute for silence and released r2"
+    j = rig.fold.settings.join
+    assert waited >= j.request_timeout_ms / 1000.0  # r2's idle time runs from after the stall
+
+
 def test_a_partition_the_broker_has_not_answered_for_is_not_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     """Caught up by the last fetch, then no fetch answered (the broker down): not idle after FETCH_FRESH_MS,
     so no wall-clock tick moves a watermark while what waits there may be on its way."""

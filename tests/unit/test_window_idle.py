@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -200,3 +201,59 @@ def test_writer_blocked_on_the_store_does_not_close_windows_but_empty_polls_do()
     assert seen[:3] == [(1, 0.0, False), (0, 0.0, False), (1, 0.0, False)]  # the outage hour closed nothing
     assert len(closer.closed) == 1  # ...and empty polls did, after idle_close_s of them
     assert consumer.empty_polls == round(IDLE_CLOSE_S / POLL_S)
+
+
+def test_time_the_broker_did_not_answer_restarts_the_idle_time() -> None:
+    """A broker outage longer than idle_close_s is not silence: the empty polls it made restart the idle
+    time (what the join emits meanwhile is on its way), so windows close idle_close_s after the broker
+    answers again, never on the wall clock during the outage."""
+    clock = Clock()
+    closer = closer_at(clock)
+    asyncio.run(closer.on_records([record("r-1")], polled_s=0.01))
+    empty_polls(closer, clock, IDLE_CLOSE_S / 2)
+    for _ in range(round(2 * IDLE_CLOSE_S / POLL_S)):  # an outage of twice idle_close_s
+        clock.now += POLL_S
+        asyncio.run(closer.on_records([], polled_s=POLL_S, answered=False))
+    assert closer.closed == {} and closer.watermark is None
+    empty_polls(closer, clock, IDLE_CLOSE_S - 1)
+    assert closer.closed == {}
+    empty_polls(closer, clock, 1)
+    assert len(closer.closed) == 1
+
+
+class OutageConsumer(ScriptedConsumer):
+    """Owns one partition; the broker stops answering its fetches after ``answered`` empty polls and for
+    ``unanswered`` more (aiokafka's last_poll_timestamp goes stale), then answers again."""
+
+    def __init__(self, clock: Clock, batches: list[dict[TopicPartition, list[Any]]], answered: int, unanswered: int):
+        super().__init__(clock, batches)
+        self.outage = range(answered + 1, answered + unanswered + 1)
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition("ttft.requests", 0)}
+
+    def last_poll_timestamp(self, tp: TopicPartition) -> int:
+        stale_s = 60.0 if self.empty_polls in self.outage else 0.0
+        return int((time.time() - stale_s) * 1000)
+
+
+def test_the_writer_tells_the_closer_when_the_broker_did_not_answer() -> None:
+    clock = Clock()
+    answered, unanswered = round(IDLE_CLOSE_S / 2 / POLL_S), round(2 * IDLE_CLOSE_S / POLL_S)
+    requests = TopicPartition("ttft.requests", 0)
+    consumer = OutageConsumer(clock, [{requests: [record_message(0, record("r-1"))]}], answered, unanswered)
+    writer = StoreWriter(settings(), WorkerMetrics("writer", "w-1"), stats_interval_s=None, clock=clock)
+    writer.client = OutageClient(clock)
+    writer.consumer = consumer  # type: ignore[assignment]
+    closer = closer_at(clock)
+
+    async def on_batch(records: list[dict[str, Any]]) -> None:  # as writer_hooks.install_hooks wires it
+        await closer.on_records(records, polled_s=writer.last_poll_s, answered=writer.last_poll_answered)
+        if closer.closed or consumer.empty_polls > 4 * IDLE_CLOSE_S / POLL_S:
+            await writer.stop()
+
+    writer.hooks.append(on_batch)
+    asyncio.run(asyncio.wait_for(writer.run(), timeout=30))
+    assert len(closer.closed) == 1
+    # closed idle_close_s of answered polls after the outage, not idle_close_s after the last record
+    assert consumer.empty_polls == answered + unanswered + round(IDLE_CLOSE_S / POLL_S)

@@ -1,0 +1,86 @@
+"""Producing a step's outputs through a broker outage (streams.kafka.produce)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from aiokafka.errors import LeaderNotAvailableError, MessageSizeTooLargeError
+
+from streams.kafka.produce import produce_batches
+from tests.support.fake_kafka import FakeBatch
+
+
+class OutageProducer:
+    """Fails every batch with ``error`` for the first ``failures`` sends, as aiokafka does when a partition
+    has had no leader for longer than the request timeout; then takes them. ``capacity``: messages per batch."""
+
+    def __init__(self, failures: int, error: Exception, capacity: int = 1_000) -> None:
+        self.failures = failures
+        self.error = error
+        self.capacity = capacity
+        self.sends = 0
+        self.taken: list[tuple[str, int, list[tuple[bytes | None, bytes | None]]]] = []
+
+    def create_batch(self) -> Any:
+        producer = self
+
+        class Bounded(FakeBatch):
+            def append(self, *, key: bytes | None, value: bytes | None, timestamp: Any) -> object | None:
+                return (
+                    None
+                    if len(self.items) >= producer.capacity
+                    else super().append(key=key, value=value, timestamp=timestamp)
+                )
+
+        return Bounded()
+
+    async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.sends += 1
+        if self.sends <= self.failures:
+            fut.set_exception(self.error)
+        else:
+            self.taken.append((topic, partition, list(batch.items)))
+            fut.set_result(None)
+        return fut
+
+
+def _outputs(n: int) -> dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]]:
+    return {("t.requests", 0): [(b"k%d" % i, b"v%d" % i) for i in range(n)], ("t.dead", 1): [(None, b"bad")]}
+
+
+def test_a_batch_refused_for_want_of_a_leader_is_sent_again_until_taken(caplog: pytest.LogCaptureFixture) -> None:
+    """An outage past the request timeout (aiokafka expires the batch with LeaderNotAvailableError even when
+    idempotent) delays the step; it never fails it, and every message is taken exactly once."""
+    producer = OutageProducer(failures=7, error=LeaderNotAvailableError())
+    with caplog.at_level(logging.INFO, logger="ttft.produce"):
+        asyncio.run(produce_batches(producer, _outputs(3), retry_s=0.0))  # type: ignore[arg-type]
+    assert sorted(producer.taken) == [
+        ("t.dead", 1, [(None, b"bad")]),
+        ("t.requests", 0, [(b"k0", b"v0"), (b"k1", b"v1"), (b"k2", b"v2")]),
+    ]
+    assert "not taken by the broker" in caplog.text and "took the batches it refused" in caplog.text
+
+
+def test_only_the_refused_batches_are_sent_again() -> None:
+    """Batches of one target partition that were taken are not sent twice when another was refused."""
+    producer = OutageProducer(failures=1, error=LeaderNotAvailableError(), capacity=2)
+    asyncio.run(produce_batches(producer, {("t", 0): [(None, b"%d" % i) for i in range(5)]}, retry_s=0.0))  # type: ignore[arg-type]
+    messages = [value for _, _, items in producer.taken for _, value in items]
+    assert sorted(messages) == [b"0", b"1", b"2", b"3", b"4"]  # the first batch (0, 1) once, after its retry
+
+
+def test_an_error_a_retry_cannot_cure_fails_the_step() -> None:
+    producer = OutageProducer(failures=1, error=MessageSizeTooLargeError())
+    with pytest.raises(MessageSizeTooLargeError):
+        asyncio.run(produce_batches(producer, _outputs(1), retry_s=0.0))  # type: ignore[arg-type]
+
+
+def test_a_message_larger_than_a_batch_is_refused_before_anything_is_sent() -> None:
+    producer = OutageProducer(failures=0, error=LeaderNotAvailableError(), capacity=0)
+    with pytest.raises(ValueError, match="exceeds the producer's batch size"):
+        asyncio.run(produce_batches(producer, _outputs(1), retry_s=0.0))  # type: ignore[arg-type]
+    assert producer.sends == 0
