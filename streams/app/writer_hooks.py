@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from streams.alerting.alertmanager import AlertmanagerClient
 from streams.alerting.outbox import DeliveryOptions, run_delivery_loop
@@ -17,7 +18,7 @@ from streams.app.gate_board import GateBoard
 from streams.app.metrics import WorkerMetrics
 from streams.app.store_outage import halt_page
 from streams.app.window_closer import WindowCloser
-from streams.kafka.produce import RETRY_S, retriable
+from streams.kafka.produce import Retry, retriable
 from streams.kafka.topics import kafka_client_kwargs
 from streams.rules.links import AlertLinks, placeholder_problem
 from streams.rules.model import AlertTransition
@@ -60,25 +61,41 @@ class TopicPublisher:
         await self.producer.stop()
 
     async def publish(self, topic: str, key: bytes, value: bytes) -> None:
-        self._pending.append(((topic, key, value), await self.producer.send(topic, value=value, key=key)))
+        self._pending.append(((topic, key, value), await self._send(topic, key, value)))
         if len(self._pending) >= 5_000:
             await self.flush()
+
+    async def _send(self, topic: str, key: bytes, value: bytes) -> asyncio.Future[Any]:
+        """Queue one row; while the broker is away (no metadata for the topic within the request timeout),
+        try again (:mod:`streams.kafka.produce`)."""
+        retry = Retry("aggregate row(s)")
+        while True:
+            try:
+                future: asyncio.Future[Any] = await self.producer.send(topic, value=value, key=key)
+            except KafkaError as error:
+                await retry.after(1, error)
+                continue
+            retry.done()
+            return future
 
     async def flush(self) -> None:
         """Wait for every row published so far; a row the broker refused with a retriable error (an outage
         past the request timeout) is sent again until it is taken (:mod:`streams.kafka.produce`)."""
+        retry = Retry("aggregate row(s)")
         while self._pending:
             pending, self._pending = self._pending, []
             results = await asyncio.gather(*(future for _, future in pending), return_exceptions=True)
-            again = [message for (message, _), r in zip(pending, results, strict=True) if isinstance(r, BaseException)]
-            for r in results:
-                if isinstance(r, BaseException) and not retriable(r):
-                    raise r
+            again = [
+                (message, r) for (message, _), r in zip(pending, results, strict=True) if isinstance(r, BaseException)
+            ]
+            for _, error in again:
+                if not retriable(error):
+                    raise error
             if again:
-                log.warning("%d aggregate rows not taken by the broker; sending them again", len(again))
-                await asyncio.sleep(RETRY_S)
-                for topic, key, value in again:
-                    self._pending.append(((topic, key, value), await self.producer.send(topic, value=value, key=key)))
+                await retry.after(len(again), again[0][1])
+                for (topic, key, value), _ in again:
+                    self._pending.append(((topic, key, value), await self._send(topic, key, value)))
+        retry.done()
 
 
 async def resume(settings: Settings, closer: WindowCloser, alerting: AlertingHook) -> None:

@@ -1,9 +1,10 @@
 """Producing what a step emitted, through broker outages of any length.
 
 aiokafka fails a batch once it is older than ``request_timeout_ms`` (40 s by default) and the broker has
-still not taken it: the error is retriable (``NodeNotReadyError``, ``LeaderNotAvailableError``,
-``RequestTimedOutError``), it is what a broker restart slower than that looks like, and failing the step
-there would end the worker for an outage its consumer rides out. So a chunk that fails with a *retriable*
+still not taken it, and a send to a topic whose metadata it could not fetch in that time: the error is
+retriable (``NodeNotReadyError``, ``LeaderNotAvailableError``, ``UnknownTopicOrPartitionError``), it is what
+a broker restart slower than that looks like, and failing the step there would end the worker for an
+outage its consumer rides out. So a chunk that fails with a *retriable*
 error is sent again, every :data:`RETRY_S`, until the broker takes it; anything else still fails the step
 (the process then exits uncommitted, :func:`streams.kafka.batches.exit_uncommitted`).
 
@@ -73,38 +74,66 @@ async def send_chunk(producer: AIOKafkaProducer, chunk: Chunk) -> asyncio.Future
     return future
 
 
+class Retry:
+    """Paces and logs what the broker refused: the first refusal, then every :data:`RETRY_LOG_EVERY_S`."""
+
+    def __init__(self, what: str, retry_s: float | None = None) -> None:
+        self.what, self.retry_s = what, RETRY_S if retry_s is None else retry_s
+        self.since: float | None = None
+        self._logged = 0.0
+
+    async def after(self, refused: int, error: BaseException) -> None:
+        """Wait before sending ``refused`` items again; raise ``error`` when no retry can cure it."""
+        if not retriable(error):
+            raise error
+        now = time.monotonic()
+        if self.since is None or now - self._logged >= RETRY_LOG_EVERY_S:
+            self.since = now if self.since is None else self.since
+            self._logged = now
+            log.warning(
+                "%d %s not taken by the broker (%s); sending them again every %.1f s (for %.0f s so far); "
+                "nothing is committed until they are",
+                refused,
+                self.what,
+                error,
+                self.retry_s,
+                now - self.since,
+            )
+        await asyncio.sleep(self.retry_s)
+
+    def done(self) -> None:
+        if self.since is not None:
+            log.warning("the broker took the %s it refused, after %.1f s", self.what, time.monotonic() - self.since)
+
+
+def refused(error: BaseException) -> asyncio.Future[Any]:
+    """A send that failed before it was queued (aiokafka waits ``request_timeout_ms`` for the topic's
+    metadata, then raises), as a failed acknowledgement."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return future
+
+
 async def produce_batches(
-    producer: AIOKafkaProducer, outputs: dict[tuple[str, int], list[Message]], *, retry_s: float = RETRY_S
+    producer: AIOKafkaProducer, outputs: dict[tuple[str, int], list[Message]], *, retry_s: float | None = None
 ) -> None:
-    """One producer batch per (topic, partition) run, all sent, then every acknowledgement awaited; the
-    chunks that failed with a retriable error are sent again until the broker takes them."""
+    """One producer batch per (topic, partition) run, sent in order, then every acknowledgement awaited; the
+    chunks refused with a retriable error are sent again until the broker takes them."""
+    retry = Retry("producer batch(es)", retry_s)
     pending = chunks(producer, outputs)
-    first_failure: float | None = None
-    logged = 0.0
     while pending:
-        futures = [await send_chunk(producer, chunk) for chunk in pending]
+        futures: list[asyncio.Future[Any]] = []
+        for chunk in pending:
+            try:
+                futures.append(await send_chunk(producer, chunk))
+            except KafkaError as exc:
+                futures.append(refused(exc))
         results = await asyncio.gather(*futures, return_exceptions=True)
         failed = [(chunk, r) for chunk, r in zip(pending, results, strict=True) if isinstance(r, BaseException)]
         for _, error in failed:
             if not retriable(error):
                 raise error
         pending = [chunk for chunk, _ in failed]
-        if not pending:
-            break
-        now = time.monotonic()
-        if first_failure is None or now - logged >= RETRY_LOG_EVERY_S:
-            first_failure = first_failure if first_failure is not None else now
-            logged = now
-            log.warning(
-                "%d producer batch(es) not taken by the broker (%s, first %s[%d]); sending them again every %.1f s "
-                "(for %.0f s so far); nothing is committed until they are",
-                len(pending),
-                failed[0][1],
-                pending[0][0],
-                pending[0][1],
-                retry_s,
-                now - first_failure,
-            )
-        await asyncio.sleep(retry_s)
-    if first_failure is not None:
-        log.info("the broker took the batches it refused, after %.1f s", time.monotonic() - first_failure)
+        if pending:
+            await retry.after(len(pending), failed[0][1])
+    retry.done()

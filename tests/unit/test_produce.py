@@ -7,9 +7,17 @@ import logging
 from typing import Any
 
 import pytest
-from aiokafka.errors import LeaderNotAvailableError, MessageSizeTooLargeError
+from aiokafka.errors import (
+    LeaderNotAvailableError,
+    MessageSizeTooLargeError,
+    NodeNotReadyError,
+    UnknownTopicOrPartitionError,
+)
 
+from streams.app.writer_hooks import TopicPublisher
+from streams.kafka import produce
 from streams.kafka.produce import produce_batches
+from streams.settings import Settings
 from tests.support.fake_kafka import FakeBatch
 
 
@@ -62,7 +70,7 @@ def test_a_batch_refused_for_want_of_a_leader_is_sent_again_until_taken(caplog: 
         ("t.dead", 1, [(None, b"bad")]),
         ("t.requests", 0, [(b"k0", b"v0"), (b"k1", b"v1"), (b"k2", b"v2")]),
     ]
-    assert "not taken by the broker" in caplog.text and "took the batches it refused" in caplog.text
+    assert "not taken by the broker" in caplog.text and "took the producer batch(es) it refused" in caplog.text
 
 
 def test_only_the_refused_batches_are_sent_again() -> None:
@@ -84,3 +92,63 @@ def test_a_message_larger_than_a_batch_is_refused_before_anything_is_sent() -> N
     with pytest.raises(ValueError, match="exceeds the producer's batch size"):
         asyncio.run(produce_batches(producer, _outputs(1), retry_s=0.0))  # type: ignore[arg-type]
     assert producer.sends == 0
+
+
+class NoMetadataProducer(OutageProducer):
+    """``send_batch`` itself raises for the first ``failures`` calls, as aiokafka does when it could not
+    fetch the topic's metadata within the request timeout (the broker down when the topic was first used)."""
+
+    async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        if self.sends < self.failures:
+            self.sends += 1
+            raise UnknownTopicOrPartitionError()
+        self.sends += 1
+        self.taken.append((topic, partition, list(batch.items)))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+
+def test_a_send_refused_before_it_was_queued_is_sent_again() -> None:
+    """The writer's CI fault run with the broker down 45 s: the first send to a topic waited 40 s for its
+    metadata and raised UnknownTopicOrPartitionError, which ended the writer."""
+    producer = NoMetadataProducer(failures=3, error=UnknownTopicOrPartitionError())
+    asyncio.run(produce_batches(producer, _outputs(2), retry_s=0.0))  # type: ignore[arg-type]
+    assert sorted(topic for topic, _, _ in producer.taken) == ["t.dead", "t.requests"]
+
+
+class FlakyPublisherProducer:
+    """aiokafka's per-message ``send``: raises for the first ``raise_first`` calls, then returns acknowledgements
+    of which the first ``fail_first`` fail with a retriable error."""
+
+    def __init__(self, raise_first: int, fail_first: int) -> None:
+        self.raise_first, self.fail_first = raise_first, fail_first
+        self.calls = 0
+        self.taken: list[bytes] = []
+
+    async def send(self, topic: str, *, value: bytes, key: bytes) -> asyncio.Future[Any]:
+        self.calls += 1
+        if self.calls <= self.raise_first:
+            raise UnknownTopicOrPartitionError()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.calls <= self.raise_first + self.fail_first:
+            fut.set_exception(NodeNotReadyError())
+        else:
+            self.taken.append(value)
+            fut.set_result(None)
+        return fut
+
+
+def test_the_writers_aggregate_rows_ride_out_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(produce, "RETRY_S", 0.0)
+    producer = FlakyPublisherProducer(raise_first=2, fail_first=2)
+
+    async def publish_and_flush() -> None:
+        publisher = TopicPublisher(Settings())
+        publisher.producer = producer  # type: ignore[assignment]
+        for i in range(3):
+            await publisher.publish("t.stage-windows", b"k", b"%d" % i)
+        await publisher.flush()
+
+    asyncio.run(publish_and_flush())
+    assert sorted(producer.taken) == [b"0", b"1", b"2"]
