@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -37,7 +38,6 @@ RETRY_LOG_EVERY_S = 30.0
 
 Key = bytes | None
 Message = tuple[Key, bytes | None]
-Chunk = tuple[str, int, list[Message]]
 
 
 def retriable(result: object) -> bool:
@@ -45,32 +45,45 @@ def retriable(result: object) -> bool:
     return isinstance(result, KafkaError) and bool(getattr(result, "retriable", False))
 
 
+@dataclass
+class Chunk:
+    """One producer batch's worth of one target partition's messages."""
+
+    topic: str
+    partition: int
+    messages: list[Message] = field(default_factory=list)
+    #: Built while splitting, for the first send; a send again builds a new one (a sent batch is spent).
+    batch: Any = None
+
+
 def chunks(producer: AIOKafkaProducer, outputs: dict[tuple[str, int], list[Message]]) -> list[Chunk]:
-    """Split each target partition's messages into runs that each fit one producer batch."""
+    """Split each target partition's messages into runs that each fit one producer batch (each message is
+    appended once: the batches built here are the ones the first send uses)."""
     out: list[Chunk] = []
     for (topic, partition), items in outputs.items():
-        batch, run = producer.create_batch(), list[Message]()
+        chunk = Chunk(topic, partition, batch=producer.create_batch())
         for key, value in items:
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                if not run:
+            if chunk.batch.append(key=key, value=value, timestamp=None) is None:
+                if not chunk.messages:
                     raise ValueError(f"a message for {topic}[{partition}] exceeds the producer's batch size")
-                out.append((topic, partition, run))
-                batch, run = producer.create_batch(), list[Message]()
-                if batch.append(key=key, value=value, timestamp=None) is None:
+                out.append(chunk)
+                chunk = Chunk(topic, partition, batch=producer.create_batch())
+                if chunk.batch.append(key=key, value=value, timestamp=None) is None:
                     raise ValueError(f"a message for {topic}[{partition}] exceeds the producer's batch size")
-            run.append((key, value))
-        if run:
-            out.append((topic, partition, run))
+            chunk.messages.append((key, value))
+        if chunk.messages:
+            out.append(chunk)
     return out
 
 
 async def send_chunk(producer: AIOKafkaProducer, chunk: Chunk) -> asyncio.Future[Any]:
     """Send one chunk as one batch to its explicit partition (no per-message partitioner)."""
-    topic, partition, messages = chunk
-    batch = producer.create_batch()
-    for key, value in messages:
-        batch.append(key=key, value=value, timestamp=None)
-    future: asyncio.Future[Any] = await producer.send_batch(batch, topic, partition=partition)
+    batch, chunk.batch = chunk.batch, None
+    if batch is None:
+        batch = producer.create_batch()
+        for key, value in chunk.messages:
+            batch.append(key=key, value=value, timestamp=None)
+    future: asyncio.Future[Any] = await producer.send_batch(batch, chunk.topic, partition=chunk.partition)
     return future
 
 
