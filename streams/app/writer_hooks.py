@@ -61,7 +61,10 @@ class TopicPublisher:
         await self.producer.stop()
 
     async def publish(self, topic: str, key: bytes, value: bytes) -> None:
-        self._pending.append(((topic, key, value), await self._send(topic, key, value)))
+        # Queued first, then listed: a flush that began while this send waited must not miss its row (the
+        # list to append to is read after the await, never before it).
+        future = await self._send(topic, key, value)
+        self._pending.append(((topic, key, value), future))
         if len(self._pending) >= 5_000:
             await self.flush()
 
@@ -94,7 +97,8 @@ class TopicPublisher:
             if again:
                 await retry.after(len(again), again[0][1])
                 for (topic, key, value), _ in again:
-                    self._pending.append(((topic, key, value), await self._send(topic, key, value)))
+                    future = await self._send(topic, key, value)
+                    self._pending.append(((topic, key, value), future))
         retry.done()
 
 

@@ -152,3 +152,44 @@ def test_the_writers_aggregate_rows_ride_out_an_outage(monkeypatch: pytest.Monke
 
     asyncio.run(publish_and_flush())
     assert sorted(producer.taken) == [b"0", b"1", b"2"]
+
+
+class SlowSendProducer:
+    """``send`` yields to the loop before it returns its (already acknowledged or pending) future."""
+
+    def __init__(self) -> None:
+        self.acks: list[asyncio.Future[Any]] = []
+
+    async def send(self, topic: str, *, value: bytes, key: bytes) -> asyncio.Future[Any]:
+        await asyncio.sleep(0.01)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.acks.append(fut)
+        return fut
+
+
+def test_a_row_published_while_a_flush_waits_is_awaited_by_a_flush() -> None:
+    """A window close publishes while the writer's batch hook flushes: its row must land in a list some
+    flush awaits (it used to go into the list the running flush had taken, unawaited; CI: the zip of that
+    list with its acknowledgements came up short and the writer exited)."""
+    producer = SlowSendProducer()
+
+    async def concurrent() -> tuple[bool, int]:
+        publisher = TopicPublisher(Settings())
+        publisher.producer = producer  # type: ignore[assignment]
+        await publisher.publish("t", b"k", b"0")
+        late = asyncio.create_task(publisher.publish("t", b"k", b"1"))  # its send is waiting
+        flushing = asyncio.create_task(publisher.flush())
+        await asyncio.sleep(0)
+        producer.acks[0].set_result(None)
+        await late
+        await flushing
+        waiting = len(publisher._pending)
+        second = asyncio.create_task(publisher.flush())
+        await asyncio.sleep(0)
+        done_before_ack = second.done()
+        producer.acks[1].set_result(None)
+        await second
+        return done_before_ack, waiting
+
+    done_before_ack, waiting = asyncio.run(concurrent())
+    assert waiting == 1 and not done_before_ack  # the late row waits for the next flush, which awaits its ack
