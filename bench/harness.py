@@ -18,8 +18,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streams.kafka.broker import LocalBroker, free_port
+from streams.kafka.broker import LocalBroker
 from streams.kafka.topics import ensure_topics, kafka_client_kwargs
+from streams.ports import free_port
 from streams.settings import TOPIC_NAMES, Settings
 from streams.sim.produce import ProduceReport, produce_messages
 from streams.sim.scenarios import DEFAULT_TENANTS

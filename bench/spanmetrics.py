@@ -258,7 +258,7 @@ async def _read_topic(
 
 
 def _free_otel_ports() -> OtelCollectorConfig:
-    from streams.kafka.broker import free_port
+    from streams.ports import free_port
 
     ports: set[int] = set()
     while len(ports) < 4:

@@ -27,6 +27,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from streams.alerting.outbox import topic_partitions
 from streams.kafka.topics import kafka_client_kwargs
+from streams.ports import free_port
 from streams.settings import Settings
 
 
@@ -107,14 +108,6 @@ def _metric(port: int, name: str) -> float:
     return 0.0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_replay(
     settings: Settings,
     plan: ReplayPlan,
@@ -135,7 +128,7 @@ def run_replay(
     procs: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:
         for role in roles:
-            port = _free_port()
+            port = free_port()
             cmd = [
                 sys.executable,
                 "-m",

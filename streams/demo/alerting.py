@@ -17,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from streams.demo.processes import ChildProcess, ProcessSet, free_port, wait_http_ok
+from streams.demo.processes import ChildProcess, ProcessSet, wait_http_ok
+from streams.ports import free_port
 
 ALERTMANAGER_BINARY = "prometheus-alertmanager"
 #: Alertmanager's API v2 endpoint the writer posts alerts to (streams/alerting/alertmanager.py).

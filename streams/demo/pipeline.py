@@ -20,8 +20,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streams.demo.processes import ChildProcess, ProcessSet, free_port
+from streams.demo.processes import ChildProcess, ProcessSet
 from streams.kafka.topics import kafka_client_kwargs
+from streams.ports import free_port
 from streams.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -41,11 +41,12 @@ from streams.demo.pipeline import (
     wait_healthy,
 )
 from streams.demo.plan import DEMO_TENANTS, OTEL_DEMO_TENANTS, OTEL_TENANT, DemoPlan, plan_demo
-from streams.demo.processes import ChildProcess, ProcessSet, free_port
+from streams.demo.processes import ChildProcess, ProcessSet
 from streams.demo.summary import DemoResults, collect_results, render_results, story_problems
 from streams.demo.view import DemoView, clock, describe_labels
 from streams.kafka.broker import LocalBroker, missing_prerequisite
 from streams.otel.collector import CollectorError, LocalCollector, default_binary, missing_binary
+from streams.ports import free_port
 from streams.settings import OtelCollectorConfig, Settings
 from streams.store.live import store_holder
 

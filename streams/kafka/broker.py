@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streams.kafka.topics import wait_for_broker
+from streams.ports import free_port, port_is_free
 
 log = logging.getLogger(__name__)
 _BIND_ATTEMPTS = 3
@@ -86,25 +86,6 @@ def missing_prerequisite(libs: Path | None = None) -> str | None:
     if not any(libs.glob("kafka_2.13-*.jar")):
         return f"the Kafka jars are missing in {libs}: run `make kafka-jars`"
     return None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """True if nothing listens on ``host:port`` (a bind succeeds)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def _new_cluster_id() -> str:

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from streams.kafka.broker import pid_alive, port_is_free, set_parent_death_signal
+from streams.kafka.broker import pid_alive, set_parent_death_signal
+from streams.ports import port_is_free
 from streams.settings import OtelCollectorConfig, OtlpConfig
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -24,8 +24,9 @@ from pydantic import SecretStr
 from streams.kafka.acls import bound_topic, grant_bound_producer
 from streams.kafka.broker import LocalBroker, missing_prerequisite
 from streams.kafka.topics import ensure_topics, kafka_client_kwargs
+from streams.ports import free_port
 from streams.settings import Settings, load_settings
-from tests.support.pipeline import Pipeline, free_port, group_lag, pipeline_env
+from tests.support.pipeline import Pipeline, group_lag, pipeline_env
 from tests.support.traffic import build_traffic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e, pytest.mark.clickhouse, pytest.mark.timeout(420)]

@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 from clickhouse_connect.driver.client import Client
 
 from streams.core.windows import aggregate_windows
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 from streams.rules.model import RuleEvaluation
 from streams.settings import Settings
 from streams.store.aggregates_store import insert_window_aggregates

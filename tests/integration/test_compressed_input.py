@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 from tests.fixtures.otel import OtelCollectorHandle
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_drained, pipeline_env
 from tests.support.traffic import build_traffic, wrong_values

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from streams.ports import free_port
 from streams.settings import Settings
 from tests.support.pipeline import REPO, Pipeline, pipeline_env
-from tests.support.scenarios import free_port
 
 TTFT = str(Path(sys.executable).with_name("ttft"))
 #: Every check starts processes dozens of times (tens of seconds each): not for the fast tier.

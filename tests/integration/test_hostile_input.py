@@ -15,7 +15,7 @@ import orjson
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 from tests.support.pipeline import Pipeline, pipeline_drained, pipeline_env, produce_sync
 from tests.support.records import make_record
 

@@ -17,18 +17,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streams.alerting.outbox import DeliveryState
+from streams.ports import free_port
 from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce_sync, read_topic
 from tests.support.traffic import build_traffic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e, pytest.mark.clickhouse]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _produce_to_partition(
@@ -63,8 +56,8 @@ def test_unparseable_flood_on_one_partition_is_quarantined_and_every_tenant_keep
     topic, bootstrap = kafka_settings.topic("stage-events"), kafka_settings.kafka_bootstrap
     app = f"app-{kafka_settings.topic_prefix}"
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         asyncio.run(_produce_to_partition(bootstrap, topic, 3, [b"{not json at all"] * 1_000))
@@ -137,7 +130,7 @@ def test_a_quarantine_survives_a_join_killed_and_restarted_and_its_page_fires_on
         pipe.wait_for(lambda: group_lag(bootstrap, group, [topic]) == 0, 120, "the join to drain")
 
     try:
-        join = pipe.start("join", _free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(join)
         asyncio.run(_produce_to_partition(bootstrap, topic, 3, [b"{not json at all"] * 600))
         drained()
@@ -145,7 +138,7 @@ def test_a_quarantine_survives_a_join_killed_and_restarted_and_its_page_fires_on
         join.proc.send_signal(signal.SIGKILL)
         join.proc.wait(10)
 
-        again = pipe.start("join", _free_port())
+        again = pipe.start("join", free_port())
         pipe.wait_healthy(again)
         assert health(again) == [source], again.log()[-3000:]  # held again, from its claim
         asyncio.run(_produce_to_partition(bootstrap, topic, 3, [b"\x00\xffgarbage"] * 600))  # still broken
@@ -203,8 +196,8 @@ def test_two_join_workers_quarantining_one_producer_page_once_and_a_kill_hands_t
         pipe.wait_for(lambda: group_lag(bootstrap, group, [topic]) == 0, 120, "the joins to drain")
 
     try:
-        a = pipe.start("join", _free_port(), worker_id="join-a")
-        b = pipe.start("join", _free_port(), worker_id="join-b")
+        a = pipe.start("join", free_port(), worker_id="join-a")
+        b = pipe.start("join", free_port(), worker_id="join-b")
         pipe.wait_healthy(a)
         pipe.wait_healthy(b)
         pipe.wait_for(lambda: _owned(a) and _owned(b) and _owned(a) | _owned(b) == everyone, 90, "a split")
@@ -251,7 +244,7 @@ def test_one_tenants_bad_deploy_is_quarantined_and_everyone_else_keeps_flowing(
     pipe = Pipeline(env, tmp_path)
     topic = kafka_settings.topic("stage-events")
     try:
-        join = pipe.start("join", _free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(join)
         produce_sync(kafka_settings.kafka_bootstrap, topic, flood)
         produce_sync(kafka_settings.kafka_bootstrap, topic, good.messages)
@@ -287,8 +280,8 @@ def test_a_store_refusing_every_insert_pages_ttft_ingest_halted_and_resolves_whe
         return [(a["alertname"], a["state"]) for a in transitions if a["alertname"] == "TTFTIngestHalted"]
 
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         down.touch()

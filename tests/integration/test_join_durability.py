@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -37,17 +36,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from streams.core.watermarks import WATERMARK_KEY
+from streams.ports import free_port
 from tests.integration.test_scaleout import owned_partitions
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, produce_sync, read_topic
 from tests.support.traffic import Traffic, build_traffic, wrong_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def request_records(settings: Any) -> list[dict[str, Any]]:

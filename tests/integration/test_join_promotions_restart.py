@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.integration.test_join_durability import free_port
+from streams.ports import free_port
 from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce_sync
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]

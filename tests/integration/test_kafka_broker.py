@@ -18,8 +18,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from pydantic import SecretStr
 
-from streams.kafka.broker import LocalBroker, free_port, missing_prerequisite
+from streams.kafka.broker import LocalBroker, missing_prerequisite
 from streams.kafka.topics import ensure_topics, faust_broker_kwargs, kafka_client_kwargs, wait_for_broker
+from streams.ports import free_port
 from streams.settings import TOPIC_NAMES, Settings, load_settings
 from tests.fixtures.kafka import KafkaBrokerHandle
 

@@ -31,7 +31,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.partitioner import DefaultPartitioner
 
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 from tests.support.pipeline import Pipeline, pipeline_drained, pipeline_env, topic_partitions
 from tests.support.traffic import build_traffic, wrong_values
 

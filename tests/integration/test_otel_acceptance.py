@@ -25,8 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from streams.core.otlp_traces import resolve_due_ns
 from streams.emit import StageEmitter
-from streams.kafka.broker import free_port
 from streams.kafka.topics import ensure_topics
+from streams.ports import free_port
 from streams.settings import JoinConfig, Settings
 from tests.fixtures.otel import OtelCollectorHandle
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, read_topic_partitions

@@ -29,10 +29,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from streams.kafka.broker import free_port
 from streams.kafka.topics import ensure_topics
 from streams.otel.collector import AUTH_OVERLAY
 from streams.otel.tokens import make_keys, mint
+from streams.ports import free_port
 from streams.settings import Settings
 from tests.fixtures.otel import OtelCollectorHandle
 from tests.support.otlp_traffic import TraceSpec, build_trace, request_message

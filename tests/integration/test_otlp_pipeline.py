@@ -11,7 +11,6 @@ import asyncio
 import math
 import random
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 
 from streams.emit import StageEmitter
 from streams.kafka.topics import ensure_named_topics, ensure_topics
+from streams.ports import free_port
 from streams.settings import Settings
 from tests.support.otlp_traffic import (
     TraceSpec,
@@ -45,12 +45,6 @@ DEAD_REASONS = ("missing_tenant", "otlp_decode")
 #: Epoch-ms floats near 1.8e12 are spaced 2.4e-4 ms apart, so a difference of two (ttft_ms) is exact to that.
 TIME_TOLERANCE_MS = 1e-3
 STAGE_SPANS = frozenset({"POST /ask", "retrieve", "embed", "rerank", "assemble", "llm"})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _traces(

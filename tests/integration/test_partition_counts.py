@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from streams.alerting.outbox import topic_partitions
-from streams.kafka.broker import free_port
 from streams.kafka.topics import ensure_named_topics
+from streams.ports import free_port
 from tests.support.pipeline import Pipeline, group_lag, pipeline_env, produce
 from tests.support.traffic import build_traffic, wrong_values
 

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from streams.ports import free_port
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_drained, pipeline_env, produce_sync
 from tests.support.traffic import Traffic, build_traffic, wrong_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 N_REQUESTS = 10_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _traffic() -> Traffic:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from streams.ports import free_port
 from tests.support.pipeline import REPO, Pipeline, group_lag, pipeline_env, produce_sync
 from tests.support.traffic import build_traffic
 
@@ -31,14 +32,6 @@ SNAPSHOT_QUERIES = {
         "ORDER BY source_partition, source_offset"
     ),
 }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _LAST: dict[str, float] = {}
@@ -64,8 +57,8 @@ def test_replay_of_a_run_leaves_every_table_unchanged(kafka_settings: Any, tmp_p
     app = env["TTFT_APP_ID"]
     produced_from_ms = int(time.time() * 1000) - 1_000
     try:
-        writer = pipe.start("writer", _free_port())
-        join = pipe.start("join", _free_port())
+        writer = pipe.start("writer", free_port())
+        join = pipe.start("join", free_port())
         pipe.wait_healthy(writer)
         pipe.wait_healthy(join)
         produce_sync(settings.kafka_bootstrap, settings.topic("stage-events"), traffic.messages)

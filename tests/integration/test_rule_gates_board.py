@@ -16,7 +16,7 @@ import pytest
 from streams.alerting.outbox import alert_message
 from streams.app.join_guard import quarantine_transition
 from streams.core.guard import PRODUCER, Source
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 from streams.settings import load_settings
 from tests.support.pipeline import REPO, Pipeline, pipeline_env, produce_sync
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import threading
 import time
 import urllib.request
@@ -20,6 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams.ports import free_port
 from tests.integration.test_pipeline_e2e import _check_store
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env, produce_sync
 from tests.support.traffic import build_traffic
@@ -28,12 +28,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 N_REQUESTS = 10_000
 MOVE_BUDGET_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def owned_partitions(worker: WorkerProcess) -> set[int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pydantic import SecretStr
 from streams.alerting.alertmanager import AlertmanagerClient
 from streams.kafka.broker import LocalBroker, missing_prerequisite
 from streams.kafka.topics import kafka_client_kwargs
+from streams.ports import free_port
 from streams.settings import Settings, load_settings
 from streams.store.client import StoreUnavailable, make_client
 from tests.integration.test_pipeline_e2e import _check_store
@@ -32,12 +32,6 @@ from tests.support.pipeline import REPO, Pipeline, WorkerProcess, group_lag, pip
 from tests.support.traffic import build_traffic
 
 SASL_USER = "ttft-svc"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _marker(kind: str) -> str:

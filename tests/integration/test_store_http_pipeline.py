@@ -23,7 +23,7 @@ import orjson
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 from tests.support.pipeline import REPO, Pipeline, group_lag, pipeline_env, produce_sync
 from tests.support.store_http import canonical_rows, dashboard_queries, go_client, run_go
 from tests.support.traffic import build_traffic

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -17,27 +16,13 @@ import pytest
 
 from streams.kafka.broker import LocalBroker, missing_prerequisite
 from streams.kafka.topics import ensure_topics
+from streams.ports import free_ports
 from streams.settings import load_settings
 from tests.integration.test_pipeline_e2e import _check_store
 from tests.support.pipeline import Pipeline, WorkerProcess, pipeline_drained, pipeline_env, produce_sync
 from tests.support.traffic import build_traffic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(420)]
-
-
-def _free_pair() -> int:
-    """A port p with p + 1 free too (the supervisor gives the writer p and the join p + 1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 def _alive(pid: int) -> bool:
@@ -54,7 +39,7 @@ def _children(home: Path) -> list[int]:
 
 def _start(pipe: Pipeline) -> tuple[WorkerProcess, WorkerProcess, WorkerProcess]:
     """(supervisor, its writer's metrics, its join's metrics)."""
-    port = _free_pair()
+    port = free_ports(2)[0]  # the supervisor gives the writer port and the join port + 1
     supervisor = pipe.start("all", port)
     writer = WorkerProcess("writer", supervisor.proc, port, supervisor.log_path)
     join = WorkerProcess("join", supervisor.proc, port + 1, supervisor.log_path)

@@ -22,7 +22,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 from tests.support.pipeline import Pipeline, pipeline_drained, pipeline_env
 from tests.support.traffic import build_traffic, wrong_values
 

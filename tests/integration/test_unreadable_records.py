@@ -19,8 +19,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.kafka.broker import free_port
 from streams.kafka.topics import ensure_named_topics
+from streams.ports import free_port
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_env
 from tests.support.traffic import build_traffic, wrong_values
 

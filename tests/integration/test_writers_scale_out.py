@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 from tests.support.faults import canary_traffic
 from tests.support.pipeline import REPO, Pipeline, pipeline_env, produce_sync
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streams.ports import free_port
 from streams.store.shutdown import exit_process
 from tests.support.pipeline import REPO, Pipeline, WorkerProcess, group_lag, pipeline_env
 
@@ -286,12 +286,6 @@ def _rows_differ(name: str, a: list[dict[str, Any]], b: list[dict[str, Any]], li
 
 
 # --- the runner ---------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

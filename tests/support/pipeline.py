@@ -22,7 +22,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,6 @@ import asyncio
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import numpy as np
 import orjson
 import yaml
 
+from streams.ports import free_port
 from streams.settings import Settings
 from streams.sim.model import simulate_request
 from streams.sim.scenarios import ROUTING_SPECULATIVE
@@ -48,12 +48,6 @@ IDLE_HEARTBEAT_BUG = (
     "a watermark heartbeat carried the wall clock before any event arrived, so every historical window "
     "closes on its first batch and the rule engine never judges the rest"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def historical_start_ms(hours_ago: float) -> int:

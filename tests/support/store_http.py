@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from streams.grafana.macros import QueryContext, Variable, expand_query, panel_interval_ms
-from streams.kafka.broker import free_port
+from streams.ports import free_port
 from streams.settings import Settings
 from streams.store.http_interface import StoreHttpInterface
 from tests.support.panel_check import queries
