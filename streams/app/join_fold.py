@@ -101,6 +101,7 @@ def join_runner_metrics(metrics: WorkerMetrics) -> RunnerMetrics:
         unacked=metrics.unacked_events,
         batches=metrics.batches,
         lag=metrics.consumer_lag,
+        refused=metrics.produce_refused.labels("batch"),
         health=metrics.health,
     )
 

@@ -116,6 +116,13 @@ class WorkerMetrics:
             "ttft_rule_evaluations", "Rule evaluations by rule and outcome", ["rule", "outcome"], registry=r
         )
         self.batches = Counter("ttft_batches", "Processing batches", registry=r)
+        self.produce_refused = Counter(
+            "ttft_produce_refused",
+            "Producer batches (what=batch) or aggregate rows (what=row) the broker refused with a retriable error, "
+            "sent again every second until taken; grows while the broker is away longer than the request timeout",
+            ["what"],
+            registry=r,
+        )
         self.otlp_messages = Counter("ttft_otlp_messages", "OTLP span messages consumed and committed", registry=r)
         self.otlp_spans = Counter(
             "ttft_otlp_spans",

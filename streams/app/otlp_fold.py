@@ -73,7 +73,9 @@ def keyed_by_trace(key: bytes | None, spans: Sequence[OtlpSpan]) -> bool:
 
 
 def otlp_runner_metrics(metrics: WorkerMetrics) -> RunnerMetrics:
-    return RunnerMetrics(acked=metrics.otlp_messages, lag=metrics.consumer_lag)
+    return RunnerMetrics(
+        acked=metrics.otlp_messages, lag=metrics.consumer_lag, refused=metrics.produce_refused.labels("batch")
+    )
 
 
 class OtlpFold(KeyedStateFold):

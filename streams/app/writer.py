@@ -154,7 +154,11 @@ class StoreWriter:
             owns_partitions=False,
         )
         runner_metrics = RunnerMetrics(
-            unacked=metrics.unacked_records, batches=metrics.batches, lag=metrics.consumer_lag, health=metrics.health
+            unacked=metrics.unacked_records,
+            batches=metrics.batches,
+            lag=metrics.consumer_lag,
+            refused=metrics.produce_refused.labels("batch"),
+            health=metrics.health,
         )
         #: Consume → this fold → commit; ``submit`` is where the Faust agent takes the fetch (streams/app/agents.py).
         self.runner = PartitionBatchRunner(

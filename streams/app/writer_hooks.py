@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 
 from streams.alerting.alertmanager import AlertmanagerClient
 from streams.alerting.outbox import DeliveryOptions, run_delivery_loop
@@ -18,7 +17,7 @@ from streams.app.gate_board import GateBoard
 from streams.app.metrics import WorkerMetrics
 from streams.app.store_outage import halt_page
 from streams.app.window_closer import WindowCloser
-from streams.kafka.produce import Retry, retriable
+from streams.kafka.produce import Retry, queued, settle
 from streams.kafka.topics import kafka_client_kwargs
 from streams.rules.links import AlertLinks, placeholder_problem
 from streams.rules.model import AlertTransition
@@ -43,15 +42,21 @@ def alert_links(settings: Settings) -> AlertLinks:
     return AlertLinks(rules.grafana_url, rules.runbook_base_url, settings.windows.window_s * 1000.0)
 
 
+#: An aggregate row: topic, key, value.
+Row = tuple[str, bytes, bytes]
+
+
 class TopicPublisher:
     """Produces aggregate rows; ``flush`` waits until the broker acknowledged them (a broker outage delays a
     flush instead of failing it, as for the runner's producer)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, refused: Any = None) -> None:
+        #: Counts the rows the broker refused with a retriable error (``ttft_produce_refused_total``).
+        self.refused = refused
         self.producer = AIOKafkaProducer(
             linger_ms=10, max_batch_size=1_048_576, acks="all", **kafka_client_kwargs(settings)
         )
-        self._pending: list[tuple[tuple[str, bytes, bytes], asyncio.Future[Any]]] = []
+        self._pending: list[tuple[Row, asyncio.Future[Any]]] = []
 
     async def start(self) -> None:
         await self.producer.start()
@@ -63,43 +68,26 @@ class TopicPublisher:
     async def publish(self, topic: str, key: bytes, value: bytes) -> None:
         # Queued first, then listed: a flush that began while this send waited must not miss its row (the
         # list to append to is read after the await, never before it).
-        future = await self._send(topic, key, value)
-        self._pending.append(((topic, key, value), future))
-        if len(self._pending) >= 5_000:
+        row = (topic, key, value)
+        future = await queued(self._send, row)
+        self._pending.append((row, future))
+        # Done at once only when refused before it was queued (no metadata for the topic within the request
+        # timeout: the broker is away): the flush sends it again until the broker is back.
+        if future.done() or len(self._pending) >= 5_000:
             await self.flush()
 
-    async def _send(self, topic: str, key: bytes, value: bytes) -> asyncio.Future[Any]:
-        """Queue one row; while the broker is away (no metadata for the topic within the request timeout),
-        try again (:mod:`streams.kafka.produce`)."""
-        retry = Retry("aggregate row(s)")
-        while True:
-            try:
-                future: asyncio.Future[Any] = await self.producer.send(topic, value=value, key=key)
-            except KafkaError as error:
-                await retry.after(1, error)
-                continue
-            retry.done()
-            return future
+    async def _send(self, row: Row) -> asyncio.Future[Any]:
+        topic, key, value = row
+        future: asyncio.Future[Any] = await self.producer.send(topic, value=value, key=key)
+        return future
 
     async def flush(self) -> None:
         """Wait for every row published so far; a row the broker refused with a retriable error (an outage
         past the request timeout) is sent again until it is taken (:mod:`streams.kafka.produce`)."""
-        retry = Retry("aggregate row(s)")
+        retry = Retry("aggregate row(s)", counter=self.refused)
         while self._pending:
-            pending, self._pending = self._pending, []
-            results = await asyncio.gather(*(future for _, future in pending), return_exceptions=True)
-            again = [
-                (message, r) for (message, _), r in zip(pending, results, strict=True) if isinstance(r, BaseException)
-            ]
-            for _, error in again:
-                if not retriable(error):
-                    raise error
-            if again:
-                await retry.after(len(again), again[0][1])
-                for (topic, key, value), _ in again:
-                    future = await self._send(topic, key, value)
-                    self._pending.append(((topic, key, value), future))
-        retry.done()
+            sent, self._pending = self._pending, []
+            await settle(sent, self._send, retry)
 
 
 async def resume(settings: Settings, closer: WindowCloser, alerting: AlertingHook) -> None:
@@ -134,7 +122,7 @@ async def _show_gates(writer: Any, settings: Settings, metrics: WorkerMetrics, p
 
 async def install_hooks(writer: Any, settings: Settings, metrics: WorkerMetrics) -> WindowCloser:
     """Attach the window closer, the rule engine and (with an Alertmanager URL) the delivery loop."""
-    publisher = TopicPublisher(settings)
+    publisher = TopicPublisher(settings, refused=metrics.produce_refused.labels("row"))
     await publisher.start()
     closer = WindowCloser(settings, metrics, writer.store_call, publisher.publish, background=True)
     alerting = AlertingHook(

@@ -205,6 +205,8 @@ class RunnerMetrics:
     unacked: Any = None
     batches: Any = None
     lag: Any = None
+    #: Producer batches the broker refused with a retriable error (sent again), streams.kafka.produce.
+    refused: Any = None
     health: dict[str, Any] = field(default_factory=dict)
 
 
@@ -536,7 +538,7 @@ class PartitionBatchRunner:
         if self._fault is not None:
             self._fault(outputs)
         assert self.producer is not None, "this fold emitted outputs, but its runner has no output topics"
-        await produce_batches(self.producer, outputs)
+        await produce_batches(self.producer, outputs, counter=self.metrics.refused)
 
     def _refetch_later(self, tp: TopicPartition, offset: int) -> None:
         """Records of a partition whose state is not restored yet: never fold them, never skip them. The

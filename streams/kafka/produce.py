@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -38,6 +39,7 @@ RETRY_LOG_EVERY_S = 30.0
 
 Key = bytes | None
 Message = tuple[Key, bytes | None]
+T = TypeVar("T")
 
 
 def retriable(result: object) -> bool:
@@ -90,8 +92,10 @@ async def send_chunk(producer: AIOKafkaProducer, chunk: Chunk) -> asyncio.Future
 class Retry:
     """Paces and logs what the broker refused: the first refusal, then every :data:`RETRY_LOG_EVERY_S`."""
 
-    def __init__(self, what: str, retry_s: float | None = None) -> None:
+    def __init__(self, what: str, retry_s: float | None = None, counter: Any = None) -> None:
         self.what, self.retry_s = what, RETRY_S if retry_s is None else retry_s
+        #: A Prometheus counter (or None) that counts every refusal, ``ttft_produce_refused_total``.
+        self.counter = counter
         self.since: float | None = None
         self._logged = 0.0
 
@@ -99,6 +103,8 @@ class Retry:
         """Wait before sending ``refused`` items again; raise ``error`` when no retry can cure it."""
         if not retriable(error):
             raise error
+        if self.counter is not None:
+            self.counter.inc(refused)
         now = time.monotonic()
         if self.since is None or now - self._logged >= RETRY_LOG_EVERY_S:
             self.since = now if self.since is None else self.since
@@ -117,6 +123,7 @@ class Retry:
     def done(self) -> None:
         if self.since is not None:
             log.warning("the broker took the %s it refused, after %.1f s", self.what, time.monotonic() - self.since)
+            self.since = None
 
 
 def refused(error: BaseException) -> asyncio.Future[Any]:
@@ -127,26 +134,48 @@ def refused(error: BaseException) -> asyncio.Future[Any]:
     return future
 
 
-async def produce_batches(
-    producer: AIOKafkaProducer, outputs: dict[tuple[str, int], list[Message]], *, retry_s: float | None = None
+async def queued(send: Callable[[T], Awaitable[asyncio.Future[Any]]], item: T) -> asyncio.Future[Any]:
+    """``send(item)``'s acknowledgement; a send refused before it was queued gives a failed one."""
+    try:
+        return await send(item)
+    except KafkaError as exc:
+        return refused(exc)
+
+
+async def settle(
+    sent: list[tuple[T, asyncio.Future[Any]]], send: Callable[[T], Awaitable[asyncio.Future[Any]]], retry: Retry
 ) -> None:
-    """One producer batch per (topic, partition) run, sent in order, then every acknowledgement awaited; the
-    chunks refused with a retriable error are sent again until the broker takes them."""
-    retry = Retry("producer batch(es)", retry_s)
-    pending = chunks(producer, outputs)
-    while pending:
-        futures: list[asyncio.Future[Any]] = []
-        for chunk in pending:
-            try:
-                futures.append(await send_chunk(producer, chunk))
-            except KafkaError as exc:
-                futures.append(refused(exc))
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        failed = [(chunk, r) for chunk, r in zip(pending, results, strict=True) if isinstance(r, BaseException)]
+    """Await every acknowledgement of ``sent`` (item, acknowledgement) pairs; the items refused with a
+    retriable error are sent again, paced by ``retry``, until the broker takes them; anything else raises."""
+    while sent:
+        results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+        failed = [(item, r) for (item, _), r in zip(sent, results, strict=True) if isinstance(r, BaseException)]
         for _, error in failed:
             if not retriable(error):
                 raise error
-        pending = [chunk for chunk, _ in failed]
-        if pending:
-            await retry.after(len(pending), failed[0][1])
+        sent = []
+        if failed:
+            await retry.after(len(failed), failed[0][1])
+            for item, _ in failed:
+                sent.append((item, await queued(send, item)))
     retry.done()
+
+
+async def produce_batches(
+    producer: AIOKafkaProducer,
+    outputs: dict[tuple[str, int], list[Message]],
+    *,
+    retry_s: float | None = None,
+    counter: Any = None,
+) -> None:
+    """One producer batch per (topic, partition) run, sent in order, then every acknowledgement awaited; the
+    chunks refused with a retriable error are sent again until the broker takes them (``counter``, a Prometheus
+    counter, counts each refusal)."""
+
+    async def send(chunk: Chunk) -> asyncio.Future[Any]:
+        return await send_chunk(producer, chunk)
+
+    sent = []
+    for chunk in chunks(producer, outputs):
+        sent.append((chunk, await queued(send, chunk)))
+    await settle(sent, send, Retry("producer batch(es)", retry_s, counter=counter))

@@ -108,6 +108,11 @@ class BrokerRestart(Fault):
         ctx.wait_metric("writer", "ttft_records_written_total", above=written)
         ctx.observed["recover_s"] = round(time.monotonic() - t0, 1)
         ctx.observed["workers_survived"] = ctx.join.alive() and ctx.writer.alive()
+        # What on-call sees of it: the producers' refusals, counted (0 when nothing was in flight then).
+        ctx.observed["produce_refused"] = {
+            role: ctx.metrics(worker).get("ttft_produce_refused_total", 0.0)
+            for role, worker in (("join", ctx.join), ("writer", ctx.writer))
+        }
 
     def close(self) -> None:
         self.broker.stop()

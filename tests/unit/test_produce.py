@@ -193,3 +193,40 @@ def test_a_row_published_while_a_flush_waits_is_awaited_by_a_flush() -> None:
 
     done_before_ack, waiting = asyncio.run(concurrent())
     assert waiting == 1 and not done_before_ack  # the late row waits for the next flush, which awaits its ack
+
+
+class Tally:
+    """A counter's ``inc`` (``ttft_produce_refused_total``)."""
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+
+def test_every_refusal_is_counted_for_on_call() -> None:
+    """``ttft_produce_refused_total{what="batch"}``: 3 refusals of the 2 chunks, counted as each retry is due."""
+    producer = OutageProducer(failures=3, error=NodeNotReadyError())
+    tally = Tally()
+    asyncio.run(produce_batches(producer, _outputs(2), retry_s=0.0, counter=tally))  # type: ignore[arg-type]
+    assert tally.value == 3
+
+
+def test_a_refused_row_is_counted_and_a_row_refused_before_it_was_queued_flushes_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The publisher does not queue rows behind a broker that is away: the first row refused before it was
+    queued flushes, which sends it again until the broker is back."""
+    monkeypatch.setattr(produce, "RETRY_S", 0.0)
+    producer = FlakyPublisherProducer(raise_first=1, fail_first=0)
+    tally = Tally()
+
+    async def publish_one() -> int:
+        publisher = TopicPublisher(Settings(), refused=tally)
+        publisher.producer = producer  # type: ignore[assignment]
+        await publisher.publish("t.stage-windows", b"k", b"0")
+        return len(publisher._pending)
+
+    assert asyncio.run(publish_one()) == 0  # flushed by the publish itself
+    assert producer.taken == [b"0"] and tally.value == 1
