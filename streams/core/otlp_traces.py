@@ -418,7 +418,9 @@ class TraceAssembler:
             log.exception("OTLP trace %s: deriving prompt_assemble failed; none derived", state.trace_id)
         state.retrieved_ns = retrieved_before_late_llm(kept, ctx)
         if state.root is not None:
-            if state.root.span_id not in state.handled:
+            # A root that waits for a stage span is counted when its fate is known: a stage once a stage span
+            # starts its request, not_stage if its trace is forgotten first (_forget).
+            if state.root.span_id not in state.handled and waiting is None:
                 self.counters.spans["not_stage"] += 1
             state.handled.add(state.root.span_id)
         state.first_token_explicit = ctx.explicit_first_token
@@ -480,9 +482,10 @@ class TraceAssembler:
         stage = stage_of(note, ctx)
         state.staged = state.staged or stage is not None
         starts = not state.started and (stage == "request_start" or (is_root and state.staged))
+        waits = not starts and is_root and not state.started
         if starts:
             out.extend(self._start_events(state, note, ctx, now_ms))
-        elif is_root and not state.started:  # a late root of a trace with no stage span yet: waits for one
+        elif waits:  # a late root of a trace with no stage span yet: waits for one (counted as the root above)
             state.root = note
             state.size_bytes += note_bytes(note)
         elif stage is not None and not state.started and state.root is not None:  # the root that waited
@@ -495,7 +498,7 @@ class TraceAssembler:
             out.extend(self._late_llm_prompt(state, note, stage, ctx, now_ms))
         if stage not in (None, "request_start"):
             out.extend(self._map(state, note, ctx, now_ms))
-        elif not starts:
+        elif not starts and not waits:
             self.counters.spans["not_stage"] += 1
         state.handled.add(note.span_id)
         self._touch(state, self._partition(state.partition).clock(state.tenant))
@@ -649,6 +652,8 @@ class TraceAssembler:
     def _forget(self, key: str) -> None:
         state = self._drop(key)
         if state is not None:
+            if state.root is not None and not state.started:  # a root that waited for a stage span in vain
+                self.counters.spans["not_stage"] += 1
             self._dirty[key] = state.partition
 
     def _drop(self, key: str) -> TraceState | None:

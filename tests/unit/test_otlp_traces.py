@@ -413,6 +413,44 @@ def test_a_late_stage_span_makes_a_root_only_trace_a_request_from_its_root() -> 
     assert events[0]["ts_ms"] == root.start_ns / 1e6
 
 
+def test_a_root_that_waited_past_its_traces_resolution_is_counted_once_as_the_stage_it_became() -> None:
+    """CI, the Collector without partition_traces_by_id: a trace's root came in one message, its stage spans in
+    another on another partition after the trace had resolved. The root was counted ``not_stage`` at the
+    resolution and ``stage`` when the stage span started the request: 601 outcomes for 600 spans."""
+    asm = _assembler()
+    trace_id = "9" * 32
+    send, root = _health_check(trace_id)
+    assert asm.add_message([send, root], 0, 0, NOW_MS) == []
+    assert asm.advance(0, NOW_MS + JOIN.request_timeout_ms + JOIN.grace_ms + 10) == []  # resolved, root waits
+    start = root.start_ns + 200_000
+    retrieval = OtlpSpan(
+        trace_id,
+        "e" * 16,
+        root.span_id,
+        "retrieve",
+        start,
+        start + 300_000,
+        {"tenant.id": "acme", "openinference.span.kind": "RETRIEVER"},
+    )
+    events = _events(asm.add_message([retrieval], 0, 1, NOW_MS))
+    assert [e["stage"] for e in events] == ["request_start", "retrieval"]
+    asm.advance(0, NOW_MS + 10 * JOIN.forget_after_ms)
+    counted = {k: v for k, v in asm.counters.spans.items() if v}
+    assert counted == {"stage": 2, "not_stage": 1}  # root and retrieval; the send span
+
+
+def test_a_root_that_waits_until_its_trace_is_forgotten_is_counted_not_stage_once() -> None:
+    asm = _assembler()
+    send, root = _health_check("8" * 32)
+    asm.add_message([send], 0, 0, NOW_MS)
+    asm.advance(0, NOW_MS + JOIN.request_timeout_ms + JOIN.grace_ms + 10)
+    assert asm.add_message([root], 0, 1, NOW_MS) == []  # a late root, waiting for a stage span
+    asm.add_message([root], 0, 1, NOW_MS)  # and its replay
+    asm.advance(0, NOW_MS + 10 * JOIN.forget_after_ms)
+    counted = {k: v for k, v in asm.counters.spans.items() if v}
+    assert counted == {"not_stage": 2, "replayed": 1}
+
+
 def test_a_late_root_of_a_trace_without_stage_spans_waits_too() -> None:
     asm = _assembler()
     send, root = _health_check("f" * 32)
