@@ -377,6 +377,13 @@ def _health_check(trace_id: str = "a" * 32, tenant: str = "acme") -> list[OtlpSp
     return [send, root]
 
 
+def _late_retrieval(root: OtlpSpan) -> OtlpSpan:
+    """A retrieval span under ``root``, exported by another service after the root's."""
+    start = root.start_ns + 200_000
+    attributes = {"tenant.id": "acme", "openinference.span.kind": "RETRIEVER"}
+    return OtlpSpan(root.trace_id, "e" * 16, root.span_id, "retrieve", start, start + 300_000, attributes)
+
+
 def test_a_trace_without_a_stage_span_is_no_request() -> None:
     """A health check, a metrics scrape, a start-up job: before, its root became a request_start, and every
     probe a timed_out request of the service's tenant (completeness and the SLO down with it)."""
@@ -398,16 +405,7 @@ def test_a_late_stage_span_makes_a_root_only_trace_a_request_from_its_root() -> 
         assert packed is not None
         restored.restore(key, packed, partition)
     root = spans[1]
-    start = root.start_ns + 200_000
-    retrieval = OtlpSpan(
-        trace_id,
-        "e" * 16,
-        root.span_id,
-        "retrieve",
-        start,
-        start + 300_000,
-        {"tenant.id": "acme", "openinference.span.kind": "RETRIEVER"},
-    )
+    retrieval = _late_retrieval(root)
     events = _events(restored.add_message([retrieval], 0, 1, NOW_MS))
     assert [(e["stage"], e["event_id"]) for e in events] == [("request_start", root.span_id), ("retrieval", "e" * 16)]
     assert events[0]["ts_ms"] == root.start_ns / 1e6
@@ -422,16 +420,7 @@ def test_a_root_that_waited_past_its_traces_resolution_is_counted_once_as_the_st
     send, root = _health_check(trace_id)
     assert asm.add_message([send, root], 0, 0, NOW_MS) == []
     assert asm.advance(0, NOW_MS + JOIN.request_timeout_ms + JOIN.grace_ms + 10) == []  # resolved, root waits
-    start = root.start_ns + 200_000
-    retrieval = OtlpSpan(
-        trace_id,
-        "e" * 16,
-        root.span_id,
-        "retrieve",
-        start,
-        start + 300_000,
-        {"tenant.id": "acme", "openinference.span.kind": "RETRIEVER"},
-    )
+    retrieval = _late_retrieval(root)
     events = _events(asm.add_message([retrieval], 0, 1, NOW_MS))
     assert [e["stage"] for e in events] == ["request_start", "retrieval"]
     asm.advance(0, NOW_MS + 10 * JOIN.forget_after_ms)
