@@ -41,3 +41,15 @@ def test_prometheus_rules_use_the_pipelines_labels_annotations_and_runbook_secti
         assert isinstance(annotations, dict) and {"summary", "description", "runbook_url"} <= set(annotations)
         assert annotations["runbook_url"] == runbook_url("", name)
         assert f"\n## {name}\n" in runbook
+
+
+def test_a_broker_refusing_output_pages_from_prometheus_on_the_counter_the_workers_expose() -> None:
+    """The workers ride a broker outage out (streams/kafka/produce.py); the pipeline's own alerts wait behind the
+    broker too, so the page for a long one comes from Prometheus."""
+    (rule,) = [r for r in _rules() if r["alert"] == "TTFTProduceRefused"]
+    metrics = WorkerMetrics("join", "j1")
+    metrics.produce_refused.labels("batch").inc(3)
+    exposed = generate_latest(metrics.registry).decode()
+    (series,) = re.findall(r"\bttft_\w+", str(rule["expr"]))
+    assert f'{series}{{what="batch"}} 3.0' in exposed, "the rule reads the counter the workers expose"
+    assert rule["labels"]["severity"] == "page" and rule["for"] == "10m"  # type: ignore[index]
