@@ -29,10 +29,12 @@ _handed_out: set[int] = set()
 _next: int | None = None
 
 
-def port_is_free(host: str, port: int) -> bool:
-    """True if nothing listens on ``host:port`` (a bind succeeds)."""
+def port_is_free(host: str, port: int, *, reuse_addr: bool = True) -> bool:
+    """True if nothing listens on ``host:port`` (a bind succeeds); without ``reuse_addr`` a port a listener has
+    just closed (TIME_WAIT) counts as taken too."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_addr:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -86,13 +88,7 @@ def _ephemeral_low() -> int:
 
 
 def _bindable(host: str, port: int) -> bool:
-    # No SO_REUSEADDR: a port a listener has just closed (TIME_WAIT) is skipped too.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
+    return port_is_free(host, port, reuse_addr=False)
 
 
 def _kernel_ports(count: int, host: str) -> list[int]:
