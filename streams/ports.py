@@ -8,25 +8,36 @@ EADDRINUSE), and every outgoing connection takes its source port from that range
 So :func:`free_port` takes ports *below* the ephemeral range, never hands one out twice in a process, and
 only hands out one it could bind just now. Each pytest-xdist worker has its own block of that space and each
 process starts at a random place in its block, so processes started side by side rarely even look at the
-same ports. Where the ephemeral range leaves too little room below it, it falls back to the kernel's choice,
-still never twice.
+same ports. Processes that share a block (a test and the demo it starts inherit its xdist worker) also
+never hand out the same port at once: a port handed out is reserved by an advisory lock on a file named after
+it (``$TMPDIR/ttft-ports-<uid>/<port>``), held until :data:`HELD` later ports have been handed out or the
+process ends (the kernel drops the locks of a dead process, so nothing is left to clean up). Where the
+ephemeral range leaves too little room below it, it falls back to the kernel's choice, still never twice.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import socket
+import tempfile
 import threading
+from collections import deque
 from pathlib import Path
 
 _LOWEST = 10_000
 _BLOCK = 1_000
 _RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: Where the ports' lock files live (one per port ever reserved on this host by this user, empty files).
+LOCK_DIR = Path(tempfile.gettempdir()) / f"ttft-ports-{os.getuid()}"
+#: How many of the latest ports a process keeps reserved (one open file each); by then the oldest is bound.
+HELD = 128
 
 _lock = threading.Lock()
 _handed_out: set[int] = set()
 _next: int | None = None
+_held: deque[int] = deque()  # the lock files' descriptors, oldest first
 
 
 def port_is_free(host: str, port: int, *, reuse_addr: bool = True) -> bool:
@@ -62,6 +73,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             run = list(range(base, base + count))
             if run[-1] >= end or any(p in _handed_out or not _bindable(host, p) for p in run):
                 continue
+            if not _reserve(run):
+                continue  # another process handed them out just now
             _handed_out.update(run)
             _next = run[-1] + 1
             return run
@@ -89,6 +102,30 @@ def _ephemeral_low() -> int:
 
 def _bindable(host: str, port: int) -> bool:
     return port_is_free(host, port, reuse_addr=False)
+
+
+def _reserve(run: list[int]) -> bool:
+    """Lock every port of ``run`` against the other processes of this host, or none (False: one is held by
+    another process). Without a lock directory it cannot create, it reserves nothing and says yes."""
+    fds: list[int] = []
+    try:
+        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        for port in run:
+            fd = os.open(LOCK_DIR / str(port), os.O_RDWR | os.O_CREAT, 0o600)
+            fds.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        for fd in fds:
+            os.close(fd)
+        return False
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        return True
+    _held.extend(fds)
+    while len(_held) > HELD:
+        os.close(_held.popleft())
+    return True
 
 
 def _kernel_ports(count: int, host: str) -> list[int]:

@@ -6,7 +6,11 @@ bind-to-0 trick, and the writer exited on EADDRINUSE (test_ingest_guard, writer 
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,9 +21,15 @@ pytestmark = pytest.mark.net
 
 
 @pytest.fixture(autouse=True)
-def _fresh_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fresh_allocator(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    held: deque[int] = deque()
     monkeypatch.setattr(ports, "_handed_out", set())
     monkeypatch.setattr(ports, "_next", None)
+    monkeypatch.setattr(ports, "_held", held)
+    monkeypatch.setattr(ports, "LOCK_DIR", tmp_path / "locks")
+    yield
+    for fd in held:
+        os.close(fd)
 
 
 def _range_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, low: int, high: int = 60999) -> None:
@@ -64,6 +74,41 @@ def test_a_port_someone_listens_on_is_skipped(tmp_path: Path, monkeypatch: pytes
         taken = listener.getsockname()[1]
         monkeypatch.setattr(ports, "_next", taken)
         assert ports.free_port() == taken + 1
+
+
+def test_a_port_another_process_handed_out_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test and the demo it starts share an xdist worker's block: a port one of them handed out (and its
+    process has not bound yet) is locked against the other. Another open file description of the lock file
+    stands in for the other process (flock locks conflict between descriptions, not only processes)."""
+    _range_file(tmp_path, monkeypatch, 32768)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    port = _a_bindable_port_in(10_000, 10_998)
+    ports.LOCK_DIR.mkdir()
+    other = os.open(ports.LOCK_DIR / str(port), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        monkeypatch.setattr(ports, "_next", port)
+        assert ports.free_port() == port + 1
+        monkeypatch.setattr(ports, "_next", port)
+        assert ports.free_ports(2)[0] > port  # a run holding it is skipped whole
+    finally:
+        os.close(other)
+
+
+def test_only_the_latest_ports_stay_reserved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _range_file(tmp_path, monkeypatch, 32768)
+    monkeypatch.setattr(ports, "HELD", 5)
+    given = [ports.free_port() for _ in range(8)]
+    assert len(ports._held) == 5
+    oldest = os.open(ports.LOCK_DIR / str(given[0]), os.O_RDWR)
+    newest = os.open(ports.LOCK_DIR / str(given[-1]), os.O_RDWR)
+    try:
+        fcntl.flock(oldest, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: takes the lock
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(newest, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(oldest)
+        os.close(newest)
 
 
 def test_consecutive_ports_for_a_process_that_takes_port_and_port_plus_one(
