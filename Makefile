@@ -15,11 +15,11 @@ PYTEST_ARGS ?=
 # The fast tier (`make test-fast`): unit and in-process tests, the in-process chDB ones included; nothing
 # that needs the real broker, worker subprocesses, Alertmanager or the Collector. Unmarked tests cannot
 # open a socket or the store (tests/fixtures/network_guard.py), so these markers keep the tier honest.
-FAST_MARKERS := not kafka and not e2e and not alertmanager and not otel and not slow
+FAST_MARKERS := not kafka and not e2e and not alertmanager and not promtool and not otel and not slow
 
-.PHONY: setup demo-setup demo demo-otel otel-instrumentations test test-fast test-pythons lint bench clean kafka-jars alertmanager kcat venv otelcol native
+.PHONY: setup demo-setup demo demo-otel otel-instrumentations test test-fast test-pythons lint bench clean kafka-jars alertmanager kcat promtool venv otelcol native
 
-setup: venv native kafka-jars alertmanager kcat
+setup: venv native kafka-jars alertmanager kcat promtool
 
 venv: $(VENV_STAMP)
 
@@ -50,6 +50,10 @@ alertmanager:
 
 kcat:
 	@deploy/kcat/install.sh
+
+# promtool, for Prometheus's own tests of the shipped Prometheus rules (deploy/prometheus/ttft-rules.test.yaml).
+promtool:
+	@deploy/prometheus/install.sh
 
 # The OpenTelemetry Collector (otelcol-ttft) of `ttft otel up` and the tests, built with the Collector
 # Builder from the pinned manifest: ~6 minutes and ~3 GB of Go caches cold, seconds once built. `make test`
@@ -86,8 +90,8 @@ TEST_WORKERS ?= 2
 test: setup otelcol
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) --durations=25 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
-# Unit and in-process tests only (~2.5 min on 2 cores); needs neither the Kafka jars, Alertmanager, kcat
-# nor the Collector.
+# Unit and in-process tests only (~2.5 min on 2 cores); needs neither the Kafka jars, Alertmanager, kcat,
+# promtool nor the Collector.
 test-fast: venv native
 	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" --durations=10 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 

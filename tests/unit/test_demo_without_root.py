@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = {
     "alertmanager": (REPO / "deploy/alertmanager/install.sh", "TTFT_ALERTMANAGER_OPTIONAL", "TTFT_ALERTMANAGER_BINARY"),
     "kcat": (REPO / "deploy/kcat/install.sh", "TTFT_KCAT_OPTIONAL", "TTFT_KCAT_BINARY"),
+    "promtool": (REPO / "deploy/prometheus/install.sh", "TTFT_PROMTOOL_OPTIONAL", "TTFT_PROMTOOL_BINARY"),
 }
 #: Real tools the scripts and the Makefile's own $(shell ...) lines use; everything else is absent or fake.
 REAL_TOOLS = ("bash", "env", "cat", "sha1sum", "cut", "rm", "chmod", "printf")
@@ -100,8 +101,10 @@ def test_make_demo_needs_no_kcat_and_make_test_stays_strict(tmp_path: Path) -> N
     env = no_root_machine(tmp_path / "bin", sudo=True, apt=True)
     demo = _make(env, "-n", "demo").stdout
     assert "TTFT_ALERTMANAGER_OPTIONAL=1 deploy/alertmanager/install.sh" in demo and "kcat" not in demo
+    assert "promtool" not in demo and "prometheus/install" not in demo
     setup = _make(env, "-n", "setup").stdout
     assert "deploy/alertmanager/install.sh" in setup and "deploy/kcat/install.sh" in setup
+    assert "deploy/prometheus/install.sh" in setup
     assert "OPTIONAL" not in setup
     strict = _make(env, "alertmanager")
     assert strict.returncode != 0 and "error: not root and sudo needs a password" in strict.stderr
