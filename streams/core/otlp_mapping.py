@@ -446,10 +446,16 @@ def prompt_plan(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[SpanNote,
     last = max((n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT), default=None)
     after = [n for n in llms if last is not None and n.start_ns >= last]
     llm = min(after or llms, key=lambda n: (n.start_ns, n.span_id))
-    if llm.first_chunk_ns is None and PAST_END in llm.first_chunk_problem:
-        return None  # a span made after its stream (OpenLIT): its start is not the call's, the prompt unknown
+    if made_after_its_stream(llm):
+        return None
     ends = [n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT and n.end_ns <= llm.start_ns]
     return llm, max(ends) if ends else None
+
+
+def made_after_its_stream(llm: SpanNote) -> bool:
+    """An LLM span made after its stream (OpenLIT): its start is not the call's, so no prompt assembly is derived
+    up to it."""
+    return llm.first_chunk_ns is None and PAST_END in llm.first_chunk_problem
 
 
 def retrieved_before_late_llm(notes: Iterable[SpanNote], ctx: TraceContext) -> int | None:

@@ -75,6 +75,10 @@ class TraceState:
     #: end (ns), from which a late LLM span's derived ``prompt_assemble`` runs (Spring AI ends a stream's chat span
     #: when its Flux completes, at times after the root).
     retrieved_ns: int | None = None
+    #: Set at resolution of a trace with neither an LLM span nor a prompt span: its first late LLM span gets the
+    #: derived ``prompt_assemble``, from ``retrieved_ns`` (moved on by late retrieval and rerank spans) or, with
+    #: nothing retrieved before it yet, through ``prompt_due``. Cleared by that span or by a late prompt span.
+    awaits_llm: bool = False
     #: A stage span was held or mapped: the trace is a request (a trace without one, e.g. a health check, is not,
     #: and its root waits in ``root`` for a late stage span).
     staged: bool = False
@@ -155,6 +159,7 @@ class TraceState:
                 self.mark_ns,
                 self.retrieved_ns,
                 self.callers,
+                self.awaits_llm,
             ]
         )
 
@@ -192,6 +197,8 @@ class TraceState:
                 mark_ns=row[18] if len(row) > 18 and isinstance(row[18], int) else None,
                 retrieved_ns=row[19] if len(row) > 19 and isinstance(row[19], int) else None,
                 callers=_callers(row[20]) if len(row) > 20 else {},
+                # Before this element only a trace resolved with retrieval (``retrieved_ns``) waited for its LLM span.
+                awaits_llm=bool(row[21]) if len(row) > 21 else len(row) > 19 and isinstance(row[19], int),
             )
         except (IndexError, KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"unreadable trace state: {exc}") from None

@@ -74,6 +74,7 @@ from streams.core.otlp_mapping import (
     first_mark,
     hidden_first_chunk,
     is_unmeasured,
+    made_after_its_stream,
     marked_first_chunk,
     note_span,
     own_tenant,
@@ -417,6 +418,7 @@ class TraceAssembler:
         except Exception:
             log.exception("OTLP trace %s: deriving prompt_assemble failed; none derived", state.trace_id)
         state.retrieved_ns = retrieved_before_late_llm(kept, ctx)
+        state.awaits_llm = not any(stage in ("llm_ttft", "prompt_assemble") for stage, _ in staged)
         if state.root is not None:
             # A root that waits for a stage span is counted when its fate is known: a stage once a stage span
             # starts its request, not_stage if its trace is forgotten first (_forget).
@@ -494,8 +496,10 @@ class TraceAssembler:
         if state.mark_ns is not None and stage == "llm_ttft":  # a late answer to the mark held at resolution
             ctx.marked_first_chunk = marked_first_chunk([note], {}, state.mark_ns)
             state.mark_ns = None if ctx.marked_first_chunk else state.mark_ns
-        if state.retrieved_ns is not None and stage in ("llm_ttft", "prompt_assemble"):
+        if state.awaits_llm and stage in ("llm_ttft", "prompt_assemble"):
             out.extend(self._late_llm_prompt(state, note, stage, ctx, now_ms))
+        elif state.awaits_llm and prompts_before(stage):
+            state.retrieved_ns = max(state.retrieved_ns or note.end_ns, note.end_ns)
         if stage not in (None, "request_start"):
             out.extend(self._map(state, note, ctx, now_ms))
         elif not starts and not waits:
@@ -557,15 +561,22 @@ class TraceAssembler:
     def _late_llm_prompt(
         self, state: TraceState, note: SpanNote, stage: str, ctx: TraceContext, now_ms: float
     ) -> list[Output]:
-        """The derived ``prompt_assemble`` of a trace resolved with retrieval but without its LLM span, from the
-        last retrieval or rerank end to the late LLM span's start (once; a late prompt span cancels it)."""
-        retrieved, state.retrieved_ns = state.retrieved_ns, None
-        if stage != "llm_ttft" or retrieved is None or retrieved > note.start_ns:
+        """The derived ``prompt_assemble`` of a trace resolved without its LLM span and without a prompt span, at its
+        first late LLM span: from the last retrieval or rerank end known (``retrieved_ns``) to the span's start;
+        with nothing retrieved yet, it waits in ``prompt_due`` for a late retrieval (:meth:`_late_prompts`). Once;
+        a late prompt span cancels it."""
+        retrieved, state.retrieved_ns, state.awaits_llm = state.retrieved_ns, None, False
+        if stage != "llm_ttft" or made_after_its_stream(note) or (retrieved is not None and retrieved > note.start_ns):
             return []
         try:
-            event = derived_prompt_at(prompt_template(note, ctx), note.start_ns, retrieved)
+            template = prompt_template(note, ctx)
         except Unmappable:
             return []
+        if retrieved is None:
+            state.prompt_due = note.start_ns, orjson.dumps(template).decode()
+            state.size_bytes += len(state.prompt_due[1])
+            return []
+        event = derived_prompt_at(template, note.start_ns, retrieved)
         return self._validated(state, note, [event], ctx, now_ms, span=False)
 
     def _late_prompts(self, late: list[tuple[TraceState, SpanNote, bool]], now_ms: float) -> list[Output]:

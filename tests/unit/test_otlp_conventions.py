@@ -4,6 +4,7 @@ are no finite number, streaming flags, token spellings, stages of both conventio
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -384,3 +385,121 @@ def test_a_late_prompt_span_or_a_retrieval_after_the_llm_start_derives_nothing()
     with_prompt = asm.add_message([prompt_span, _span("0b" * 8, 10.0, 300.0, RETRIEVER)], 0, 2, NOW_MS)
     (prompt,) = _events(with_prompt, "prompt_assemble")  # the span's own, nothing derived
     assert prompt["event_id"] == "0f" * 8 and "derived" not in prompt["attrs"]
+
+
+# --- the derived prompt assembly when the root resolved its trace alone --------------------------------------------
+
+
+def _root_alone(asm: TraceAssembler | None = None) -> TraceAssembler:
+    """The root in a message of its own, read first: CI, the Collector without ``partition_traces_by_id`` put a
+    trace's retrieval and LLM spans in another message on another partition, read after it."""
+    asm = asm or TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+    assert asm.add_message([_root()], 0, 0, NOW_MS) == []  # no stage span yet: the root waits
+    return asm
+
+
+def _retrieval() -> OtlpSpan:
+    return _span("0a" * 8, 10.0, 300.0, RETRIEVER)
+
+
+def _first_chunk_llm() -> OtlpSpan:
+    return _llm(events=(("gen_ai.first_chunk", 700.0),))
+
+
+def _restarted(asm: TraceAssembler) -> TraceAssembler:
+    restarted = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+    for key, (partition, packed) in asm.dirty().items():
+        assert packed is not None
+        restarted.restore(key, packed, partition)
+    return restarted
+
+
+@pytest.mark.parametrize("order", ["retrieval-llm", "llm-retrieval"])
+def test_retrieval_and_llm_after_a_root_that_resolved_alone_derive_the_prompt_assembly(order: str) -> None:
+    """CI: one request of 200 stored ``missing_stage`` (no prompt_assemble): its root resolved the trace alone,
+    its retrieval and LLM spans came after, in one message, and nothing derived the prompt assembly."""
+    asm = _root_alone()
+    spans = [_retrieval(), _first_chunk_llm()]
+    out = asm.add_message(spans if order == "retrieval-llm" else spans[::-1], 0, 1, NOW_MS)
+    (prompt,) = _events(out, "prompt_assemble")
+    assert prompt["ts_ms"] == pytest.approx(T0 / MS + 300.0) and prompt["duration_ms"] == pytest.approx(100.0)
+    assert prompt["attrs"] == {"derived": True, "trace_id": TRACE}
+    assert [len(_events(out, s)) for s in ("request_start", "retrieval", "llm_ttft", "first_token")] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("order", ["retrieval-llm", "llm-retrieval"])
+def test_retrieval_and_llm_in_two_later_messages_derive_it_once_across_a_restart(order: str) -> None:
+    asm = _root_alone()
+    first, second = (
+        (_retrieval(), _first_chunk_llm()) if order == "retrieval-llm" else (_first_chunk_llm(), _retrieval())
+    )
+    assert _events(asm.add_message([first], 0, 1, NOW_MS), "prompt_assemble") == []
+    asm = _restarted(asm)
+    (prompt,) = _events(asm.add_message([second], 0, 2, NOW_MS), "prompt_assemble")
+    assert prompt["duration_ms"] == pytest.approx(100.0)
+    assert _events(asm.add_message([first, second], 0, 1, NOW_MS), "prompt_assemble") == []  # replayed: once
+
+
+def test_a_prompt_span_after_a_root_that_resolved_alone_is_the_prompt_assembly() -> None:
+    asm = _root_alone()
+    prompt_span = _span("0f" * 8, 320.0, 380.0, {"openinference.span.kind": "PROMPT"})
+    out = asm.add_message([_retrieval(), prompt_span], 0, 1, NOW_MS)
+    out += asm.add_message([_first_chunk_llm()], 0, 2, NOW_MS)
+    (prompt,) = _events(out, "prompt_assemble")
+    assert prompt["event_id"] == "0f" * 8 and "derived" not in prompt["attrs"]
+
+
+def test_nothing_is_derived_to_an_llm_span_that_started_before_the_late_retrieval_ended() -> None:
+    asm = _root_alone()
+    out = asm.add_message([_first_chunk_llm(), _span("0a" * 8, 10.0, 450.0, RETRIEVER)], 0, 1, NOW_MS)
+    assert _events(out, "prompt_assemble") == [] and len(_events(out, "llm_ttft")) == 1
+
+
+def _splits(spans: list[OtlpSpan]) -> list[list[list[OtlpSpan]]]:
+    """Every way to send ``spans`` as messages: each order of the spans, cut into consecutive messages anywhere."""
+    out = []
+    for order in itertools.permutations(spans):
+        for cuts in itertools.product((False, True), repeat=len(spans) - 1):
+            messages, current = [], [order[0]]
+            for span, cut in zip(order[1:], cuts, strict=True):
+                if cut:
+                    messages.append(current)
+                    current = []
+                current.append(span)
+            out.append([*messages, current])
+    return out
+
+
+def test_a_root_retrieval_and_llm_trace_gives_the_same_events_however_its_spans_are_split_and_ordered() -> None:
+    """The OpenTelemetry SDK service of the Collector tests (root, retrieval, LLM span; prompt assembly derived),
+    its spans in every split into messages and every order of them, as the Collector without
+    ``partition_traces_by_id`` may deliver them: always the same events, the derived prompt assembly included."""
+    spans = [_root(), _retrieval(), _first_chunk_llm()]
+    whole = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans").add_message(spans, 0, 0, NOW_MS)
+    expected = sorted((orjson.loads(o.value) for o in whole if isinstance(o, ForwardedEvent)), key=orjson.dumps)
+    assert [e["stage"] for e in expected].count("prompt_assemble") == 1
+    splits = _splits(spans)
+    assert len(splits) == 24  # 3! orders, each cut into messages in 2^2 ways
+    for messages in splits:
+        asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+        out = [o for offset, m in enumerate(messages) for o in asm.add_message(m, 0, offset, NOW_MS)]
+        out += asm.advance(0, NOW_MS + JoinConfig().request_timeout_ms + 60_000)
+        got = sorted((orjson.loads(o.value) for o in out if isinstance(o, ForwardedEvent)), key=orjson.dumps)
+        assert got == expected, [[s.span_id for s in m] for m in messages]
+
+
+def test_a_state_written_before_awaits_llm_still_derives_from_its_retrieval() -> None:
+    """Trace states written before ``awaits_llm`` (21 elements): one resolved with a retrieval (``retrieved_ns``)
+    still waits for its LLM span, as before; one resolved alone does not (the old behaviour, nothing invented)."""
+    from streams.core.otlp_state import TraceState
+
+    for first, waits in (([_retrieval(), _root()], True), ([_root()], False)):
+        asm = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+        asm.add_message(first, 0, 0, NOW_MS)
+        ((key, (partition, packed)),) = asm.dirty().items()
+        assert packed is not None
+        old = orjson.dumps(orjson.loads(packed)[:21])
+        assert TraceState.unpack(old, partition).awaits_llm is waits
+        restarted = TraceAssembler(OtlpConfig(), JoinConfig(), CapsConfig(), "otlp_spans")
+        restarted.restore(key, old, partition)
+        assert len(_events(restarted.add_message([_first_chunk_llm()], 0, 1, NOW_MS), "prompt_assemble")) == waits
