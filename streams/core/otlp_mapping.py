@@ -458,13 +458,14 @@ def made_after_its_stream(llm: SpanNote) -> bool:
     return llm.first_chunk_ns is None and PAST_END in llm.first_chunk_problem
 
 
-def retrieved_before_late_llm(notes: Iterable[SpanNote], ctx: TraceContext) -> int | None:
-    """The last retrieval or rerank end (ns) of a trace resolved without an LLM span and without a prompt span, from
-    which a late LLM span's derived ``prompt_assemble`` runs; ``None`` when it has either, or nothing retrieved."""
+def awaiting_llm(notes: Iterable[SpanNote], ctx: TraceContext) -> tuple[bool, int | None]:
+    """Whether a trace resolved with ``notes`` still waits for an LLM span to derive its ``prompt_assemble`` (it has
+    neither an LLM span nor a prompt span), and then the last retrieval or rerank end (ns) that prompt runs from
+    (None: nothing retrieved yet)."""
     staged = [(stage_of(n, ctx), n) for n in notes]
     if any(stage in ("llm_ttft", "prompt_assemble") for stage, _ in staged):
-        return None
-    return max((n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT), default=None)
+        return False, None
+    return True, max((n.end_ns for stage, n in staged if stage in _BEFORE_PROMPT), default=None)
 
 
 def prompt_template(llm: SpanNote, ctx: TraceContext) -> dict[str, Any]:

@@ -70,6 +70,7 @@ from streams.core.otlp_mapping import (
     TraceContext,
     Unmappable,
     agent_steps,
+    awaiting_llm,
     derived_prompt_at,
     first_mark,
     hidden_first_chunk,
@@ -81,7 +82,6 @@ from streams.core.otlp_mapping import (
     prompt_plan,
     prompt_template,
     prompts_before,
-    retrieved_before_late_llm,
     stage_events,
     stage_of,
 )
@@ -417,8 +417,7 @@ class TraceAssembler:
             out.extend(self._derived_prompt(state, kept, ctx, now_ms))
         except Exception:
             log.exception("OTLP trace %s: deriving prompt_assemble failed; none derived", state.trace_id)
-        state.retrieved_ns = retrieved_before_late_llm(kept, ctx)
-        state.awaits_llm = not any(stage in ("llm_ttft", "prompt_assemble") for stage, _ in staged)
+        state.awaits_llm, state.retrieved_ns = awaiting_llm(kept, ctx)
         if state.root is not None:
             # A root that waits for a stage span is counted when its fate is known: a stage once a stage span
             # starts its request, not_stage if its trace is forgotten first (_forget).
