@@ -27,8 +27,9 @@ from streams.core.otlp_mapping import SpanNote, TraceContext, own_tenant
 
 #: Serialised-form version: bump it when :meth:`TraceState.pack` changes in a way older readers cannot skip
 #: (2: the tenant, last; a 17th element, the pending derived prompt, an 18th, whether the trace had a stage span,
-#: a 19th and 20th, the held mark and retrieval end, and a 21st, the caller stream flags, are optional and ignored
-#: by them).
+#: a 19th and 20th, the held mark and retrieval end, a 21st, the caller stream flags, a 22nd, whether the trace
+#: waits for its LLM span, a 23rd, whether a prompt assembly was derived, and a 24th, the embedding spans
+#: waiting for their retrieval span, are optional and ignored by them).
 STATE_FORMAT: Final = 2
 _READABLE_FORMATS: Final = (1, 2)
 #: A context value's rank: (0 for the root span, else 1; start ns; span id); the smallest wins.
@@ -84,6 +85,12 @@ class TraceState:
     staged: bool = False
     #: Spans that tell whether the LLM calls under them stream (span id -> streamed; ``SpanNote.caller_stream``).
     callers: dict[str, bool] = field(default_factory=dict)
+    #: A derived ``prompt_assemble`` went out: a prompt span that arrives later measures what it counted, and is
+    #: counted ``nested`` instead of forwarded (the join would add the two).
+    prompt_derived: bool = False
+    #: Resolved: embedding spans no known retrieval span encloses yet (their retrieval span may come in a later
+    #: message: a retrieval service exporting after the root's), mapped as ``vector_recall`` when it does.
+    orphans: dict[str, SpanNote] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -160,6 +167,8 @@ class TraceState:
                 self.retrieved_ns,
                 self.callers,
                 self.awaits_llm,
+                self.prompt_derived,
+                [n.pack() for n in self.orphans.values()],
             ]
         )
 
@@ -199,6 +208,9 @@ class TraceState:
                 callers=_callers(row[20]) if len(row) > 20 else {},
                 # Before this element only a trace resolved with retrieval (``retrieved_ns``) waited for its LLM span.
                 awaits_llm=bool(row[21]) if len(row) > 21 else len(row) > 19 and isinstance(row[19], int),
+                # Before this element a late prompt span was forwarded beside a derived one: it still is.
+                prompt_derived=bool(row[22]) if len(row) > 22 else False,
+                orphans={n.span_id: n for n in (SpanNote.unpack(v) for v in row[23])} if len(row) > 23 else {},
             )
         except (IndexError, KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"unreadable trace state: {exc}") from None

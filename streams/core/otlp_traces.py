@@ -64,7 +64,7 @@ from streams.core.otlp_bounds import (
     note_problem,
     span_problem,
 )
-from streams.core.otlp_conventions import TOOL_CALL
+from streams.core.otlp_conventions import EMBEDDING, TOOL_CALL
 from streams.core.otlp_mapping import (
     SpanNote,
     TraceContext,
@@ -202,9 +202,13 @@ class TraceAssembler:
             if note.span_id not in state.handled and self._late_fits(state, link_bytes(note)):
                 state.size_bytes += link_bytes(note)
                 state.learn(note, is_root)
+        # A message's prompt spans first: one cancels the prompt assembly its trace would derive at a late LLM span of
+        # the same message, whatever their order in it.
+        late.sort(key=lambda item: item[1].stage != "prompt_assemble")
         for state, note, is_root in late:
             out.extend(self._guarded(state, note, now_ms, partial(self._late, state, note, is_root, now_ms)))
         if late:
+            out.extend(self._adopt_orphans(late, now_ms))
             out.extend(self._late_prompts(late, now_ms))
         for key in roots:
             rooted = self._traces.get(key)
@@ -435,6 +439,12 @@ class TraceAssembler:
             state.size_bytes += note_bytes(waiting)
         if state.prompt_due is not None:
             state.size_bytes += len(state.prompt_due[1])
+        for note in list(state.orphans.values()):
+            if state.size_bytes + note_bytes(note) <= self._budget:
+                state.size_bytes += note_bytes(note)
+            else:
+                del state.orphans[note.span_id]
+                self.counters.spans["not_stage"] += 1
         clock = self._partition(state.partition).clock(state.tenant)
         state.deadline_ns = max(state.last_end_ns, clock.watermark_ns) + self.join.forget_after_ms * _NS_PER_MS
         heapq.heappush(clock.deadlines, (state.deadline_ns, state.key))
@@ -481,6 +491,13 @@ class TraceAssembler:
         ctx.tell_streaming([note])
         out: list[Output] = []
         stage = stage_of(note, ctx)
+        if stage == "prompt_assemble" and state.prompt_derived and not is_root:
+            # The derived prompt assembly (from the last retrieval end to the LLM span's start) already counted the
+            # time this span measures: forwarded too, the join would add the two.
+            state.handled.add(note.span_id)
+            self.counters.spans["nested"] += 1
+            self._touch(state, self._partition(state.partition).clock(state.tenant))
+            return []
         state.staged = state.staged or stage is not None
         starts = not state.started and (stage == "request_start" or (is_root and state.staged))
         waits = not starts and is_root and not state.started
@@ -501,6 +518,9 @@ class TraceAssembler:
             state.retrieved_ns = max(state.retrieved_ns or note.end_ns, note.end_ns)
         if stage not in (None, "request_start"):
             out.extend(self._map(state, note, ctx, now_ms))
+        elif stage is None and not is_root and waits_for_retrieval(note) and self._late_fits(state, note_bytes(note)):
+            state.orphans[note.span_id] = note  # its retrieval span may come in a later message
+            state.size_bytes += note_bytes(note)
         elif not starts and not waits:
             self.counters.spans["not_stage"] += 1
         state.handled.add(note.span_id)
@@ -554,8 +574,7 @@ class TraceAssembler:
         if retrieved_ns is None:  # an LLM span with nothing retrieved before it yet: a late span may bring it
             state.prompt_due = llm.start_ns, orjson.dumps(template).decode()
             return []
-        event = derived_prompt_at(template, llm.start_ns, retrieved_ns)
-        return self._validated(state, llm, [event], ctx, now_ms, span=False)
+        return self._derived(state, llm, derived_prompt_at(template, llm.start_ns, retrieved_ns), ctx, now_ms)
 
     def _late_llm_prompt(
         self, state: TraceState, note: SpanNote, stage: str, ctx: TraceContext, now_ms: float
@@ -575,8 +594,20 @@ class TraceAssembler:
             state.prompt_due = note.start_ns, orjson.dumps(template).decode()
             state.size_bytes += len(state.prompt_due[1])
             return []
-        event = derived_prompt_at(template, note.start_ns, retrieved)
-        return self._validated(state, note, [event], ctx, now_ms, span=False)
+        return self._derived(state, note, derived_prompt_at(template, note.start_ns, retrieved), ctx, now_ms)
+
+    def _adopt_orphans(self, late: list[tuple[TraceState, SpanNote, bool]], now_ms: float) -> list[Output]:
+        """The ``vector_recall`` events of embedding spans kept without their retrieval span, once a late message
+        brought a retrieval span that encloses them (its parent links and retriever flags are learnt by now)."""
+        out: list[Output] = []
+        for state in {id(s): s for s, _, _ in late if s.orphans}.values():
+            ctx = state.trace_context()
+            for note in sorted(state.orphans.values(), key=lambda n: (n.start_ns, n.span_id)):
+                if ctx.inside_retriever(note):
+                    del state.orphans[note.span_id]
+                    state.size_bytes -= note_bytes(note)
+                    out.extend(self._guarded(state, note, now_ms, partial(self._map, state, note, ctx, now_ms)))
+        return out
 
     def _late_prompts(self, late: list[tuple[TraceState, SpanNote, bool]], now_ms: float) -> list[Output]:
         """The derived ``prompt_assemble`` of resolved traces that were waiting for a retrieval or rerank span
@@ -605,13 +636,25 @@ class TraceAssembler:
         end, _, note = max(ends, key=lambda e: (e[0], e[1]))
         state.prompt_due = None
         self._touch(state, self._partition(state.partition).clock(state.tenant))
-        event = derived_prompt_at(orjson.loads(due[1]), due[0], end)
-        return self._validated(state, note, [event], ctx, now_ms, span=False)
+        return self._derived(state, note, derived_prompt_at(orjson.loads(due[1]), due[0], end), ctx, now_ms)
+
+    def _derived(
+        self, state: TraceState, note: SpanNote, event: dict[str, object], ctx: TraceContext, now_ms: float
+    ) -> list[Output]:
+        """A derived ``prompt_assemble`` event, validated; once it goes out, a later prompt span is ``nested``."""
+        out = self._validated(state, note, [event], ctx, now_ms, span=False)
+        state.prompt_derived = state.prompt_derived or any(isinstance(o, ForwardedEvent) for o in out)
+        return out
 
     def _map(self, state: TraceState, note: SpanNote, ctx: TraceContext, now_ms: float) -> list[Output]:
         """The events of one held or late span (nothing for a span that turns out to be no stage)."""
         state.handled.add(note.span_id)
         stage = stage_of(note, ctx)
+        if stage is None and waits_for_retrieval(
+            note
+        ):  # kept at resolution if it fits (counted when its fate is known)
+            state.orphans[note.span_id] = note
+            return []
         if stage is None:
             self.counters.spans["not_stage"] += 1
             return []
@@ -664,6 +707,7 @@ class TraceAssembler:
         if state is not None:
             if state.root is not None and not state.started:  # a root that waited for a stage span in vain
                 self.counters.spans["not_stage"] += 1
+            self.counters.spans["not_stage"] += len(state.orphans)  # embedding spans whose retrieval never came
             self._dirty[key] = state.partition
 
     def _drop(self, key: str) -> TraceState | None:
@@ -719,6 +763,11 @@ class TraceAssembler:
 
 #: Root stages that start a request or mark its end: a trace starting there is no part cut off.
 _NOT_CUT_OFF: Final = frozenset({None, "request_start", "first_token"})
+
+
+def waits_for_retrieval(note: SpanNote) -> bool:
+    """An embedding span with a parent: ``vector_recall`` once a retrieval span is known to enclose it."""
+    return note.stage == EMBEDDING and bool(note.parent)
 
 
 def starts_at_stage(root: SpanNote | None, notes: list[SpanNote], linked: bool) -> bool:
