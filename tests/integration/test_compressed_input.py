@@ -30,6 +30,7 @@ import pytest
 
 from streams.ports import free_port
 from tests.fixtures.otel import OtelCollectorHandle
+from tests.support.otel_service import DERIVED_MS, PROMPT_MS
 from tests.support.pipeline import Pipeline, WorkerProcess, group_lag, pipeline_drained, pipeline_env
 from tests.support.traffic import build_traffic, wrong_values
 
@@ -147,10 +148,15 @@ def test_collector_exports_are_joined(
     out = tmp_path / "spans.json"
     cmd = [sys.executable, str(REPO / "tests/support/otel_service.py"), "--endpoint", handle.collector.grpc_endpoint]
     done = subprocess.run(
-        [*cmd, "--traces", str(N_TRACES), "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120
+        [*cmd, "--traces", str(N_TRACES), "--late-every", "5", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    traces: dict[str, list[str]] = json.loads(out.read_text())["traces"]
+    truth = json.loads(out.read_text())
+    traces: dict[str, list[str]] = truth["traces"]
 
     home = tmp_path / "pipeline"
     home.mkdir()
@@ -165,7 +171,7 @@ def test_collector_exports_are_joined(
             150,
             "the OTLP pipeline to drain",
         )
-        outcomes = {k: join.metric(f'ttft_otlp_spans_total{{outcome="{k}"}}') for k in ("stage", "not_stage")}
+        outcomes = {k: join.metric(f'ttft_otlp_spans_total{{outcome="{k}"}}') for k in ("stage", "not_stage", "nested")}
         not_one_trace = join.metric("ttft_otlp_unkeyed_messages_total")
         said = "is not one trace keyed by its id" in join.log()
         assert join.alive() and writer.alive(), "a worker exited on compressed spans"
@@ -184,3 +190,24 @@ def test_collector_exports_are_joined(
     assert {r["request_id"] for r in rows} == set(traces) and len(rows) == len(traces)
     assert Counter(r["tenant_id"] for r in rows) == {"tenant-0": N_TRACES // 2, "tenant-1": N_TRACES // 2}
     assert Counter(r["status"] for r in rows) == {"complete": N_TRACES} and all(r["ttft_ms"] > 0 for r in rows)
+    _check_late_traces(pipe, truth["late"])
+
+
+def _check_late_traces(pipe: Pipeline, late: list[str]) -> None:
+    """The traces delivered as a retrieval service exporting after the root's (embedding span; LLM and root;
+    retrieval; prompt span: tests/support/otel_service.py): each has its vector recall, and one prompt assembly,
+    the prompt span's or, when the retrieval span came before it, the derived one (never the two added)."""
+    rows = pipe.query(
+        "SELECT request_id, vector_recall_ms, prompt_assemble_ms, stage_repeats FROM {db}.requests FINAL "
+        f"WHERE request_id IN ({', '.join(repr(t) for t in late)})"
+    )
+    assert len(late) >= 30 and len(rows) == len(late)
+    assert all(r["vector_recall_ms"] is not None for r in rows), [r for r in rows if r["vector_recall_ms"] is None]
+    assert all(not r["stage_repeats"] for r in rows), [r for r in rows if r["stage_repeats"]]
+    prompts = Counter(
+        "derived" if abs(r["prompt_assemble_ms"] - DERIVED_MS) < 0.01 else "span"
+        for r in rows
+        if abs(r["prompt_assemble_ms"] - DERIVED_MS) < 0.01 or abs(r["prompt_assemble_ms"] - PROMPT_MS) < 0.01
+    )
+    print(f"late traces' prompt assemblies: {dict(prompts)}")
+    assert sum(prompts.values()) == len(rows), [r["prompt_assemble_ms"] for r in rows]
