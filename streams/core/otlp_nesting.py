@@ -192,3 +192,27 @@ def partner(note: SpanNote, others: Sequence[SpanNote], parents: Mapping[str, st
         if holds(theirs, mine) or other.span_id in nests.ancestors[note.span_id]:
             return f"inside:{other.span_id}"
     return None
+
+
+def late_nested(
+    forwarded: Sequence[tuple[str, SpanNote]], late: Sequence[tuple[str, SpanNote]], parents: Mapping[str, str]
+) -> set[str]:
+    """The span ids of the late stage spans ``late`` (one message's, of a trace already mapped) that do not count:
+    those the rule above drops among them and the trace's ``forwarded`` stage spans, and those that nest with a
+    forwarded span of their stage (its events went out and stand), except an LLM span that tells its first chunk
+    where the forwarded ones it nests with do not (``llm_unmeasured``): its ``llm_ttft`` is the measurement."""
+    out: set[str] = set()
+    stages = {stage for stage, _ in late if stage not in INSTANTS}
+    for stage in stages:
+        theirs = [n for s, n in forwarded if s == stage]
+        ours = [n for s, n in late if s == stage]
+        dropped = nested_duplicates([(stage, n) for n in (*theirs, *ours)], parents)
+        for note in ours:
+            if note.span_id in dropped:
+                out.add(note.span_id)
+                continue
+            over = [f for f in theirs if partner(note, [f], parents) is not None]
+            upgrade = stage == "llm_ttft" and not is_unmeasured(note) and all(is_unmeasured(f) for f in over)
+            if over and not upgrade:
+                out.add(note.span_id)
+    return out

@@ -28,8 +28,9 @@ from streams.core.otlp_mapping import SpanNote, TraceContext, own_tenant
 #: Serialised-form version: bump it when :meth:`TraceState.pack` changes in a way older readers cannot skip
 #: (2: the tenant, last; a 17th element, the pending derived prompt, an 18th, whether the trace had a stage span,
 #: a 19th and 20th, the held mark and retrieval end, a 21st, the caller stream flags, a 22nd, whether the trace
-#: waits for its LLM span, a 23rd, whether a prompt assembly was derived, and a 24th, the embedding spans
-#: waiting for their retrieval span, are optional and ignored by them).
+#: waits for its LLM span, a 23rd, whether a prompt assembly was derived, a 24th, the embedding spans
+#: waiting for their retrieval span, and a 25th, the forwarded stage spans' extents, are optional and ignored by
+#: them).
 STATE_FORMAT: Final = 2
 _READABLE_FORMATS: Final = (1, 2)
 #: A context value's rank: (0 for the root span, else 1; start ns; span id); the smallest wins.
@@ -91,6 +92,10 @@ class TraceState:
     #: Resolved: embedding spans no known retrieval span encloses yet (their retrieval span may come in a later
     #: message: a retrieval service exporting after the root's), mapped as ``vector_recall`` when it does.
     orphans: dict[str, SpanNote] = field(default_factory=dict)
+    #: Resolved: what each forwarded stage span (not an instant) covered, ``[stage, start ns, end ns, first chunk
+    #: ns, streaming]``, so that a late span of its stage that measures the same work (``otlp_nesting``) is counted
+    #: ``nested`` rather than added to it.
+    extents: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -169,6 +174,7 @@ class TraceState:
                 self.awaits_llm,
                 self.prompt_derived,
                 [n.pack() for n in self.orphans.values()],
+                self.extents,
             ]
         )
 
@@ -211,6 +217,7 @@ class TraceState:
                 # Before this element a late prompt span was forwarded beside a derived one: it still is.
                 prompt_derived=bool(row[22]) if len(row) > 22 else False,
                 orphans={n.span_id: n for n in (SpanNote.unpack(v) for v in row[23])} if len(row) > 23 else {},
+                extents=_extents(row[24]) if len(row) > 24 else {},
             )
         except (IndexError, KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
             raise ValueError(f"unreadable trace state: {exc}") from None
@@ -237,6 +244,24 @@ class TraceState:
             self.first_start_ns = min(self.first_start_ns or other.first_start_ns, other.first_start_ns)
         self.size_bytes += other.size_bytes
         self.staged = self.staged or other.staged
+
+
+def extent_note(state: TraceState, span_id: str) -> SpanNote:
+    """A forwarded stage span rebuilt from its extent, as much as nesting reads (parent link, times, stage)."""
+    stage, start_ns, end_ns, first_chunk_ns, streaming = state.extents[span_id]
+    parent = state.parents.get(span_id, "")
+    return SpanNote(span_id, parent, start_ns, end_ns, 0, stage, first_chunk_ns=first_chunk_ns, streaming=streaming)
+
+
+def extent_of(note: SpanNote, stage: str) -> list[Any]:
+    """The extent kept of a forwarded stage span (:attr:`TraceState.extents`)."""
+    return [stage, note.start_ns, note.end_ns, note.first_chunk_ns, note.streaming]
+
+
+def _extents(value: Any) -> dict[str, list[Any]]:
+    if not isinstance(value, dict) or not all(isinstance(v, list) and len(v) == 5 for v in value.values()):
+        raise ValueError("unreadable stage extents")
+    return dict(value)
 
 
 def _callers(value: Any) -> dict[str, bool]:

@@ -86,7 +86,7 @@ from streams.core.otlp_mapping import (
     stage_of,
 )
 from streams.core.otlp_mapping import request_start_event as root_event
-from streams.core.otlp_nesting import nested_duplicates
+from streams.core.otlp_nesting import INSTANTS, late_nested, nested_duplicates
 from streams.core.otlp_outputs import (
     AssemblerCounters,
     ForwardedEvent,
@@ -95,7 +95,7 @@ from streams.core.otlp_outputs import (
     exc_text,
     unmappable_reason,
 )
-from streams.core.otlp_state import TraceState, trace_key
+from streams.core.otlp_state import TraceState, extent_note, extent_of, trace_key
 from streams.core.otlp_tenants import PartitionClocks, TenantClock, TraceCounts
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 
@@ -205,8 +205,10 @@ class TraceAssembler:
         # A message's prompt spans first: one cancels the prompt assembly its trace would derive at a late LLM span of
         # the same message, whatever their order in it.
         late.sort(key=lambda item: item[1].stage != "prompt_assemble")
+        nested, steps = self._late_nests(late) if late else (set(), {})
         for state, note, is_root in late:
-            out.extend(self._guarded(state, note, now_ms, partial(self._late, state, note, is_root, now_ms)))
+            plan = note.span_id in nested, steps.get(id(state), {})
+            out.extend(self._guarded(state, note, now_ms, partial(self._late, state, note, is_root, now_ms, *plan)))
         if late:
             out.extend(self._adopt_orphans(late, now_ms))
             out.extend(self._late_prompts(late, now_ms))
@@ -439,6 +441,11 @@ class TraceAssembler:
             state.size_bytes += note_bytes(waiting)
         if state.prompt_due is not None:
             state.size_bytes += len(state.prompt_due[1])
+        for span_id, row in list(state.extents.items()):
+            if state.size_bytes + extent_bytes(span_id, row) <= self._budget:
+                state.size_bytes += extent_bytes(span_id, row)
+            else:
+                del state.extents[span_id]
         for note in list(state.orphans.values()):
             if state.size_bytes + note_bytes(note) <= self._budget:
                 state.size_bytes += note_bytes(note)
@@ -469,8 +476,18 @@ class TraceAssembler:
         """One more late span (adding ``cost`` bytes besides its note) fits the trace's caps (spans, bytes)."""
         return state.span_count < self.otlp.max_spans_per_trace and state.size_bytes + cost <= self._budget
 
-    def _late(self, state: TraceState, note: SpanNote, is_root: bool, now_ms: float) -> list[Output]:
-        """A span of a remembered trace: skipped if already handled, else mapped with the kept context."""
+    def _late(
+        self,
+        state: TraceState,
+        note: SpanNote,
+        is_root: bool,
+        now_ms: float,
+        nested: bool = False,
+        steps: dict[str, int] | None = None,
+    ) -> list[Output]:
+        """A span of a remembered trace: skipped if already handled, else mapped with the kept context (``nested``:
+        it measures what a forwarded span of its stage did: counted, not forwarded; ``steps``: the message's late LLM
+        spans that are steps before the trace's answer; both from :meth:`_late_nests`)."""
         if note.span_id in state.handled:
             self.counters.spans["replayed"] += 1
             return []
@@ -489,11 +506,12 @@ class TraceAssembler:
         state.learn(note, is_root)
         ctx = state.trace_context()
         ctx.tell_streaming([note])
+        ctx.agent_steps = steps or {}
         out: list[Output] = []
         stage = stage_of(note, ctx)
-        if stage == "prompt_assemble" and state.prompt_derived and not is_root:
-            # The derived prompt assembly (from the last retrieval end to the LLM span's start) already counted the
-            # time this span measures: forwarded too, the join would add the two.
+        if nested or (stage == "prompt_assemble" and state.prompt_derived and not is_root):
+            # Another span of its stage already counted the work this one measures (a derived prompt assembly: from
+            # the last retrieval end to the LLM span's start): forwarded too, the join would add the two.
             state.handled.add(note.span_id)
             self.counters.spans["nested"] += 1
             self._touch(state, self._partition(state.partition).clock(state.tenant))
@@ -596,6 +614,43 @@ class TraceAssembler:
             return []
         return self._derived(state, note, derived_prompt_at(template, note.start_ns, retrieved), ctx, now_ms)
 
+    def _late_nests(self, late: list[tuple[TraceState, SpanNote, bool]]) -> tuple[set[str], dict[int, dict[str, int]]]:
+        """Decided for one message's late stage spans before any is mapped, so that their order in it does not
+        matter: those that measure what another stage span of their trace does (this message's or one already
+        forwarded: ``otlp_nesting.late_nested``), and, per trace, its late LLM spans that are steps before its answer
+        (``agent_steps`` among them and the forwarded ones: a question condensed by a model inside a retrieval
+        service's export gives no first token). A failure here drops nothing."""
+        nested: set[str] = set()
+        steps: dict[int, dict[str, int]] = {}
+        groups: dict[int, tuple[TraceState, list[SpanNote]]] = {}
+        for state, note, is_root in late:
+            if not is_root and note.stage is not None and note.span_id not in state.handled:
+                groups.setdefault(id(state), (state, []))[1].append(note)
+        for key, (state, notes) in groups.items():
+            try:
+                ctx = state.trace_context()
+                staged = [(stage, n) for n in notes if (stage := stage_of(n, ctx)) not in (None, "request_start")]
+                forwarded = [(row[0], extent_note(state, span_id)) for span_id, row in state.extents.items()]
+                nested |= late_nested(forwarded, staged, state.parents)
+                if any(stage == "llm_ttft" for stage, _ in staged):
+                    kept = [n for _, n in forwarded] + [n for n in notes if n.span_id not in nested]
+                    ours = {n.span_id for n in notes}
+                    steps[key] = {k: v for k, v in agent_steps(kept).items() if k in ours}
+            except Exception:
+                log.exception("OTLP trace %s: finding nested late spans failed; none dropped", state.trace_id)
+        return nested, steps
+
+    def _keep_extent(self, state: TraceState, note: SpanNote, stage: str) -> None:
+        """Remember what a forwarded stage span covered (:attr:`TraceState.extents`), within the trace's byte cap
+        once it is mapped (while it is being mapped, :meth:`_resolve` counts them after)."""
+        row = extent_of(note, stage)
+        if state.resolved:
+            cost = extent_bytes(note.span_id, row)
+            if state.size_bytes + cost > self._budget:
+                return
+            state.size_bytes += cost
+        state.extents[note.span_id] = row
+
     def _adopt_orphans(self, late: list[tuple[TraceState, SpanNote, bool]], now_ms: float) -> list[Output]:
         """The ``vector_recall`` events of embedding spans kept without their retrieval span, once a late message
         brought a retrieval span that encloses them (its parent links and retriever flags are learnt by now)."""
@@ -667,7 +722,10 @@ class TraceAssembler:
         except Unmappable as exc:
             self.counters.spans["dead_letter"] += 1
             return [self._letters.of_note(state, note, unmappable_reason(exc.reason), str(exc), now_ms, ctx)]
-        return self._validated(state, note, events, ctx, now_ms)
+        out = self._validated(state, note, events, ctx, now_ms)
+        if stage not in INSTANTS and any(isinstance(o, ForwardedEvent) for o in out):
+            self._keep_extent(state, note, stage)
+        return out
 
     def _validated(
         self,
@@ -763,6 +821,11 @@ class TraceAssembler:
 
 #: Root stages that start a request or mark its end: a trace starting there is no part cut off.
 _NOT_CUT_OFF: Final = frozenset({None, "request_start", "first_token"})
+
+
+def extent_bytes(span_id: str, row: list[object]) -> int:
+    """What one stage extent adds to its trace's changelog value (with its separator)."""
+    return len(orjson.dumps({span_id: row}))
 
 
 def waits_for_retrieval(note: SpanNote) -> bool:

@@ -11,12 +11,15 @@ after the root's. Two cases the late path got wrong:
 from __future__ import annotations
 
 import random
+import struct
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from schemas.otlp import OtlpSpan, parse_spans
+from streams.core.otlp_mapping import note_span
 from streams.core.otlp_outputs import ForwardedEvent, Output
 from streams.core.otlp_state import TraceState
 from streams.core.otlp_traces import TraceAssembler
@@ -144,3 +147,130 @@ def test_generated_traces_give_the_same_stages_however_their_spans_are_split_and
             if got != whole:
                 differ.append((i, [[s.name for s in m] for m in messages], whole - got, got - whole))
     assert not differ, (len(differ), differ[:3])
+
+
+ENSEMBLE = _span("0e" * 8, 10.0, 300.0, RETRIEVER)
+BM25 = _span("1a" * 8, 20.0, 100.0, RETRIEVER, parent="0e" * 8)
+VECTOR = _span("1b" * 8, 110.0, 290.0, RETRIEVER, parent="0e" * 8)
+
+
+def _events_of(out: list[Output], stage: str) -> list[dict[str, Any]]:
+    events = [orjson.loads(o.value) for o in out if isinstance(o, ForwardedEvent)]
+    return [e for e in events if e["stage"] == stage]
+
+
+def test_nested_retrieval_spans_that_come_after_the_root_count_once_in_any_order() -> None:
+    """LangChain's EnsembleRetriever around its two retrievers, exported by a retrieval service after the root's
+    export: the outermost counts, as when the trace comes whole (they were three retrievals, summed)."""
+    whole = _assembler().add_message([BM25, VECTOR, ENSEMBLE, _first_chunk_llm(), _root()], 0, 0, NOW_MS)
+    ((expected,),) = [_events_of(whole, "retrieval")]
+    for message in ([BM25, VECTOR, ENSEMBLE], [ENSEMBLE, VECTOR, BM25], [VECTOR, ENSEMBLE, BM25]):
+        asm = _assembler()
+        _deliver(asm, [_first_chunk_llm(), _root()])
+        (event,) = _events_of(asm.add_message(message, 0, 1, NOW_MS), "retrieval")
+        assert (event["ts_ms"], event["duration_ms"]) == (expected["ts_ms"], expected["duration_ms"])
+        assert asm.counters.spans["nested"] == 2
+
+
+def test_a_late_span_that_holds_or_sits_in_a_forwarded_one_of_its_stage_is_nested() -> None:
+    asm = _assembler()
+    _deliver(asm, [ENSEMBLE, _first_chunk_llm(), _root()])
+    assert _events_of(asm.add_message([BM25], 0, 1, NOW_MS), "retrieval") == []  # inside the forwarded one
+    restarted = _restarted(asm)  # the forwarded spans' extents are in the changelog
+    assert _events_of(restarted.add_message([VECTOR], 0, 2, NOW_MS), "retrieval") == []
+    asm = _assembler()
+    _deliver(asm, [BM25, _first_chunk_llm(), _root()])
+    assert _events_of(asm.add_message([ENSEMBLE], 0, 1, NOW_MS), "retrieval") == []  # around the forwarded one
+    assert asm.counters.spans["nested"] == 1
+    later = _span("2a" * 8, 310.0, 390.0, RETRIEVER)  # after it, in sequence: a retry, which counts
+    assert len(_events_of(asm.add_message([later], 0, 2, NOW_MS), "retrieval")) == 1
+
+
+def test_a_late_llm_span_inside_a_forwarded_one_is_nested_unless_only_it_tells_the_first_chunk() -> None:
+    wrapper = _span("3a" * 8, 390.0, 2_050.0, {"gen_ai.operation.name": "chat", "gen_ai.request.stream": True})
+    asm = _assembler()
+    out = _deliver(asm, [wrapper, _root()])  # a framework's span: streamed, no first chunk
+    assert len(_events_of(out, "llm_unmeasured")) == 1
+    late = asm.add_message([_first_chunk_llm()], 0, 1, NOW_MS)  # the client's span inside it tells it: counted
+    assert len(_events_of(late, "llm_ttft")) == 1 and len(_events_of(late, "first_token")) == 1
+    asm = _assembler()
+    _deliver(asm, [_first_chunk_llm(), _root()])
+    assert asm.add_message([wrapper], 0, 1, NOW_MS) == []  # the wrapper after the measured call: nested
+    assert asm.counters.spans["nested"] == 1
+
+
+def test_a_late_llm_call_that_fed_a_late_retrieval_before_the_answer_is_a_step_without_first_token() -> None:
+    """A question condensed by a model, then the retrieval, exported after the root's export with the answering
+    call: the condensing call is a step before the answer, as in the whole trace (its first chunk was taken as
+    the request's first token, and the join keeps the earliest)."""
+    condense = _span("4a" * 8, 20.0, 150.0, {"gen_ai.operation.name": "chat"}, (("gen_ai.first_chunk", 60.0),))
+    retrieval = _span("0a" * 8, 160.0, 300.0, RETRIEVER)
+    whole = _assembler().add_message([condense, retrieval, _first_chunk_llm(), _root()], 0, 0, NOW_MS)
+    assert len(_events_of(whole, "first_token")) == 1
+    for message in ([condense, retrieval], [retrieval, condense]):
+        asm = _assembler()
+        _deliver(asm, [_first_chunk_llm(), _root()])
+        late = asm.add_message(message, 0, 1, NOW_MS)
+        assert _events_of(late, "first_token") == []
+        (step,) = _events_of(late, "llm_ttft")
+        assert step["attrs"]["agent_step"] is True
+
+
+CAPTURES = Path(__file__).resolve().parents[1] / "data" / "otel_instrumentations"
+
+
+def _capture_traces(path: Path) -> list[list[OtlpSpan]]:
+    """A capture's traces (length-prefixed OTLP messages, tests/data/README.md), each in the order its spans ended."""
+    raw, at, spans = path.read_bytes(), 0, []
+    while at < len(raw):
+        (size,) = struct.unpack_from(">I", raw, at)
+        spans += parse_spans(raw[at + 4 : at + 4 + size], "otlp_proto")
+        at += 4 + size
+    traces: dict[str, list[OtlpSpan]] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, []).append(span)
+    return [sorted(t, key=lambda s: s.end_ns) for t in traces.values()]
+
+
+def _retrieval_subtree(trace: list[OtlpSpan]) -> set[str]:
+    """The retrieval spans of a trace and every span under them: what a retrieval service of its own exports."""
+    notes = {s.span_id: note_span(s, 0) for s in trace}
+    children: dict[str, list[str]] = {}
+    for span in trace:
+        children.setdefault(span.parent_span_id, []).append(span.span_id)
+    out: set[str] = set()
+    todo = [s for s, n in notes.items() if n.retriever or n.stage == "retrieval"]
+    while todo:
+        span_id = todo.pop()
+        if span_id not in out:
+            out.add(span_id)
+            todo += children.get(span_id, [])
+    return out
+
+
+def _retrieval_events(messages: list[list[OtlpSpan]], now_ms: float) -> list[tuple[str, float, Any]]:
+    asm = _assembler()
+    out = [o for i, m in enumerate(messages) for o in asm.add_message(m, 0, i, now_ms)]
+    events = [orjson.loads(o.value) for o in out if isinstance(o, ForwardedEvent)]
+    stages = ("retrieval", "vector_recall", "rerank")
+    return sorted((e["stage"], e["ts_ms"], e["duration_ms"]) for e in events if e["stage"] in stages)
+
+
+def test_every_captured_trace_keeps_its_retrieval_when_its_retrieval_spans_come_after_the_root() -> None:
+    """Every trace of the real instrumentations' captures that has a retrieval span (634 traces of LangChain,
+    LlamaIndex, Haystack, DSPy, Spring AI ...), its retrieval spans and everything under them exported after the
+    rest (a retrieval service of its own): the same retrieval, vector recall and rerank events as the whole trace.
+    Before 2026-12-07, 32 differed (nested retrievers added up, embeddings lost)."""
+    checked, differ = 0, []
+    for path in sorted(CAPTURES.glob("*.otlp")):
+        for trace in _capture_traces(path):
+            late = _retrieval_subtree(trace)
+            if not late:
+                continue
+            now_ms = trace[-1].end_ns / 1e6 + 60_000
+            whole = _retrieval_events([trace], now_ms)
+            split = [[s for s in trace if s.span_id not in late], [s for s in trace if s.span_id in late]]
+            if _retrieval_events(split, now_ms) != whole:
+                differ.append((path.name, trace[0].trace_id))
+            checked += 1
+    assert checked >= 600 and not differ, (checked, differ[:5])
