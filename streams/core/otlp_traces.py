@@ -205,7 +205,7 @@ class TraceAssembler:
         # A message's prompt spans first: one cancels the prompt assembly its trace would derive at a late LLM span of
         # the same message, whatever their order in it.
         late.sort(key=lambda item: item[1].stage != "prompt_assemble")
-        nested, steps = self._late_nests(late) if late else (set(), {})
+        nested, steps = self._late_plan(late) if late else (set(), {})
         for state, note, is_root in late:
             plan = note.span_id in nested, steps.get(id(state), {})
             out.extend(self._guarded(state, note, now_ms, partial(self._late, state, note, is_root, now_ms, *plan)))
@@ -487,7 +487,7 @@ class TraceAssembler:
     ) -> list[Output]:
         """A span of a remembered trace: skipped if already handled, else mapped with the kept context (``nested``:
         it measures what a forwarded span of its stage did: counted, not forwarded; ``steps``: the message's late LLM
-        spans that are steps before the trace's answer; both from :meth:`_late_nests`)."""
+        spans that are steps before the trace's answer; both from :meth:`_late_plan`)."""
         if note.span_id in state.handled:
             self.counters.spans["replayed"] += 1
             return []
@@ -614,7 +614,7 @@ class TraceAssembler:
             return []
         return self._derived(state, note, derived_prompt_at(template, note.start_ns, retrieved), ctx, now_ms)
 
-    def _late_nests(self, late: list[tuple[TraceState, SpanNote, bool]]) -> tuple[set[str], dict[int, dict[str, int]]]:
+    def _late_plan(self, late: list[tuple[TraceState, SpanNote, bool]]) -> tuple[set[str], dict[int, dict[str, int]]]:
         """Decided for one message's late stage spans before any is mapped, so that their order in it does not
         matter: those that measure what another stage span of their trace does (this message's or one already
         forwarded: ``otlp_nesting.late_nested``), and, per trace, its late LLM spans that are steps before its answer
@@ -705,9 +705,8 @@ class TraceAssembler:
         """The events of one held or late span (nothing for a span that turns out to be no stage)."""
         state.handled.add(note.span_id)
         stage = stage_of(note, ctx)
-        if stage is None and waits_for_retrieval(
-            note
-        ):  # kept at resolution if it fits (counted when its fate is known)
+        if stage is None and waits_for_retrieval(note):
+            # Its retrieval span may come later: kept (within the cap: _resolve), counted when its fate is known.
             state.orphans[note.span_id] = note
             return []
         if stage is None:
