@@ -200,19 +200,27 @@ def late_nested(
     """The span ids of the late stage spans ``late`` (one message's, of a trace already mapped) that do not count:
     those the rule above drops among them and the trace's ``forwarded`` stage spans, and those that nest with a
     forwarded span of their stage (its events went out and stand), except an LLM span that tells its first chunk
-    where the forwarded ones it nests with do not (``llm_unmeasured``): its ``llm_ttft`` is the measurement."""
+    where the forwarded ones it nests with do not (``llm_unmeasured``): its ``llm_ttft`` is the measurement. A few
+    sweeps per stage, O(n log n) in its spans."""
     out: set[str] = set()
-    stages = {stage for stage, _ in late if stage not in INSTANTS}
-    for stage in stages:
+    for stage in {stage for stage, _ in late if stage not in INSTANTS}:
         theirs = [n for s, n in forwarded if s == stage]
         ours = [n for s, n in late if s == stage]
-        dropped = nested_duplicates([(stage, n) for n in (*theirs, *ours)], parents)
-        for note in ours:
-            if note.span_id in dropped:
-                out.add(note.span_id)
-                continue
-            over = [f for f in theirs if partner(note, [f], parents) is not None]
-            upgrade = stage == "llm_ttft" and not is_unmeasured(note) and all(is_unmeasured(f) for f in over)
-            if over and not upgrade:
-                out.add(note.span_id)
+        group = [*theirs, *ours]
+        if len(group) < 2:
+            continue
+        out |= nested_duplicates([(stage, n) for n in group], parents) & {n.span_id for n in ours}
+        if not theirs:
+            continue
+        nests = _Nests(group, ancestors(group, parents))
+        with_forwarded = nests.held_by(ours, theirs) | nests.holding(ours, theirs)
+        if stage == "llm_ttft":  # a measured call that nests only with unmeasured forwarded ones counts
+            measured = [n for n in theirs if not is_unmeasured(n)]
+            with_measured = nests.held_by(ours, measured) | nests.holding(ours, measured) if measured else set()
+            with_forwarded = {i for i in with_forwarded if i in with_measured or is_unmeasured(_note(ours, i))}
+        out |= with_forwarded
     return out
+
+
+def _note(notes: Sequence[SpanNote], span_id: str) -> SpanNote:
+    return next(n for n in notes if n.span_id == span_id)

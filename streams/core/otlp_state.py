@@ -33,6 +33,9 @@ from streams.core.otlp_mapping import SpanNote, TraceContext, own_tenant
 #: them).
 STATE_FORMAT: Final = 2
 _READABLE_FORMATS: Final = (1, 2)
+#: Stage extents a trace keeps (:attr:`TraceState.extents`): each late message's spans are checked against them,
+#: so they bound that work. The captured real traces forward at most 6 stage spans each.
+MAX_STAGE_EXTENTS: Final = 32
 #: A context value's rank: (0 for the root span, else 1; start ns; span id); the smallest wins.
 Rank = tuple[int, int, str]
 

@@ -95,7 +95,7 @@ from streams.core.otlp_outputs import (
     exc_text,
     unmappable_reason,
 )
-from streams.core.otlp_state import TraceState, extent_note, extent_of, trace_key
+from streams.core.otlp_state import MAX_STAGE_EXTENTS, TraceState, extent_note, extent_of, trace_key
 from streams.core.otlp_tenants import PartitionClocks, TenantClock, TraceCounts
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 
@@ -630,10 +630,12 @@ class TraceAssembler:
             try:
                 ctx = state.trace_context()
                 staged = [(stage, n) for n in notes if (stage := stage_of(n, ctx)) not in (None, "request_start")]
-                forwarded = [(row[0], extent_note(state, span_id)) for span_id, row in state.extents.items()]
-                nested |= late_nested(forwarded, staged, state.parents)
+                if not staged:
+                    continue
+                nested |= late_nested(_near(state, staged), staged, state.parents)
                 if any(stage == "llm_ttft" for stage, _ in staged):
-                    kept = [n for _, n in forwarded] + [n for n in notes if n.span_id not in nested]
+                    forwarded = [extent_note(state, span_id) for span_id in state.extents]
+                    kept = forwarded + [n for n in notes if n.span_id not in nested]
                     ours = {n.span_id for n in notes}
                     steps[key] = {k: v for k, v in agent_steps(kept).items() if k in ours}
             except Exception:
@@ -641,9 +643,11 @@ class TraceAssembler:
         return nested, steps
 
     def _keep_extent(self, state: TraceState, note: SpanNote, stage: str) -> None:
-        """Remember what a forwarded stage span covered (:attr:`TraceState.extents`), within the trace's byte cap
-        once it is mapped (while it is being mapped, :meth:`_resolve` counts them after)."""
+        """Remember what a forwarded stage span covered (:attr:`TraceState.extents`): the first ``MAX_STAGE_EXTENTS``,
+        within the trace's byte cap once it is mapped (while it is being mapped, :meth:`_resolve` counts them after)."""
         row = extent_of(note, stage)
+        if len(state.extents) >= MAX_STAGE_EXTENTS:
+            return
         if state.resolved:
             cost = extent_bytes(note.span_id, row)
             if state.size_bytes + cost > self._budget:
@@ -820,6 +824,20 @@ class TraceAssembler:
 
 #: Root stages that start a request or mark its end: a trace starting there is no part cut off.
 _NOT_CUT_OFF: Final = frozenset({None, "request_start", "first_token"})
+
+
+def _near(state: TraceState, staged: list[tuple[str, SpanNote]]) -> list[tuple[str, SpanNote]]:
+    """The forwarded stage spans of ``state`` that could nest with the late ones ``staged``: of their stages, and
+    overlapping them in time (a span that holds another, or sits in it, overlaps it; a parent link alone, with
+    the child outside its parent's time, is not looked for). What bounds a late message's work on a big trace."""
+    stages = {stage for stage, _ in staged}
+    low = min(n.start_ns for _, n in staged)
+    high = max(max(n.end_ns, n.first_chunk_ns or 0) for _, n in staged)
+    return [
+        (row[0], extent_note(state, span_id))
+        for span_id, row in state.extents.items()
+        if row[0] in stages and row[1] <= high and max(row[2], row[3] or 0) >= low
+    ]
 
 
 def extent_bytes(span_id: str, row: list[object]) -> int:

@@ -21,7 +21,7 @@ import orjson
 from schemas.otlp import OtlpSpan, parse_spans
 from streams.core.otlp_mapping import note_span
 from streams.core.otlp_outputs import ForwardedEvent, Output
-from streams.core.otlp_state import TraceState
+from streams.core.otlp_state import MAX_STAGE_EXTENTS, TraceState
 from streams.core.otlp_traces import TraceAssembler
 from streams.settings import CapsConfig, JoinConfig, OtlpConfig
 from tests.support.otlp_traffic import SpanSpec, TraceSpec, build_trace, request_message
@@ -274,3 +274,17 @@ def test_every_captured_trace_keeps_its_retrieval_when_its_retrieval_spans_come_
                 differ.append((path.name, trace[0].trace_id))
             checked += 1
     assert checked >= 600 and not differ, (checked, differ[:5])
+
+
+def test_a_trace_keeps_at_most_32_stage_extents_so_a_late_message_costs_little_on_a_big_trace() -> None:
+    """300 held retrieval spans (the captured real traces forward at most 6 stage spans), then late spans that each
+    sit in one of them: the trace keeps the first 32 extents, the late spans inside those are nested, the others
+    forwarded (their nest is not looked for past the bound)."""
+    held = [_span(f"{i:016x}", 1.0 + i, 1.5 + i, RETRIEVER) for i in range(300)]
+    asm = _assembler()
+    asm.add_message([*held, _first_chunk_llm(), _root()], 0, 0, NOW_MS)
+    (state,) = asm._traces.values()
+    assert len(state.extents) == MAX_STAGE_EXTENTS == 32
+    inside = [_span(f"{i + 1000:016x}", 1.1 + i, 1.4 + i, RETRIEVER) for i in (0, 31, 32, 299)]
+    out = [o for k, s in enumerate(inside) for o in asm.add_message([s], 0, k + 1, NOW_MS)]
+    assert [e["event_id"] for e in _events_of(out, "retrieval")] == [inside[2].span_id, inside[3].span_id]
