@@ -138,6 +138,8 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
         sends["issue14"] = inputs.issue14
     if os.environ.get("TTFT_ISOLATION_HOSTILE_ONLY") == "1":  # a third pipeline: the hostile input alone
         sends["hostile"] = inputs.hostile()
+    if os.environ.get("TTFT_ISOLATION_ATTACKS_RUN") == "1":  # the good traffic with this issue's attacks only
+        sends["attacks"] = inputs.good + attacks
     runs: dict[str, PipelinePair] = {}
     topics: dict[str, dict[str, str]] = {}
     try:
@@ -239,6 +241,11 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
     if "issue14" in cpu:
         line += f", mixed / issue 14's {cpu['mixed'][0] / cpu['issue14'][0]:.2f}"
     print(f"JOIN CPU PER EVENT (µs) through the backlog: {line}")
+    if "attacks" in cpu:  # issue 27's third reading: its attacks mixed into the good traffic, without issue 14's
+        print(
+            f"JOIN CPU PER EVENT (µs), the good traffic with this issue's attacks only: {cpu['attacks'][0]:.1f} "
+            f"({producer.backlog['attacks']} messages); attacks / alone {cpu['attacks'][0] / cpu['alone'][0]:.2f}"
+        )
     if "hostile" in cpu:  # what the mixed run's CPU would be if the two inputs cost what they cost apart
         apart = cpu["alone"][0] * producer.backlog["alone"] + cpu["hostile"][0] * producer.backlog["hostile"]
         print(
