@@ -442,13 +442,15 @@ class TraceAssembler:
         if state.prompt_due is not None:
             state.size_bytes += len(state.prompt_due[1])
         for span_id, row in list(state.extents.items()):
-            if state.size_bytes + extent_bytes(span_id, row) <= self._budget:
-                state.size_bytes += extent_bytes(span_id, row)
+            cost = extent_bytes(span_id, row)
+            if state.size_bytes + cost <= self._budget:
+                state.size_bytes += cost
             else:
                 del state.extents[span_id]
         for note in list(state.orphans.values()):
-            if state.size_bytes + note_bytes(note) <= self._budget:
-                state.size_bytes += note_bytes(note)
+            cost = note_bytes(note)
+            if state.size_bytes + cost <= self._budget:
+                state.size_bytes += cost
             else:
                 del state.orphans[note.span_id]
                 self.counters.spans["not_stage"] += 1
