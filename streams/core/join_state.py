@@ -527,6 +527,14 @@ class PendingRequest:
         if changed:
             self.attrs = tuple(pairs)
 
+    def put_attrs(self, record: dict[str, Any]) -> None:
+        """Set the well-known attr columns this request has in ``record`` (the others stay as they are)."""
+        sparse = self.attrs
+        if sparse is not None:
+            for j in range(0, len(sparse), 2):
+                tag: int = sparse[j]
+                record[ATTR_COLUMNS[tag & _TAG_MASK]] = sparse[j + 1]
+
     def attr_values(self) -> tuple[Any, ...]:
         """The well-known attr values in ``ATTR_COLUMNS`` order (None when never seen)."""
         values: list[Any] = [None] * _N_ATTRS
