@@ -256,3 +256,25 @@ def test_exact_bytes_is_orjson_output_in_a_block_of_its_own_size() -> None:
     out = exact_bytes(record)
     assert out == orjson.dumps(record) and type(out) is bytes
     assert sys.getsizeof(out) == sys.getsizeof(b"") + len(out)
+
+
+def test_a_record_has_the_schemas_fields_in_its_order_and_its_identities_stay() -> None:
+    """build_record starts from a blank record: whatever the request holds, the record has exactly
+    RequestRecord's fields, in its order, and validates; a keyless event's identity (a BLAKE2b of its timing)
+    is the value stored rows already hold."""
+    from schemas.records import RequestRecord
+    from streams.core.join_record import event_identity
+
+    lone = PendingRequest("req-0001", "acme", 0, 0.0)
+    lone.fold(ev("request_start", 0), 0)
+    full = PendingRequest("req-0001", "acme", 0, 0.0)
+    for event in (ev("request_start", 0, attrs={"trace_id": "ab"}), ev("bm25_recall", 2, 5.0), ev("hx_custom", 8, 1.0)):
+        full.fold(event, event_key(event))
+    for pending in (lone, full):
+        record = build_record(pending, JoinConfig(), 60_000)
+        assert list(record) == list(RequestRecord.model_fields), list(record)
+        RequestRecord.model_validate(record)
+    assert build_record(full, JoinConfig(), 60_000)["custom_stages"] == {"hx_custom": 1.0}
+    assert build_record(full, JoinConfig(), 60_000)["trace_id"] == "ab"
+    assert event_identity("request_start", 0, 1_000.0, 0.0) == 4_158_866_512_014_050_795
+    assert event_identity("rerank", 0, 1.7e12, 12.5) == 616_414_550_513_908_332
