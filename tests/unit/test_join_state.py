@@ -262,7 +262,7 @@ def test_a_record_has_the_schemas_fields_in_its_order_and_its_identities_stay() 
     """build_record starts from a blank record: whatever the request holds, the record has exactly
     RequestRecord's fields, in its order, and validates; a keyless event's identity (a BLAKE2b of its timing)
     is the value stored rows already hold."""
-    from schemas.records import RequestRecord
+    from schemas.records import RequestRecord, record_version
     from streams.core.join_record import event_identity
 
     lone = PendingRequest("req-0001", "acme", 0, 0.0)
@@ -274,6 +274,7 @@ def test_a_record_has_the_schemas_fields_in_its_order_and_its_identities_stay() 
         record = build_record(pending, JoinConfig(), 60_000)
         assert list(record) == list(RequestRecord.model_fields), list(record)
         RequestRecord.model_validate(record)
+        assert record["record_version"] == record_version(record["event_count"], record["status"], pending.late)
     assert build_record(full, JoinConfig(), 60_000)["custom_stages"] == {"hx_custom": 1.0}
     assert build_record(full, JoinConfig(), 60_000)["trace_id"] == "ab"
     assert event_identity("request_start", 0, 1_000.0, 0.0) == 4_158_866_512_014_050_795
