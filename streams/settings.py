@@ -258,9 +258,10 @@ class TenancyConfig(_Section):
     (promoted: in the join over the requests it sees, in the writer over the windows it stores, so a writer
     restart or a replay keeps them; a promotion lasts ``keep_promoted_windows`` after the last such run).
     Each registered tenant keeps its own clock, open-request cap, series slots and silence alert. Every other
-    tenant shares one pool: one clock per partition, ``max_open_requests_pool`` open requests, at most
-    ``max_series_pool`` series per window, no silence alert. The pool never evicts a registered tenant's
-    requests or takes its series slots, and the join's cost per event does not grow with the number of
+    tenant shares one pool: one clock per partition, ``max_open_requests_pool`` open requests,
+    ``max_remembered_requests_pool`` emitted ones remembered, at most ``max_series_pool`` series per window, no
+    silence alert. The pool never evicts a registered tenant's requests (open or remembered) or takes its
+    series slots, and the join's cost per event does not grow with the number of
     tenants in it.
     """
 
@@ -288,6 +289,12 @@ class TenancyConfig(_Section):
     )
     max_open_requests_pool: int = Field(
         20_000, gt=0, description="Open requests of all unregistered tenants together; past it the pool's oldest go."
+    )
+    max_remembered_requests_pool: int = Field(
+        20_000,
+        ge=0,
+        description="Emitted requests of all unregistered tenants together kept to absorb late events; past it the "
+        "pool's soonest-forgotten go. The global join.max_remembered_requests takes the pool's first.",
     )
     max_series_pool: int = Field(
         50, ge=0, description="Series per window of all unregistered tenants together; the rest fold into __other__."

@@ -211,6 +211,7 @@ class JoinFold(KeyedStateFold):
         self.core.legacy_keys = [(key, p) for key, p in self.core.legacy_keys if p not in owned]
         self.metrics.open_requests.set(self.core.open_requests)
         self.metrics.pool_open_requests.set(self.core.pool_open_requests)
+        self.metrics.pool_remembered_requests.set(self.core.pool_remembered_requests)
         self.metrics.promoted_tenants.set(self.core.budgets.promoted)
         # The quarantines these partitions held before (a restart, a rebalance) hold again, without a page.
         if partitions:
@@ -228,14 +229,16 @@ class JoinFold(KeyedStateFold):
 
     def report(self) -> Report:
         """The gauges as of this fold (the runner publishes them once its outputs are acknowledged)."""
-        open_requests, pool = self.core.open_requests, self.core.pool_open_requests
-        promoted = self.core.budgets.promoted
+        core = self.core
+        open_requests, pool = core.open_requests, (core.pool_open_requests, core.pool_remembered_requests)
+        promoted = core.budgets.promoted
         return lambda: self._publish(open_requests, pool, promoted)
 
-    def _publish(self, open_requests: int, pool_open_requests: int, promoted: int) -> None:
+    def _publish(self, open_requests: int, pool: tuple[int, int], promoted: int) -> None:
         c, m = self.core.counters, self.metrics
         m.open_requests.set(open_requests)
-        m.pool_open_requests.set(pool_open_requests)
+        m.pool_open_requests.set(pool[0])
+        m.pool_remembered_requests.set(pool[1])
         m.promoted_tenants.set(promoted)
         sync_counter(m.duplicates, c.duplicates)
         sync_counter(m.late_events, c.late_events)

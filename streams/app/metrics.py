@@ -29,6 +29,11 @@ class WorkerMetrics:
         self.pool_open_requests = Gauge(
             "ttft_pool_open_requests", "Open requests of unregistered tenants (the shared pool)", registry=r
         )
+        self.pool_remembered_requests = Gauge(
+            "ttft_pool_remembered_requests",
+            "Emitted requests of unregistered tenants kept to absorb late events (the shared pool)",
+            registry=r,
+        )
         self.promoted_tenants = Gauge(
             "ttft_promoted_tenants", "Tenants the join promoted out of the pool by steady traffic", registry=r
         )

@@ -175,6 +175,7 @@ JOIN_CAPS: tuple[str, ...] = (
     "open_requests_per_tenant",
     "remembered_requests",
     "open_requests_pool",
+    "remembered_requests_pool",
 )
 
 
@@ -207,13 +208,16 @@ class _TenantClock:
     """One tenant's watermark and deadline heap on one partition. Heap entries are ``(deadline, state key)``;
     an entry whose request no longer has that deadline is stale and skipped (lazy deletion)."""
 
-    __slots__ = ("deadlines", "idle_base", "last_wall", "watermark")
+    __slots__ = ("deadlines", "forgot_until", "idle_base", "last_wall", "watermark")
 
     def __init__(self) -> None:
         self.watermark = 0.0  # 0: no event yet (every valid ts_ms is far above)
         self.idle_base = 0.0
         self.last_wall: float | None = None
         self.deadlines: list[tuple[float, str]] = []
+        #: The latest forget deadline of a request forgotten early (a remembered-requests cap): until the
+        #: watermark passes it, a late event without a request may be one of theirs (:meth:`RequestJoin._late_lone`).
+        self.forgot_until = 0.0
 
 
 class _Partition:
@@ -263,7 +267,11 @@ class RequestJoin:
         self._ages_on = False
         self._open = 0
         self._open_by: dict[str, int] = {}  # open requests per tenant
-        self._forget_order: list[tuple[float, str]] = []  # emitted requests by forget deadline, lazy
+        # Emitted requests by forget deadline, lazy: the registered tenants' and the pool's apart, so that the
+        # pool's are forgotten first and never make a registered tenant's go (_forget_excess).
+        self._forget_order: list[tuple[float, str]] = []
+        self._forget_pool: list[tuple[float, str]] = []
+        self._remembered_pool = 0  # emitted requests of the pool held
         self._dirty: dict[str, int] = {}
         #: The partitions the promoted tenants were last written to (their PROMOTIONS_PREFIX entries).
         self._promotions_at: set[int] = set()
@@ -284,6 +292,7 @@ class RequestJoin:
         self._max_open = config.max_open_requests
         self._max_open_per_tenant = config.max_open_requests_per_tenant
         self._max_open_pool = self.budgets.max_open_pool
+        self._max_remembered_pool = self.budgets.max_remembered_pool
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -365,6 +374,9 @@ class RequestJoin:
                         self._count_open(tenant, +1)
                         if self._ages_on:  # the pool's entry goes stale (_evict_oldest checks the budget)
                             heapq.heappush(self._ages.setdefault(tenant, []), (pending.started_at, key))
+                    else:  # its entry in the pool's forget order goes stale (_forget_soonest checks the budget)
+                        self._remembered_pool -= 1
+                        heapq.heappush(self._forget_order, (pending.deadline, key))
                 moved.setdefault(tenant, []).append(entry)
             if len(kept) == len(pool.deadlines):
                 continue
@@ -397,6 +409,11 @@ class RequestJoin:
     def pool_open_requests(self) -> int:
         """Open requests held under the pool (unregistered tenants)."""
         return self._open_by.get(POOL, 0)
+
+    @property
+    def pool_remembered_requests(self) -> int:
+        """Emitted requests of the pool held to absorb late events."""
+        return self._remembered_pool
 
     def has_dirty(self) -> bool:
         """True when some request (or the promoted tenants) changed since the last :meth:`dirty`."""
@@ -528,8 +545,10 @@ class RequestJoin:
         request_id: str = fields["request_id"]
         end: float = fields["ts_ms"] + (fields["duration_ms"] or 0.0)
         wm = self._effective(part, clock)
-        if wm > 0.0 and end < wm - self._forget_after_ms:
-            # A late event of a request already forgotten: the writer merges this into the stored record.
+        if wm > 0.0 and (end < wm - self._forget_after_ms or (wm < clock.forgot_until and end < wm - self._grace_ms)):
+            # A late event of a request already forgotten (past forget_after_ms, or maybe early, by a cap, while
+            # the watermark has not passed the forget deadlines of those): the writer merges this into the stored
+            # record. Joined as a new request, its record would lose to the stored row, or replace it.
             lone = PendingRequest(request_id, fields["tenant_id"], partition, wm)
             lone.fold(event, event_id_key(fields["event_id"]), fields_digest(fields), _offset(offset))
             lone.late = 1
@@ -598,24 +617,58 @@ class RequestJoin:
         return self._max_open_pool if budget == POOL else self._max_open_per_tenant
 
     def _forget_excess(self) -> list[dict[str, Any]]:
-        """Forget emitted requests early while more than ``max_remembered_requests`` are held (their late
-        events then become amendments); one with late events not yet re-emitted is re-emitted now."""
+        """Forget emitted requests early, soonest-forgotten first: the pool's past ``max_remembered_pool``, then
+        any past ``max_remembered_requests``, the pool's before a registered tenant's. Their late events then
+        become amendments (:meth:`_late_lone`); one with late events not yet re-emitted is re-emitted now."""
         out: list[dict[str, Any]] = []
+        while self._remembered_pool > self._max_remembered_pool:
+            if not self._forget_soonest(self._forget_pool, True, out, "remembered_requests_pool"):
+                break
         cap = self.config.max_remembered_requests
-        while len(self._requests) - self._open > cap and self._forget_order:
-            forget_at, key = heapq.heappop(self._forget_order)
+        while len(self._requests) - self._open > cap:
+            pool = self._remembered_pool > 0
+            if not self._forget_soonest(
+                self._forget_pool if pool else self._forget_order, pool, out, "remembered_requests"
+            ):
+                break
+        remembered = len(self._requests) - self._open
+        if len(self._forget_order) + len(self._forget_pool) > 2 * remembered + 1024:
+            emitted = [p for p in self._requests.values() if p.emitted]
+            self._forget_order = [(p.deadline, p.key) for p in emitted if p.budget != POOL]
+            self._forget_pool = [(p.deadline, p.key) for p in emitted if p.budget == POOL]
+            heapq.heapify(self._forget_order)
+            heapq.heapify(self._forget_pool)
+        return out
+
+    def _forget_soonest(self, heap: list[tuple[float, str]], pool: bool, out: list[dict[str, Any]], cap: str) -> bool:
+        """Forget the live entry of ``heap`` (the pool's when ``pool``) due soonest; False when it has none."""
+        while heap:
+            forget_at, key = heapq.heappop(heap)
             pending = self._requests.get(key)
-            if pending is None or not pending.emitted or pending.deadline != forget_at:
-                continue
+            if (
+                pending is None
+                or not pending.emitted
+                or pending.deadline != forget_at
+                or (pending.budget == POOL) != pool
+            ):
+                continue  # stale (lazy deletion), or a request since promoted out of the pool
             if pending.late > self.config.max_late_reemissions:
                 out.append(build_record(pending, self.config, self.window_ms))
-            del self._requests[key]
-            self._dirty[key] = pending.partition
-            self.counters.caps["remembered_requests"] += 1
-        if len(self._forget_order) > 2 * (len(self._requests) - self._open) + 1024:
-            self._forget_order = [(p.deadline, p.key) for p in self._requests.values() if p.emitted]
-            heapq.heapify(self._forget_order)
-        return out
+            self._drop_emitted(key, pending)
+            self.counters.caps[cap] += 1
+            part = self._partitions.get(pending.partition)
+            clock = None if part is None else part.tenants.get(pending.budget)
+            if clock is not None and forget_at > clock.forgot_until:
+                clock.forgot_until = forget_at
+            return True
+        return False
+
+    def _drop_emitted(self, key: str, pending: PendingRequest) -> None:
+        """Forget an emitted request (its changelog entry is deleted with the next :meth:`dirty`)."""
+        del self._requests[key]
+        if pending.budget == POOL:
+            self._remembered_pool -= 1
+        self._dirty[key] = pending.partition
 
     def advance_all(self, now_wall_ms: float) -> list[dict[str, Any]]:
         """:meth:`advance` every owned partition, in partition order."""
@@ -646,8 +699,7 @@ class RequestJoin:
             if pending.emitted:
                 if pending.late > self.config.max_late_reemissions:
                     out.append(build_record(pending, self.config, self.window_ms))  # the late events not yet sent
-                del self._requests[key]
-                self._dirty[key] = partition
+                self._drop_emitted(key, pending)
                 continue
             record = build_record(pending, self.config, self.window_ms)
             if self._natural_due(pending) > deadline:
@@ -711,7 +763,11 @@ class RequestJoin:
         pending.emitted = True
         pending.deadline = forget_at
         heapq.heappush(clock.deadlines, (forget_at, pending.key))
-        heapq.heappush(self._forget_order, (forget_at, pending.key))
+        if pending.budget == POOL:
+            heapq.heappush(self._forget_pool, (forget_at, pending.key))
+            self._remembered_pool += 1
+        else:
+            heapq.heappush(self._forget_order, (forget_at, pending.key))
         self._count_open(pending.budget, -1)
         self.counters.emitted[status] += 1
         self._dirty[pending.key] = pending.partition
@@ -819,6 +875,8 @@ class RequestJoin:
         previous = self._requests.get(pending.key)
         if previous is not None and not previous.emitted:
             self._count_open(previous.budget, -1)
+        elif previous is not None and previous.budget == POOL:
+            self._remembered_pool -= 1
         self._requests[pending.key] = pending
         if legacy:
             self.legacy_keys.append((key, pending.partition))
@@ -835,6 +893,9 @@ class RequestJoin:
         if not pending.emitted:
             self._count_open(pending.budget, +1)
             self._push_age(pending)
+        elif pending.budget == POOL:
+            heapq.heappush(self._forget_pool, (pending.deadline, pending.key))
+            self._remembered_pool += 1
         else:
             heapq.heappush(self._forget_order, (pending.deadline, pending.key))
         return pending.partition
@@ -858,6 +919,8 @@ class RequestJoin:
                 del self._requests[key]
                 if not pending.emitted:
                     self._count_open(pending.budget, -1)
+                elif pending.budget == POOL:
+                    self._remembered_pool -= 1
         self._dirty = {r: p for r, p in self._dirty.items() if p not in gone}
         for partition in gone:
             self._partitions.pop(partition, None)
@@ -872,6 +935,8 @@ class RequestJoin:
         self._ages = {}
         self._ages_on = False
         self._forget_order = []
+        self._forget_pool = []
+        self._remembered_pool = 0
         self._open = 0
         self._open_by = {}
         self._dirty = {}

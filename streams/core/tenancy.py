@@ -228,13 +228,14 @@ class SteadyLedger:
 class TenantBudgets:
     """The budget key of each tenant (:meth:`key`): the tenant itself, or :data:`POOL`."""
 
-    __slots__ = ("max_open_pool", "registered", "steady", "window_ms")
+    __slots__ = ("max_open_pool", "max_remembered_pool", "registered", "steady", "window_ms")
 
     def __init__(
         self,
         registered: frozenset[str] | None = None,
         *,
         max_open_pool: int = 20_000,
+        max_remembered_pool: int = 20_000,
         steady_windows: int = 0,
         window_ms: int = 60_000,
         max_candidates: int = 10_000,
@@ -245,6 +246,8 @@ class TenantBudgets:
         self.registered = registered
         #: Open requests of the pool together (``tenancy.max_open_requests_pool``).
         self.max_open_pool = max_open_pool
+        #: Emitted requests of the pool remembered together (``tenancy.max_remembered_requests_pool``).
+        self.max_remembered_pool = max_remembered_pool
         self.window_ms = window_ms
         self.steady = (
             SteadyTenants(steady_windows, max_candidates, max_promoted, keep_windows)
@@ -259,6 +262,7 @@ class TenantBudgets:
         return cls(
             settings.registered_tenants(),
             max_open_pool=t.max_open_requests_pool,
+            max_remembered_pool=t.max_remembered_requests_pool,
             steady_windows=t.steady_windows,
             window_ms=settings.windows.window_s * 1000,
             max_candidates=t.max_steady_candidates,
