@@ -216,7 +216,7 @@ class _TenantClock:
         self.last_wall: float | None = None
         self.deadlines: list[tuple[float, str]] = []
         #: The latest forget deadline of a request forgotten early (a remembered-requests cap): until the
-        #: watermark passes it, a late event without a request may be one of theirs (:meth:`RequestJoin._late_lone`).
+        #: watermark passes it, a late event without a request may be one of theirs (:meth:`RequestJoin._add_new`).
         self.forgot_until = 0.0
 
 
@@ -619,17 +619,16 @@ class RequestJoin:
     def _forget_excess(self) -> list[dict[str, Any]]:
         """Forget emitted requests early, soonest-forgotten first: the pool's past ``max_remembered_pool``, then
         any past ``max_remembered_requests``, the pool's before a registered tenant's. Their late events then
-        become amendments (:meth:`_late_lone`); one with late events not yet re-emitted is re-emitted now."""
+        become amendments (:meth:`_add_new`); one with late events not yet re-emitted is re-emitted now."""
         out: list[dict[str, Any]] = []
         while self._remembered_pool > self._max_remembered_pool:
             if not self._forget_soonest(self._forget_pool, True, out, "remembered_requests_pool"):
                 break
         cap = self.config.max_remembered_requests
         while len(self._requests) - self._open > cap:
-            pool = self._remembered_pool > 0
-            if not self._forget_soonest(
-                self._forget_pool if pool else self._forget_order, pool, out, "remembered_requests"
-            ):
+            if self._remembered_pool > 0 and self._forget_soonest(self._forget_pool, True, out, "remembered_requests"):
+                continue
+            if not self._forget_soonest(self._forget_order, False, out, "remembered_requests"):
                 break
         remembered = len(self._requests) - self._open
         if len(self._forget_order) + len(self._forget_pool) > 2 * remembered + 1024:
