@@ -291,10 +291,11 @@ class TenancyConfig(_Section):
         20_000, gt=0, description="Open requests of all unregistered tenants together; past it the pool's oldest go."
     )
     max_remembered_requests_pool: int = Field(
-        20_000,
+        200_000,
         ge=0,
         description="Emitted requests of all unregistered tenants together kept to absorb late events; past it the "
-        "pool's soonest-forgotten go. The global join.max_remembered_requests takes the pool's first.",
+        "pool's soonest-forgotten go. The global join.max_remembered_requests takes the pool's first (the default "
+        "is that cap's, so only which requests go changes, not how many).",
     )
     max_series_pool: int = Field(
         50, ge=0, description="Series per window of all unregistered tenants together; the rest fold into __other__."

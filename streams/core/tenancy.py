@@ -235,7 +235,7 @@ class TenantBudgets:
         registered: frozenset[str] | None = None,
         *,
         max_open_pool: int = 20_000,
-        max_remembered_pool: int = 20_000,
+        max_remembered_pool: int = 200_000,
         steady_windows: int = 0,
         window_ms: int = 60_000,
         max_candidates: int = 10_000,

@@ -62,7 +62,7 @@ def test_the_pools_remembered_requests_have_their_own_cap() -> None:
     assert join.counters.caps["remembered_requests_pool"] == 250
     assert join.counters.caps["remembered_requests"] == 0
     assert join.remembered_requests == 10 + 50 + 2  # the victim's, the pool's, and the two open ticks
-    assert load_settings().tenancy.max_remembered_requests_pool == 20_000
+    assert load_settings().tenancy.max_remembered_requests_pool == 200_000
 
 
 def test_a_late_event_of_a_request_forgotten_early_is_an_amendment_the_writer_merges_to_the_same_values() -> None:
