@@ -43,6 +43,7 @@ PHASES = (
     "otlpbridge",
     "whatif",
     "isolation",
+    "isolation_broker",
 )
 #: Phases that read the generated traffic; when all are skipped, only a token amount is generated.
 TRAFFIC_PHASES = frozenset({"raw", "pipeline", "lag", "naive", "memory", "scaleout"})
@@ -324,6 +325,15 @@ def _run_phases(run: Run, args: argparse.Namespace, env: BenchEnv, traffic: Traf
                 timeout_s=args.phase_timeout,
             ),
         )
+    _isolation_broker(run, args, env)
+
+
+def _isolation_broker(run: Run, args: argparse.Namespace, env: BenchEnv) -> None:
+    if "isolation_broker" not in args.skip:  # issue 27's CPU criterion on the real broker, one join at a time
+        from bench.isolation import measure_isolation_broker
+
+        root = env.root / "isolation_broker"
+        run.phase("isolation (broker)", lambda: measure_isolation_broker(env.bootstrap, root, 1 if args.quick else 2))
 
 
 def _renamed(result: dict[str, Any], old: str, new: str) -> dict[str, Any]:

@@ -230,9 +230,9 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
 
     # 3. The join's CPU per event. Printed against the good traffic alone (and, with
     # TTFT_ISOLATION_ISSUE14_RUN=1, against issue 14's mixed run, the run without this issue's attacks);
-    # bounded at 4x the good traffic's (no scan over 20,000 tenants per event). Each hostile message must
-    # produce about two outputs (a dead letter, or a timed-out request's record, changelog write and
-    # tombstone) where a good one produces a third of one: issue 27's 20 % is not met (see the note).
+    # bounded at 4x the good traffic's (no scan over 20,000 tenants per event). Here the pipelines share the
+    # host's two cores with each other and the paced producer, which moves a join's CPU per event by more
+    # than 20 % from run to run: issue 27's 20 % is asserted by test_join_cpu_isolation.py, one join at a time.
     line = f"alone {cpu['alone'][0]:.1f} ({producer.backlog['alone']} messages)"
     if "issue14" in cpu:
         line += f", issue 14's mixed run {cpu['issue14'][0]:.1f} ({producer.backlog['issue14']})"

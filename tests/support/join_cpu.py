@@ -33,12 +33,14 @@ from tests.support.scenarios import write_config
 
 #: The inputs a run may be given (see :class:`tests.support.isolation_traffic.IsolationInputs`): the good
 #: tenants alone; with issue 14's hostile tenant (the isolation test before issue 27); with that and issue 27's
-#: attacks (``mixed``, the isolation test now); the good tenants with issue 27's attacks only.
+#: attacks (``mixed``, the isolation test now); the good tenants with issue 27's attacks only; everything
+#: ``mixed`` has that ``alone`` has not (``hostile``: what the two parts of ``mixed`` cost apart).
 RUNS: dict[str, Callable[[IsolationInputs], list[Placed]]] = {
     "alone": lambda i: i.good,
     "issue14": lambda i: i.issue14,
     "mixed": lambda i: i.mixed,
     "attacks": lambda i: i.good + i.attacks,
+    "hostile": lambda i: i.hostile(),
 }
 
 

@@ -72,6 +72,7 @@ def test_only_runs_one_phase_with_token_traffic() -> None:
         "otlpbridge",
         "whatif",
         "isolation",
+        "isolation_broker",
     }
     assert args.events <= 1_000 and args.otel_traces == 500
     assert parse_args([]).otel_traces == 3_000
