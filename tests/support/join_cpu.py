@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -132,6 +133,13 @@ def measure_runs(bootstrap: str, root: Path, runs: Sequence[str], rounds: int = 
 def best(passes: Sequence[JoinCpu]) -> JoinCpu:
     """The pass with the least CPU per message (the others had more of the host's noise)."""
     return min(passes, key=lambda p: p.us_per_message)
+
+
+def paired_ratio(runs: Sequence[JoinCpu], baselines: Sequence[JoinCpu]) -> float:
+    """The median over rounds of a run's CPU per message over its baseline's in the same round: the two
+    passes of a round are minutes apart at most, where the best passes of each may come from a quiet minute
+    for one and a busy one for the other."""
+    return statistics.median(r.us_per_message / b.us_per_message for r, b in zip(runs, baselines, strict=True))
 
 
 async def _create_topic(settings: Settings, topic: str) -> None:
