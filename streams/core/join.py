@@ -55,6 +55,7 @@ from streams.core.tenancy import POOL, SteadyTenants, TenantBudgets
 from streams.settings import CapsConfig, JoinConfig
 
 __all__ = [
+    "FORGOT_PREFIX",
     "PROMOTIONS_PREFIX",
     "JoinCounters",
     "JoinOutput",
@@ -72,6 +73,11 @@ __all__ = [
 #: a state key of the reserved pool tenant, which no request has. Written to every partition with state when
 #: the promoted set changes, so a restarted join (or a partition's next owner) keeps the promotions.
 PROMOTIONS_PREFIX: Final = f"{POOL}\x00promoted\x00"
+#: The changelog key of a clock's early-forget mark (:attr:`_TenantClock.forgot_until`): this prefix, the
+#: partition's number, NUL and the clock's budget (a registered tenant, or the pool). Written when the mark
+#: moves, with the clock's watermark, and deleted once the watermark has passed it, so that after a restart (or
+#: on the partition's next owner) a late event of a request forgotten early is still sent as an amendment.
+FORGOT_PREFIX: Final = f"{POOL}\x00forgot\x00"
 
 
 class SourceMessage(Protocol):
@@ -275,6 +281,10 @@ class RequestJoin:
         self._dirty: dict[str, int] = {}
         #: The partitions the promoted tenants were last written to (their PROMOTIONS_PREFIX entries).
         self._promotions_at: set[int] = set()
+        #: (partition, budget) of the clocks whose early-forget mark moved since the last dirty(), and of those
+        #: whose mark is in the changelog (deleted by dirty() once their watermark passed it).
+        self._forgot_dirty: set[tuple[int, str]] = set()
+        self._forgot_written: dict[tuple[int, str], str] = {}  # -> its changelog key
         #: (changelog key, partition) of old-form keys (a bare request id) seen by :meth:`restore`: the
         #: adapter deletes them once the re-keyed states (marked dirty) are written.
         self.legacy_keys: list[tuple[str, int]] = []
@@ -417,7 +427,7 @@ class RequestJoin:
 
     def has_dirty(self) -> bool:
         """True when some request (or the promoted tenants) changed since the last :meth:`dirty`."""
-        return bool(self._dirty) or self._promotions_due()
+        return bool(self._dirty) or bool(self._forgot_dirty) or self._promotions_due()
 
     def _promotions_due(self) -> bool:
         """The promoted set changed, or a partition with state has not been written it (once per batch)."""
@@ -441,7 +451,28 @@ class RequestJoin:
                 out[PROMOTIONS_PREFIX + str(partition)] = (partition, packed)
             self._promotions_at = set(self._partitions)
             steady.changed = False
+        if self._forgot_dirty or self._forgot_written:
+            self._forgot_marks(out)
         return out
+
+    def _forgot_marks(self, out: dict[str, tuple[int, bytes | None]]) -> None:
+        """The early-forget marks that moved, and the deletions of those the watermark has passed."""
+        for partition, budget in self._forgot_dirty:
+            clock = self._clock_of(partition, budget)
+            if clock is not None:
+                key = self._forgot_written.get((partition, budget)) or f"{FORGOT_PREFIX}{partition}\x00{budget}"
+                out[key] = (partition, orjson.dumps({"until": clock.forgot_until, "watermark": clock.watermark}))
+                self._forgot_written[(partition, budget)] = key
+        self._forgot_dirty = set()
+        for (partition, budget), key in list(self._forgot_written.items()):
+            clock = self._clock_of(partition, budget)
+            if clock is None or clock.watermark >= clock.forgot_until:
+                out[key] = (partition, None)
+                del self._forgot_written[(partition, budget)]
+
+    def _clock_of(self, partition: int, budget: str) -> _TenantClock | None:
+        part = self._partitions.get(partition)
+        return None if part is None else part.tenants.get(budget)
 
     # --- events ---------------------------------------------------------------------------------
 
@@ -659,6 +690,7 @@ class RequestJoin:
             clock = None if part is None else part.tenants.get(pending.budget)
             if clock is not None and forget_at > clock.forgot_until:
                 clock.forgot_until = forget_at
+                self._forgot_dirty.add((pending.partition, pending.budget))
             return True
         return False
 
@@ -863,6 +895,8 @@ class RequestJoin:
         if key.startswith(PROMOTIONS_PREFIX):
             self._restore_promotions(packed)
             return int(key[len(PROMOTIONS_PREFIX) :]) if partition is None else partition
+        if key.startswith(FORGOT_PREFIX):
+            return self._restore_forgot(key, packed, partition)
         pending = PendingRequest.from_bytes(key, packed)
         if not self.budgets.is_registered(pending.tenant):
             pending.budget = POOL
@@ -899,6 +933,29 @@ class RequestJoin:
             heapq.heappush(self._forget_order, (pending.deadline, pending.key))
         return pending.partition
 
+    def _restore_forgot(self, key: str, packed: bytes, partition: int | None) -> int:
+        """An early-forget mark: the clock's mark and watermark floor again, and a heap entry at the mark (a
+        stale one: no request has the empty key) that keeps the clock until its watermark passes the mark."""
+        try:
+            written, _, budget = key[len(FORGOT_PREFIX) :].partition("\x00")
+            data = orjson.loads(packed)
+            until, watermark = float(data["until"]), float(data["watermark"])
+            where = int(written) if partition is None else partition
+        except (KeyError, TypeError, AttributeError) as exc:  # int()/float()/orjson errors are ValueErrors
+            raise ValueError(f"corrupt early-forget mark: {exc!r}") from exc
+        if budget != POOL and not self.budgets.is_registered(budget):
+            budget = POOL
+        part = self._partition(where)
+        clock = part.clock(budget)
+        if watermark > clock.watermark:
+            clock.watermark = clock.idle_base = watermark
+            part.lead = max(part.lead, watermark)
+        if until > clock.forgot_until:
+            clock.forgot_until = until
+            heapq.heappush(clock.deadlines, (until, ""))
+        self._forgot_written[(where, budget)] = key
+        return where
+
     def _restore_promotions(self, packed: bytes) -> None:
         try:
             data = orjson.loads(packed)
@@ -924,6 +981,8 @@ class RequestJoin:
         for partition in gone:
             self._partitions.pop(partition, None)
         self._promotions_at -= gone
+        self._forgot_dirty = {m for m in self._forgot_dirty if m[0] not in gone}
+        self._forgot_written = {m: k for m, k in self._forgot_written.items() if m[0] not in gone}
         if self._ages_on:
             self._rebuild_ages()
 
@@ -940,6 +999,8 @@ class RequestJoin:
         self._open_by = {}
         self._dirty = {}
         self._promotions_at = set()
+        self._forgot_dirty = set()
+        self._forgot_written = {}
         self.legacy_keys = []
 
     def _partition(self, partition: int) -> _Partition:

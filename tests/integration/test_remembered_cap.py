@@ -2,12 +2,14 @@
 on the core): a registered tenant's late stage reaches its stored row although the join's
 ``join.max_remembered_requests`` was passed, first by a spray of unregistered tenant ids (the pool's emitted
 requests go first), then by another registered tenant's flood (the victim's requests are forgotten early; its
-late events come as amendments the writer merges). Before, both late stages came as one-event ``orphan``
-records that lost to the stored rows: ``llm_ttft_ms`` stayed empty."""
+late events come as amendments the writer merges, also after the join was killed and restarted in between).
+Before, both late stages came as one-event ``orphan`` records that lost to the stored rows: ``llm_ttft_ms``
+stayed empty; and until the early-forget marks were in the changelog, so did the second after a restart."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +19,7 @@ import orjson
 import pytest
 
 from streams.kafka.topics import ensure_topics
+from streams.ports import free_port
 from streams.settings import load_settings
 from tests.support.pipeline import produce_sync
 from tests.support.scenarios import PipelinePair, write_config
@@ -75,6 +78,9 @@ def test_a_registered_tenants_late_stage_is_stored_past_the_remembered_cap(kafka
     def emitted_at_least(n: int) -> bool:
         return join.metric("ttft_records_emitted_total") >= n
 
+    def written_at_least(n: int) -> bool:
+        return pair.writer.metric("ttft_records_written_total") >= n
+
     try:
         # 1. A spray of 300 unregistered tenants past the cap, after the victim's requests were emitted.
         start = time.time() * 1000.0
@@ -94,10 +100,17 @@ def test_a_registered_tenants_late_stage_is_stored_past_the_remembered_cap(kafka
         flood = [_event("flood", f"f{k}", "request_start", now + k * 0.1) for k in range(150)]
         produce_sync(settings.kafka_bootstrap, topic, flood)
         pair.pipe.wait_for(lambda: emitted_at_least(465), 60, "the flood's records")
-        produce_sync(settings.kafka_bootstrap, topic, _late_llm("victim2", start2))
-        pair.wait_drained(120)
         caps = {k: v for k, v in join.metrics().items() if k.startswith("ttft_caps_tripped_total") and v > 0}
         pool_remembered = join.metric("ttft_pool_remembered_requests")
+        # 3. kill -9 of the join once its state is in the changelog (every 500 ms) and the records are stored,
+        # then a new join: victim2's late events must still come as amendments.
+        pair.pipe.wait_for(lambda: written_at_least(465), 60, "the flood's rows")
+        time.sleep(1.5)
+        assert pair.pipe.stop(join, signal.SIGKILL) == -signal.SIGKILL
+        pair.join = join = pair.pipe.start("join", free_port())
+        pair.pipe.wait_healthy(join)
+        produce_sync(settings.kafka_bootstrap, topic, _late_llm("victim2", start2))
+        pair.wait_drained(120)
         assert join.alive() and pair.writer.alive(), "a worker exited"
         pair.stop()
     finally:

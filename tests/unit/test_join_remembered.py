@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from schemas.events import StageEvent
-from streams.core.join import RequestJoin
+from streams.core.join import FORGOT_PREFIX, RequestJoin
 from streams.core.join_record import merge_records
 from streams.core.tenancy import TenantBudgets
 from streams.settings import JoinConfig, load_settings
@@ -108,3 +110,59 @@ def test_the_pools_remembered_count_follows_restore_revoke_and_promotion() -> No
     assert restored.pool_remembered_requests == 30
     restored.revoke([0])
     assert restored.pool_remembered_requests == 0 and restored.remembered_requests == 0
+
+
+def _changelog(join: RequestJoin, log: dict[str, tuple[int, bytes | None]]) -> dict[str, tuple[int, bytes | None]]:
+    """``log`` (a compacted changelog: the latest value of each key) after the join's next checkpoint."""
+    log.update(join.dirty())
+    return log
+
+
+def _restored(log: dict[str, tuple[int, bytes | None]], cfg: JoinConfig) -> RequestJoin:
+    join = RequestJoin(cfg, W)
+    for key, (partition, value) in log.items():
+        if value is not None:
+            join.restore(key, value, partition)
+    return join
+
+
+def test_a_restarted_join_still_sends_a_late_event_of_a_request_forgotten_early_as_an_amendment() -> None:
+    cfg = CFG.model_copy(update={"max_remembered_requests": 5})
+    join = RequestJoin(cfg, W)
+    log: dict[str, tuple[int, bytes | None]] = {}
+    for i in range(20):
+        join.add(ev("acme", f"r{i}", "request_start", T0 + i * 10), 0, 0.0)
+        join.add(ev("acme", f"r{i}", "first_token", T0 + i * 10 + 500), 0, 0.0)
+    _changelog(join, log)
+    join.add(ev("acme", "tick", "request_start", T0 + 10_000), 0, 0.0)
+    join.advance(0, 0.0, caught_up=False)
+    assert join.get("r0", "acme") is None and join.counters.caps["remembered_requests"] == 15
+    marks = {k: v for k, v in _changelog(join, log).items() if k.startswith(FORGOT_PREFIX)}
+    assert list(marks) == [f"{FORGOT_PREFIX}0\x00acme"] and marks[f"{FORGOT_PREFIX}0\x00acme"][1] is not None
+
+    # A restart: the mark comes back with the requests. Before, it lived in memory only, and the late event
+    # opened a new request (its one-event record lost to the stored row: the late stage was never counted).
+    restarted = _restored(log, cfg)
+    assert restarted.get("r0", "acme") is None
+    (amendment,) = _records(restarted.add(ev("acme", "r0", "llm_ttft", T0 + 200, 290.0), 0, 0.0))
+    assert amendment["amend"] and amendment["llm_ttft_ms"] == 290.0 and restarted.get("r0", "acme") is None
+
+    # Once the watermark passed the mark, it is deleted from the changelog, and a late new request is new again.
+    restarted.add(ev("acme", "tick2", "request_start", T0 + 200_000), 0, 0.0)
+    restarted.advance(0, 0.0, caught_up=False)
+    assert _changelog(restarted, log)[f"{FORGOT_PREFIX}0\x00acme"] == (0, None)
+    assert restarted.add(ev("acme", "new", "request_start", T0 + 195_000), 0, 0.0) == []
+    assert restarted.get("new", "acme") is not None
+
+
+def test_an_early_forget_mark_of_a_revoked_partition_is_left_to_its_next_owner() -> None:
+    cfg = CFG.model_copy(update={"max_remembered_requests": 1})
+    join = RequestJoin(cfg, W)
+    for i in range(3):
+        join.add(ev("acme", f"r{i}", "request_start", T0 + i), 1, 0.0)
+    join.add(ev("acme", "tick", "request_start", T0 + 40_000), 1, 0.0)
+    join.advance(1, 0.0, caught_up=False)
+    join.revoke([1])
+    assert not any(k.startswith(FORGOT_PREFIX) for k in join.dirty())
+    with pytest.raises(ValueError):
+        join.restore(f"{FORGOT_PREFIX}1\x00acme", b'{"until": "soon"}', 1)
