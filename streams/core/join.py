@@ -953,6 +953,12 @@ class RequestJoin:
         if until > clock.forgot_until:
             clock.forgot_until = until
             heapq.heappush(clock.deadlines, (until, ""))
+        previous = self._forgot_written.get((where, budget))
+        if previous is not None and previous != key:
+            # Two marks for one clock (a tenant no longer registered, restored into the pool): the merged mark is
+            # written under this key, the other key deleted with the legacy keys.
+            self.legacy_keys.append((previous, where))
+            self._forgot_dirty.add((where, budget))
         self._forgot_written[(where, budget)] = key
         return where
 

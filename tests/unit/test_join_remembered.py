@@ -166,3 +166,12 @@ def test_an_early_forget_mark_of_a_revoked_partition_is_left_to_its_next_owner()
     assert not any(k.startswith(FORGOT_PREFIX) for k in join.dirty())
     with pytest.raises(ValueError):
         join.restore(f"{FORGOT_PREFIX}1\x00acme", b'{"until": "soon"}', 1)
+
+
+def test_the_marks_of_a_tenant_no_longer_registered_merge_into_the_pools() -> None:
+    join = RequestJoin(CFG, W, TenantBudgets(frozenset({"victim"})))
+    join.restore(f"{FORGOT_PREFIX}0\x00__other__", b'{"until": 2000.0, "watermark": 1000.0}', 0)
+    join.restore(f"{FORGOT_PREFIX}0\x00gone", b'{"until": 3000.0, "watermark": 1500.0}', 0)
+    assert join.legacy_keys == [(f"{FORGOT_PREFIX}0\x00__other__", 0)]
+    (written,) = [v for k, v in join.dirty().items() if k.startswith(FORGOT_PREFIX)]
+    assert written == (0, b'{"until":3000.0,"watermark":1500.0}')
