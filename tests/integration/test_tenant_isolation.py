@@ -15,8 +15,14 @@ the attacks; no worker restarts; every bound trips; every hostile event is in it
 ``dead_letters``.
 
 Ingestion bookkeeping left out of the comparison: ``inserted_at`` (wall time of the insert),
-``computed_version`` (wall-time version of a window computation) and ``window_health.amendments`` (how
-often the whole window was recomputed after it closed).
+``computed_version`` (wall-time version of a window computation), ``window_health.amendments`` (how
+often the whole window was recomputed after it closed), and how a request's events arrived relative to
+its first record: ``requests.late_events``, ``requests.record_version`` (one more per re-emission) and
+``window_health.late_events``. The idle tick moves a caught-up tenant's clock on by wall time after
+``join.idle_tick_ms`` of silence (5 s here), so when the test's producer stalls longer than that on a loaded
+host, the idle alone run emits a request before its last event and re-emits it with it (the stored values
+the same), while the busy mixed run does not: CI, twice on 2026-12-07 (7 requests, then 2, late by one event).
+Every measured column is still compared.
 """
 
 from __future__ import annotations
@@ -54,14 +60,15 @@ def _tables(pair: PipelinePair) -> dict[str, list[dict[str, Any]]]:
     where = f"WHERE tenant_id IN ({GOOD_SQL})"
     return {
         "requests": pair.query(
-            f"SELECT * EXCEPT (inserted_at) FROM {{db}}.requests FINAL {where} ORDER BY tenant_id, request_id"
+            f"SELECT * EXCEPT (inserted_at, late_events, record_version) FROM {{db}}.requests FINAL {where} "
+            "ORDER BY tenant_id, request_id"
         ),
         "stage_windows": pair.query(
             f"SELECT * EXCEPT (computed_version) FROM {{db}}.stage_windows FINAL {where} "
             "ORDER BY tenant_id, version_id, stage, window_start"
         ),
         "window_health": pair.query(
-            f"SELECT * EXCEPT (computed_version) FROM {{db}}.window_health FINAL {where} "
+            f"SELECT * EXCEPT (computed_version, late_events) FROM {{db}}.window_health FINAL {where} "
             "ORDER BY tenant_id, version_id, window_start"
         ),
         "alerts": pair.query(
@@ -199,6 +206,8 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
     )
     print("MIXED: late amendments by tenant and window:", late[-12:])
     print("GOOD TENANTS' ROWS (alone, mixed):", {n: (len(before[n]), len(after[n])) for n in before})
+    late_sql = f"SELECT sum(late_events) AS late FROM {{db}}.requests FINAL WHERE tenant_id IN ({GOOD_SQL})"
+    print("GOOD TENANTS' LATE EVENTS (alone, mixed):", [int(p.query(late_sql)[0]["late"]) for p in runs.values()])
     assert any(a["state"] == "firing" for a in before["alerts"]), before["alerts"]
     for name in before:
         diffs = [(a, b) for a, b in zip(before[name], after[name], strict=False) if a != b]
