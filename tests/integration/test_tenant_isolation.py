@@ -42,6 +42,7 @@ from streams.kafka.topics import ensure_topics
 from streams.settings import Settings, load_settings
 from tests.support import hostile_mix
 from tests.support.isolation_traffic import GOOD, GRACE_S, HOSTILE, LIVE_TAIL_S, config_27, isolation_inputs
+from tests.support.join_cpu import create_topic, proc_cpu_s
 from tests.support.scenarios import PipelinePair, write_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -81,11 +82,6 @@ def _tables(pair: PipelinePair) -> dict[str, list[dict[str, Any]]]:
 # --- issue 27: the hostile mix, live ------------------------------------------------------------------------
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class _Sampler:
     """Every half second, per run: the join's CPU seconds, events consumed, the writer's event time, its queued
     window closes, and the join's events acked (their outputs and state written, offsets committed)."""
@@ -100,7 +96,7 @@ class _Sampler:
         while not self.stop.is_set():
             for name, pair in self.pairs.items():
                 try:
-                    cpu = _proc_cpu_s(pair.join.proc.pid)
+                    cpu = proc_cpu_s(pair.join.proc.pid)
                     join = pair.join.metrics()  # one scrape of the join per sample (it costs the join CPU)
                     consumed = join.get("ttft_events_consumed_total", 0.0)
                     acked = join.get("ttft_events_acked_total", 0.0)
@@ -155,7 +151,7 @@ def test_issue27_hostile_mix_changes_nothing_for_the_good_tenants(kafka_broker: 
             home.mkdir()
             settings = _settings(kafka_broker.bootstrap, home)
             otlp = f"{settings.topic_prefix}-otlp_spans"
-            asyncio.run(_create_topic(settings, otlp))
+            asyncio.run(create_topic(settings, otlp))
             config = write_config(home / "ttft.yaml", config_27(settings.topic_prefix))
             topics[name] = {"stage-events": settings.topic("stage-events"), "otlp": otlp}
             runs[name] = PipelinePair.start(settings, home, TTFT_CONFIG=str(config))
@@ -352,14 +348,3 @@ def _stop_profiles(profiles: dict[str, Any], runs: dict[str, PipelinePair], unti
         stacks = parse_collapsed((out / f"join-{name}.txt").read_text())
         lines = [f"{f.self_pct:5.1f} {f.total_pct:5.1f} {f.frame}" for f in top_frames(stacks, 40)]
         (out / f"join-{name}-top.txt").write_text("\n".join(lines) + "\n")
-
-
-async def _create_topic(settings: Settings, topic: str) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, num_partitions=settings.partitions, replication_factor=1)])
-    finally:
-        await admin.close()

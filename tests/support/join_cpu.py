@@ -78,7 +78,7 @@ def measure_join(bootstrap: str, root: Path, run: str, messages: Sequence[Placed
     settings = load_settings(kafka_bootstrap=bootstrap, home=home, topic_prefix=prefix, app_id=prefix)
     otlp = f"{prefix}-otlp_spans"
     asyncio.run(ensure_topics(settings))
-    asyncio.run(_create_topic(settings, otlp))
+    asyncio.run(create_topic(settings, otlp))
     config = write_config(home / "ttft.yaml", config_27(prefix))
     topics = {"stage-events": settings.topic("stage-events"), "otlp": otlp}
     producer = hostile_mix.PacedProducer(bootstrap, {run: (topics, list(messages))})
@@ -142,7 +142,8 @@ def paired_ratio(runs: Sequence[JoinCpu], baselines: Sequence[JoinCpu]) -> float
     return statistics.median(r.us_per_message / b.us_per_message for r, b in zip(runs, baselines, strict=True))
 
 
-async def _create_topic(settings: Settings, topic: str) -> None:
+async def create_topic(settings: Settings, topic: str) -> None:
+    """Create ``topic`` with the settings' partition count (the OTLP topic of an isolation run)."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
