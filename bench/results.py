@@ -141,6 +141,13 @@ ROWS: tuple[Row, ...] = (
     Row("isolation (broker)", "the hostile messages alone", "isolation_broker_hostile_cpu_us", "us", 1),
     Row("isolation (broker)", "good + issue 27's attacks only", "isolation_broker_attacks_cpu_us", "us", 1),
     Row("isolation (broker)", "mixed / issue 14's (issue 27: <= 1.2)", "isolation_broker_mixed_over_issue14", "x", 2),
+    Row(
+        "isolation (broker)",
+        "mixed / issue 14's, median of the rounds",
+        "isolation_broker_mixed_over_issue14_rounds",
+        "x",
+        2,
+    ),
     Row("isolation (broker)", "good + issue 27's attacks only / alone", "isolation_broker_attacks_over_alone", "x", 2),
     Row("isolation (broker)", "mixed / alone", "isolation_broker_mixed_over_alone", "x", 2),
     Row("isolation (broker)", "mixed / (alone + hostile, apart), total CPU", "isolation_broker_interaction", "x", 2),
@@ -254,7 +261,9 @@ def evaluate_targets(figures: Mapping[str, float | None]) -> list[TargetResult]:
         "issue 27: join CPU per message with its attacks <= 1.2x the isolation run without them (real broker)",
         v,
         v is not None and v <= 1.2,
-        f"{v or 0:.2f}x; good + attacks / good alone {f.get('isolation_broker_attacks_over_alone') or 0:.2f}x, "
+        f"{v or 0:.2f}x (best passes; median of the rounds "
+        f"{f.get('isolation_broker_mixed_over_issue14_rounds') or 0:.2f}x); "
+        f"good + attacks / good alone {f.get('isolation_broker_attacks_over_alone') or 0:.2f}x, "
         f"mixed / good alone {f.get('isolation_broker_mixed_over_alone') or 0:.2f}x, "
         f"interaction {f.get('isolation_broker_interaction') or 0:.2f}x",
     )

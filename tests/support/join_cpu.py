@@ -1,8 +1,9 @@
 """Issue 27's CPU criterion on the real broker: the join's CPU per message over the isolation test's inputs
 (:mod:`tests.support.isolation_traffic`), one join at a time.
 
-Each run gets its own topics, its whole input as a backlog produced before its join starts, and a fresh
-``ttft worker --role join`` (no state to restore). Its CPU seconds (user + system, from ``/proc``) are taken
+Each run's whole input is produced once, as a backlog, to topics of its own; each pass is a fresh
+``ttft worker --role join`` with its own ``app_id`` (consumer groups and changelogs from nothing, no state to
+restore) through that backlog from the start. Its CPU seconds (user + system, from ``/proc``) are taken
 from the first event it consumed until it had consumed every message; divided by the messages, that is its
 CPU per message. One join at a time, on a broker with nothing else to do: the live isolation test runs its
 pipelines side by side with a paced producer, and there the share of the two cores each join gets moves its
@@ -70,11 +71,22 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure_join(bootstrap: str, root: Path, run: str, messages: Sequence[Placed], timeout_s: float = 300.0) -> JoinCpu:
-    """Produce ``messages`` to fresh topics under ``root``, then time a fresh join through them."""
-    home = root / f"{run}-{uuid.uuid4().hex[:6]}"
-    home.mkdir(parents=True)
+@dataclass(frozen=True)
+class Backlog:
+    """One run's input, produced once to its own topics (``prefix``): every pass reads it from the start."""
+
+    run: str
+    bootstrap: str
+    prefix: str
+    config: Path
+    messages: int
+
+
+def produce_backlog(bootstrap: str, root: Path, run: str, messages: Sequence[Placed]) -> Backlog:
+    """Produce ``messages`` to fresh topics (prefix ``c<hex>``) and write the runs' configuration."""
     prefix = f"c{uuid.uuid4().hex[:8]}"
+    home = root / f"{run}-{prefix}"
+    home.mkdir(parents=True)
     settings = load_settings(kafka_bootstrap=bootstrap, home=home, topic_prefix=prefix, app_id=prefix)
     otlp = f"{prefix}-otlp_spans"
     asyncio.run(ensure_topics(settings))
@@ -85,13 +97,24 @@ def measure_join(bootstrap: str, root: Path, run: str, messages: Sequence[Placed
     producer.send_backlog()
     total = producer.backlog[run]
     assert total == len(messages), f"{len(messages) - total} messages of the {run} run were not due"
-    pipe = Pipeline(pipeline_env(settings, home, TTFT_CONFIG=str(config)), home)
+    return Backlog(run, bootstrap, prefix, config, total)
+
+
+def measure_join(backlog: Backlog, root: Path, timeout_s: float = 300.0) -> JoinCpu:
+    """Time a fresh join (its own ``app_id``: consumer groups and changelogs from nothing) through ``backlog``."""
+    app_id = f"{backlog.prefix}-{uuid.uuid4().hex[:6]}"
+    home = root / app_id
+    home.mkdir(parents=True)
+    settings = load_settings(kafka_bootstrap=backlog.bootstrap, home=home, topic_prefix=backlog.prefix, app_id=app_id)
+    total = backlog.messages
+    pipe = Pipeline(pipeline_env(settings, home, TTFT_CONFIG=str(backlog.config), TTFT_APP_ID=app_id), home)
     join = pipe.start("join", free_port())
     try:
         _wait(join, lambda: join.metric("ttft_events_consumed_total") > 0, 120.0, "its first event", 0.02)
         cpu0, wall0 = proc_cpu_s(join.proc.pid), time.monotonic()
-        _wait(join, lambda: _consumed(join) >= total, timeout_s, f"all {total} messages", 0.2)
-        return JoinCpu(run, total, proc_cpu_s(join.proc.pid) - cpu0, time.monotonic() - wall0)
+        # Polled each second: a scrape of /metrics costs the join 2-5 ms of CPU (more series in the mixed run).
+        _wait(join, lambda: _consumed(join) >= total, timeout_s, f"all {total} messages", 1.0)
+        return JoinCpu(backlog.run, total, proc_cpu_s(join.proc.pid) - cpu0, time.monotonic() - wall0)
     finally:
         pipe.stop_all()
 
@@ -120,14 +143,25 @@ def _wait(join: WorkerProcess, done: Callable[[], bool], timeout_s: float, what:
     raise AssertionError(f"the join did not consume {what} within {timeout_s:.0f} s")
 
 
-def measure_runs(bootstrap: str, root: Path, runs: Sequence[str], rounds: int = 2) -> dict[str, list[JoinCpu]]:
-    """``rounds`` passes of each of ``runs``, interleaved (run 1, run 2, ..., run 1, run 2, ...)."""
+def produce_runs(bootstrap: str, root: Path, runs: Sequence[str]) -> list[Backlog]:
+    """Each of ``runs`` (names in :data:`RUNS`) produced once, as a backlog of its own."""
     inputs = backlog_inputs()
-    out: dict[str, list[JoinCpu]] = {run: [] for run in runs}
+    return [produce_backlog(bootstrap, root, run, RUNS[run](inputs)) for run in runs]
+
+
+def measure_passes(backlogs: Sequence[Backlog], root: Path, rounds: int) -> dict[str, list[JoinCpu]]:
+    """``rounds`` passes through each backlog, interleaved (run 1, run 2, ..., run 1, run 2, ...): a noisy
+    neighbour slows the runs alike."""
+    out: dict[str, list[JoinCpu]] = {backlog.run: [] for backlog in backlogs}
     for _ in range(rounds):
-        for run in runs:
-            out[run].append(measure_join(bootstrap, root, run, RUNS[run](inputs)))
+        for backlog in backlogs:
+            out[backlog.run].append(measure_join(backlog, root))
     return out
+
+
+def measure_runs(bootstrap: str, root: Path, runs: Sequence[str], rounds: int = 2) -> dict[str, list[JoinCpu]]:
+    """Each of ``runs`` produced once, then ``rounds`` passes of each, interleaved."""
+    return measure_passes(produce_runs(bootstrap, root, runs), root, rounds)
 
 
 def best(passes: Sequence[JoinCpu]) -> JoinCpu:

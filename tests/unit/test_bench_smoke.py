@@ -49,6 +49,7 @@ GOOD: dict[str, float | None] = {
     "isolation_mixed_over_alone": 1.1,
     "isolation_interaction": 1.02,
     "isolation_broker_mixed_over_issue14": 1.05,
+    "isolation_broker_mixed_over_issue14_rounds": 1.1,
     "isolation_broker_attacks_over_alone": 1.4,
     "isolation_broker_mixed_over_alone": 1.8,
     "isolation_broker_interaction": 1.1,
@@ -307,7 +308,8 @@ def test_the_isolation_target_is_the_mixed_runs_cpu_per_message_over_issue_14s_o
     by_name = {t.name: t for t in evaluate_targets({**GOOD, "isolation_broker_mixed_over_issue14": 1.25})}
     assert by_name[name].status == "fails"
     assert by_name[name].measured == (
-        "1.25x; good + attacks / good alone 1.40x, mixed / good alone 1.80x, interaction 1.10x"
+        "1.25x (best passes; median of the rounds 1.10x); good + attacks / good alone 1.40x, "
+        "mixed / good alone 1.80x, interaction 1.10x"
     )
 
 
