@@ -87,8 +87,13 @@ demo-otel:
 # the broker and timers; tests/fixtures/scheduling.py hands out whole files, the slowest first); the 25
 # slowest tests are listed at the end. TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
+# The tests marked serial (a CPU ratio, issue 27) run after that, alone: beside the other worker's tests a pass of
+# the join read 36.1 µs/message where its others read 43-55. -rP prints their figures.
 test: setup otelcol
-	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) --durations=25 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) -m "not serial" --durations=25 $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -m serial -rP $(PYTEST_ARGS); rc2=$$?; \
+	if [ $$rc -eq 5 ] && [ $$rc2 -eq 5 ]; then echo "no tests collected"; exit 1; fi; \
+	if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; if [ $$rc2 -ne 0 ] && [ $$rc2 -ne 5 ]; then exit $$rc2; fi; exit 0
 
 # Unit and in-process tests only (~2.5 min on 2 cores); needs neither the Kafka jars, Alertmanager, kcat,
 # promtool nor the Collector.

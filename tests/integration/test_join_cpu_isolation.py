@@ -8,13 +8,13 @@ spans, 20,000 sprayed tenant ids, 2,000 unparseable messages on one partition, a
 consumer group and changelog) through the whole ``issue14`` backlog and then through the ``mixed`` one, one join at
 a time (:mod:`tests.support.join_cpu`).
 
-Two figures. The median over the rounds of each round's ``mixed / issue14`` (the two passes of a round share the
-host's minute) is bounded by default at ``REGRESSION_LIMIT``: in ``make test`` this test shares the two cores with
-the other xdist worker's tests, and there one pass of ``issue14`` took 36.1 µs per message where its six others took
-43.3-54.7 (CI of d0a3875, 2026-12-07): the best passes' ratio read 1.44, the median 1.20. With nothing else running,
-the best passes' ratio (the least CPU per message of each run: the pass with the least noise) read 1.01, 1.15 and
-1.08 on three runs the same day, the median 1.06, 1.16 and 1.14. ``TTFT_ISOLATION_STRICT_CPU=1`` asserts issue 27's
-20 % on the best passes, with ``MORE_ROUNDS`` more rounds when four are past it; run it alone.
+Asserted: the least CPU per message of ``mixed``'s passes over the least of ``issue14``'s (the host's noise only
+adds CPU to a pass when nothing else runs, so the least of a run's passes holds the least noise), with
+``MORE_ROUNDS`` more rounds, up to twice, while it is past the 20 % (a busy minute can spoil four passes of one run).
+The test is marked ``serial``: ``make test`` runs it after the xdist run, alone. Beside the other worker's tests
+one pass of ``issue14`` read 36.1 µs per message where its six others read 43.3-54.7 (CI of d0a3875, 2026-12-07):
+the best passes' ratio read 1.44 there. Alone, on the same day: 1.01, 1.15, and 1.22 after four rounds, 1.08 after
+seven. The median over the rounds of each round's ratio is printed and bounded at ``REGRESSION_LIMIT``.
 
 Printed beside it, not asserted against 20 %: the good traffic with issue 27's attacks only against the good
 traffic alone (``attacks / alone``), and ``mixed / alone``, where issue 14's hostile tenant is in the
@@ -23,7 +23,6 @@ numerator only (its 50,000 events cost more per event than good traffic; issue 1
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +30,18 @@ import pytest
 
 from tests.support.join_cpu import JoinCpu, best, measure_passes, measure_runs, paired_ratio, produce_runs
 
-pytestmark = [pytest.mark.kafka, pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e, pytest.mark.serial, pytest.mark.timeout(900)]
 
-#: Issue 27: within 20 % of the run without the attacks (asserted with TTFT_ISOLATION_STRICT_CPU=1).
+#: Issue 27: within 20 % of the run without the attacks.
 LIMIT = 1.2
-#: The default bound on the median of the rounds: past the host's noise, short of what a regression in the join's
-#: per-event work gives (a per-tenant scan or a lost fast path).
+#: The bound on the median of the rounds: past the host's noise, short of what a regression in the join's per-event
+#: work gives (a per-tenant scan or a lost fast path).
 REGRESSION_LIMIT = 1.45
-#: Passes of each of the two runs compared, and more when their best passes' ratio is past ``LIMIT``.
+#: Passes of each of the two runs compared, and ``MORE_ROUNDS`` more (at most ``EXTENSIONS`` times) while their best
+#: passes' ratio is past ``LIMIT``.
 ROUNDS = 4
 MORE_ROUNDS = 3
+EXTENSIONS = 2
 #: Issue 27's attacks over the good traffic alone: a bound against regressions (a sprayed tenant's one-event
 #: request is a whole record, where a good request's record is shared by its four events).
 ATTACKS_LIMIT = 2.0
@@ -50,13 +51,14 @@ def test_issue27_join_cpu_per_event_within_20_percent_of_the_run_without_the_att
     kafka_broker: Any, tmp_path: Path
 ) -> None:
     kafka_broker.ensure_running()
-    # Four passes of the two runs compared, interleaved (strict: three more if their ratio is past the limit); one
-    # of the two printed readings' runs.
-    strict = os.environ.get("TTFT_ISOLATION_STRICT_CPU") == "1"
+    # Four passes of the two runs compared, interleaved (three more while their ratio is past the limit, twice at
+    # most); one of the two printed readings' runs.
     backlogs = produce_runs(kafka_broker.bootstrap, tmp_path, ("issue14", "mixed"))
     passes = measure_passes(backlogs, tmp_path, ROUNDS)
-    if strict and _ratio(passes) > LIMIT:
-        print(f"mixed / issue14 {_ratio(passes):.2f} after {ROUNDS} rounds: {MORE_ROUNDS} more")
+    for _ in range(EXTENSIONS):
+        if _ratio(passes) <= LIMIT:
+            break
+        print(f"mixed / issue14 {_ratio(passes):.2f} after {len(passes['mixed'])} rounds: {MORE_ROUNDS} more")
         for run, more in measure_passes(backlogs, tmp_path, MORE_ROUNDS).items():
             passes[run] += more
     passes.update(measure_runs(kafka_broker.bootstrap, tmp_path, ("alone", "attacks"), rounds=1))
@@ -77,8 +79,7 @@ def test_issue27_join_cpu_per_event_within_20_percent_of_the_run_without_the_att
     print("RATIOS:", {k: round(v, 2) for k, v in ratios.items()})
     verdict = "holds" if ratios["mixed / issue14"] <= LIMIT else "NOT MET"
     print(f"ISSUE 27'S 20 %: {verdict} (mixed / issue14 {ratios['mixed / issue14']:.2f}, limit {LIMIT})")
-    if strict:
-        assert ratios["mixed / issue14"] <= LIMIT, (ratios, us)
+    assert ratios["mixed / issue14"] <= LIMIT, (ratios, us)
     assert ratios["mixed / issue14, median of the rounds"] <= REGRESSION_LIMIT, (ratios, us)
     assert ratios["attacks / alone"] <= ATTACKS_LIMIT, (ratios, us)
 
