@@ -10,7 +10,8 @@ a time (:mod:`tests.support.join_cpu`).
 
 The figure: the least CPU per message of ``mixed``'s passes over the least of ``issue14``'s (the host's noise only
 adds CPU to a pass when nothing else runs, so the least of a run's passes holds the least noise), with
-``MORE_ROUNDS`` more rounds, up to twice, while it is past the 20 % (a busy minute can spoil four passes of one run).
+with ``TTFT_ISOLATION_STRICT_CPU=1`` ``MORE_ROUNDS`` more rounds, up to twice, while it is past the 20 % (a busy
+minute can spoil four passes of one run; ten rounds took 6:24).
 The test is marked ``serial``: ``make test`` runs it after the xdist run, alone. Beside the other worker's tests
 one pass of ``issue14`` read 36.1 µs per message where its six others read 43.3-54.7 (CI of d0a3875, 2026-12-07):
 the best passes' ratio read 1.44 there. Alone, on the same day: 1.01, 1.15, 1.08 (after seven rounds) and 1.19,
@@ -54,11 +55,12 @@ def test_issue27_join_cpu_per_event_within_20_percent_of_the_run_without_the_att
     kafka_broker: Any, tmp_path: Path
 ) -> None:
     kafka_broker.ensure_running()
-    # Four passes of the two runs compared, interleaved (three more while their ratio is past the limit, twice at
-    # most); one of the two printed readings' runs.
+    # Four passes of the two runs compared, interleaved (strict: three more while their ratio is past the limit,
+    # twice at most); one of the two printed readings' runs.
+    strict = os.environ.get("TTFT_ISOLATION_STRICT_CPU") == "1"
     backlogs = produce_runs(kafka_broker.bootstrap, tmp_path, ("issue14", "mixed"))
     passes = measure_passes(backlogs, tmp_path, ROUNDS)
-    for _ in range(EXTENSIONS):
+    for _ in range(EXTENSIONS if strict else 0):  # 10 rounds took 6:24 (2026-12-07): strict only
         if _ratio(passes) <= LIMIT:
             break
         print(f"mixed / issue14 {_ratio(passes):.2f} after {len(passes['mixed'])} rounds: {MORE_ROUNDS} more")
@@ -82,7 +84,7 @@ def test_issue27_join_cpu_per_event_within_20_percent_of_the_run_without_the_att
     print("RATIOS:", {k: round(v, 2) for k, v in ratios.items()})
     verdict = "holds" if ratios["mixed / issue14"] <= LIMIT else "NOT MET"
     print(f"ISSUE 27'S 20 %: {verdict} (mixed / issue14 {ratios['mixed / issue14']:.2f}, limit {LIMIT})")
-    if os.environ.get("TTFT_ISOLATION_STRICT_CPU") == "1":
+    if strict:
         assert ratios["mixed / issue14"] <= LIMIT, (ratios, us)
     assert ratios["mixed / issue14, median of the rounds"] <= REGRESSION_LIMIT, (ratios, us)
     assert ratios["attacks / alone"] <= ATTACKS_LIMIT, (ratios, us)
