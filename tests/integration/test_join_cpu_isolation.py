@@ -9,8 +9,8 @@ consumer group and changelog) through the whole ``issue14`` backlog and then thr
 a time (:mod:`tests.support.join_cpu`).
 
 The figure: the least CPU per message of ``mixed``'s passes over the least of ``issue14``'s (the host's noise only
-adds CPU to a pass when nothing else runs, so the least of a run's passes holds the least noise), with
-with ``TTFT_ISOLATION_STRICT_CPU=1`` ``MORE_ROUNDS`` more rounds, up to twice, while it is past the 20 % (a busy
+adds CPU to a pass when nothing else runs, so the least of a run's passes holds the least noise); with
+``TTFT_ISOLATION_STRICT_CPU=1`` ``MORE_ROUNDS`` more rounds, up to twice, while it is past the 20 % (a busy
 minute can spoil four passes of one run; ten rounds took 6:24).
 The test is marked ``serial``: ``make test`` runs it after the xdist run, alone. Beside the other worker's tests
 one pass of ``issue14`` read 36.1 µs per message where its six others read 43.3-54.7 (CI of d0a3875, 2026-12-07):
