@@ -111,6 +111,38 @@ def _kill_during_aggregation(pair: PipelinePair, expected_requests: int) -> dict
     return seen
 
 
+def _late_row_counts(settings: Settings, late_ws: int) -> list[int]:
+    """Counts of the late request's (tenant, version, ttft, window) row on ``stage-windows``, in publication order."""
+    key = f"{STORY_TENANT}|v12|ttft|{late_ws}".encode()
+    return [
+        int(json.loads(v)["count"])
+        for k, v in read_topic(settings.kafka_bootstrap, settings.topic("stage-windows"))
+        if k == key and v is not None
+    ]
+
+
+def _wait_for_amended_row(pair: PipelinePair, settings: Settings, late_ws: int, timeout_s: float = 90.0) -> None:
+    """Wait until the writer published the late window's row again with one more request, before stopping it.
+
+    The amendment counter grows when the recompute is queued, not when it lands (the closer runs it in the
+    background). A run under load once read the store after the stop with the counter moved and the row not
+    amended (CI, 2026-12-07); this waits for the row itself and, if it never comes, fails with the writer's
+    closer metrics and log instead of a count that is one short."""
+    deadline = time.monotonic() + timeout_s
+    counts: list[int] = []
+    while time.monotonic() < deadline:
+        counts = _late_row_counts(settings, late_ws)
+        if len(counts) >= 2 and counts[-1] - 1 in counts[:-1]:
+            return
+        time.sleep(2.0)
+    m = pair.writer.metrics()
+    closer = {k: v for k, v in m.items() if k.startswith(("ttft_window", "ttft_open_windows")) and "bucket" not in k}
+    raise AssertionError(
+        f"the late window's row was not republished within {timeout_s:.0f} s: publications {counts}; writer {closer}; "
+        f"log: {pair.writer.log()[-3000:]}"
+    )
+
+
 def _run_story(settings: Settings, home: Path, start_ms: int, *, crash: bool) -> StoryRun:
     started = time.monotonic()
     late_ws = _late_window(start_ms)
@@ -161,6 +193,7 @@ def _run_story(settings: Settings, home: Path, start_ms: int, *, crash: bool) ->
             "the late request to amend its closed window",
         )
         run.amendments_metric = pair.writer.metric("ttft_window_amendments_total")
+        _wait_for_amended_row(pair, settings, late_ws)
         pair.stop()
     finally:
         pair.pipe.stop_all()
@@ -175,12 +208,7 @@ def _run_story(settings: Settings, home: Path, start_ms: int, *, crash: bool) ->
     )
     run.late_window_requests = [{**r, "window_start": r.pop("window_ms")} for r in late_rows]
     run.late_window_health = pair.query(f"SELECT * FROM {{db}}.window_health FINAL WHERE {window}")
-    key = f"{STORY_TENANT}|v12|ttft|{late_ws}".encode()
-    run.late_row_publications = [
-        int(json.loads(v)["count"])
-        for k, v in read_topic(settings.kafka_bootstrap, settings.topic("stage-windows"))
-        if k == key and v is not None
-    ]
+    run.late_row_publications = _late_row_counts(settings, late_ws)
     if not crash:
         for name, p_start, p_end in phases("seed-story", start_ms, STORY_DURATION_S):
             run.breakdowns[name] = breakdown_json(pair.env, STORY_TENANT, p_start, p_end)
