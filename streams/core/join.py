@@ -576,7 +576,10 @@ class RequestJoin:
         request_id: str = fields["request_id"]
         end: float = fields["ts_ms"] + (fields["duration_ms"] or 0.0)
         wm = self._effective(part, clock)
-        if wm > 0.0 and (end < wm - self._forget_after_ms or (wm < clock.forgot_until and end < wm - self._grace_ms)):
+        if wm > 0.0 and (
+            end < wm - self._forget_after_ms
+            or (end < wm - self._grace_ms and wm < self._forget_mark(part, clock, budget, fields["tenant_id"]))
+        ):
             # A late event of a request already forgotten (past forget_after_ms, or maybe early, by a cap, while
             # the watermark has not passed the forget deadlines of those): the writer merges this into the stored
             # record. Joined as a new request, its record would lose to the stored row, or replace it.
@@ -600,6 +603,17 @@ class RequestJoin:
         self._schedule(clock, pending)
         self._push_age(pending)
         return self._enforce_open_caps(budget)
+
+    def _forget_mark(self, part: _Partition, clock: _TenantClock, budget: str, tenant: str) -> float:
+        """The early-forget mark a late event of ``tenant`` is checked against: its clock's; for a tenant promoted
+        out of the pool also the pool's, which its requests forgotten early while in the pool set."""
+        mark = clock.forgot_until
+        steady = self._steady
+        if budget != POOL and steady is not None and tenant in steady.promoted:
+            pool = part.tenants.get(POOL)
+            if pool is not None and pool.forgot_until > mark:
+                mark = pool.forgot_until
+        return mark
 
     # --- time -----------------------------------------------------------------------------------
 

@@ -175,3 +175,29 @@ def test_the_marks_of_a_tenant_no_longer_registered_merge_into_the_pools() -> No
     assert join.legacy_keys == [(f"{FORGOT_PREFIX}0\x00__other__", 0)]
     (written,) = [v for k, v in join.dirty().items() if k.startswith(FORGOT_PREFIX)]
     assert written == (0, b'{"until":3000.0,"watermark":1500.0}')
+
+
+def test_a_late_event_of_a_request_the_pool_forgot_early_is_an_amendment_after_its_tenant_is_promoted() -> None:
+    # Failed before: the early-forget mark stayed on the pool's clock; acme's own clock (made when it was promoted)
+    # had none, so a late event of r0, forgotten early by the pool's cap while acme was in the pool, was joined
+    # as a new request, whose record would lose to the stored row or replace it.
+    cfg = CFG.model_copy(update={"forget_after_ms": 300_000})
+    join = RequestJoin(cfg, W, TenantBudgets(frozenset(), steady_windows=3, window_ms=W, max_remembered_pool=2))
+    out: list[Any] = []
+    for i in range(3):
+        out += join.add(ev("acme", f"r{i}", "request_start", T0 + 1_000 + i), 0, 0.0)
+        out += join.add(ev("acme", f"r{i}", "first_token", T0 + 1_500 + i), 0, 0.0)
+    for k in range(5):
+        out += join.add(ev(f"fake-{k}", f"f{k}", "request_start", T0 + 2_000 + k), 0, 0.0)
+    out += join.add(ev("fake-tick", "tick", "request_start", T0 + 40_000), 0, 0.0)
+    out += join.advance(0, 0.0, caught_up=False)
+    assert join.get("r0", "acme") is None and join.counters.caps["remembered_requests_pool"] >= 1
+    stored = next(r for r in _records(out) if r["request_id"] == "r0")
+    for window in (1, 2):
+        out += join.add(ev("acme", f"w{window}", "request_start", T0 + window * W + 1_000), 0, 0.0)
+    assert join.budgets.is_registered("acme")  # promoted in its third window
+    (amendment,) = _records(join.add(ev("acme", "r0", "llm_ttft", T0 + 1_200, 100.0), 0, 0.0))
+    assert amendment["amend"] and amendment["event_count"] == 1
+    assert join.get("r0", "acme") is None
+    merged = merge_records(stored, amendment, W)
+    assert (merged["event_count"], merged["llm_ttft_ms"], merged["status"]) == (3, 100.0, stored["status"])
